@@ -1,0 +1,5 @@
+import sys
+
+from shmloader.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,135 @@
+"""File access through ``pyarrow.fs``, so local paths and object-store URIs behave alike."""
+
+from __future__ import annotations
+
+import glob as _glob
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from .errors import ConfigError, DataError
+
+_GLOB_CHARS = set("*?[")
+
+
+def _is_uri(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def resolve(path: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
+    """Return the filesystem that holds ``path`` and the path inside it."""
+    p = os.fspath(path)
+    if _is_uri(p):
+        fs, inner = pafs.FileSystem.from_uri(p)
+        return fs, inner
+    if p.startswith("file://"):
+        p = p[len("file://") :]
+    return pafs.LocalFileSystem(), os.path.abspath(p)
+
+
+def display_path(fs: pafs.FileSystem, inner: str) -> str:
+    """The path as a user would type it (URI for remote stores)."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return inner
+    return f"{fs.type_name}://{inner}"
+
+
+def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
+    """Expand a glob, a path or a list of them into a sorted, de-duplicated list of files.
+
+    Sorting makes plans (and so seeded task orders) independent of directory listing order.
+    A pattern that matches nothing is an error: an empty dataset is almost always a typo.
+    """
+    items: Iterable[str | os.PathLike[str]]
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else paths
+    out: list[str] = []
+    for item in items:
+        p = os.fspath(item)
+        if not any(c in p for c in _GLOB_CHARS):
+            fs, inner = resolve(p)
+            info = fs.get_file_info(inner)
+            if info.type == pafs.FileType.NotFound:
+                raise ConfigError(f"{p}: no such file")
+            if info.type == pafs.FileType.Directory:
+                raise ConfigError(f"{p} is a directory; give a file, a list or a glob like {p}/*")
+            out.append(p)
+            continue
+        matched = _glob_one(p)
+        if not matched:
+            raise ConfigError(f"{p}: the pattern matches no file")
+        out.extend(matched)
+    return sorted(dict.fromkeys(out))
+
+
+def _glob_one(pattern: str) -> list[str]:
+    if not _is_uri(pattern):
+        local = pattern[len("file://") :] if pattern.startswith("file://") else pattern
+        return [
+            os.path.abspath(m) for m in _glob.glob(local, recursive=True) if os.path.isfile(m)
+        ]
+    fs, inner = resolve(pattern)
+    prefix = pattern[: len(pattern) - len(inner)] if pattern.endswith(inner) else ""
+    # Longest directory prefix without glob characters is listed recursively, then filtered.
+    parts = inner.split("/")
+    base_parts: list[str] = []
+    for part in parts:
+        if any(c in part for c in _GLOB_CHARS):
+            break
+        base_parts.append(part)
+    base = "/".join(base_parts)
+    infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+    return [
+        prefix + i.path for i in infos if i.type == pafs.FileType.File and fnmatch(i.path, inner)
+    ]
+
+
+@dataclass(frozen=True)
+class FileStamp:
+    """Size and modification time: what tells a cached index that its data file changed."""
+
+    size: int
+    mtime_ns: int
+
+
+def stamp(path: str) -> FileStamp:
+    fs, inner = resolve(path)
+    info = fs.get_file_info(inner)
+    if info.type != pafs.FileType.File:
+        raise DataError("no such file (or not a regular file)", path=path)
+    mtime_ns = info.mtime_ns if info.mtime_ns is not None else 0
+    return FileStamp(size=int(info.size or 0), mtime_ns=int(mtime_ns))
+
+
+def open_random(path: str) -> Any:
+    """Open for random access (``seek``/``read``/``read_at``); errors name the file."""
+    fs, inner = resolve(path)
+    try:
+        return fs.open_input_file(inner)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"cannot open for reading: {exc}", path=path) from exc
+
+
+def open_stream(path: str, compression: str | None = None) -> Any:
+    """Open for sequential reading, optionally decompressing (``gzip``, ...)."""
+    fs, inner = resolve(path)
+    try:
+        return fs.open_input_stream(inner, compression=compression)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"cannot open for reading: {exc}", path=path) from exc
+
+
+def open_output(path: str) -> Any:
+    fs, inner = resolve(path)
+    if isinstance(fs, pafs.LocalFileSystem):
+        parent = os.path.dirname(inner)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+    try:
+        return fs.open_output_stream(inner, compression=None)
+    except (OSError, pa.ArrowException) as exc:
+        raise ConfigError(f"{path}: cannot open for writing: {exc}") from exc

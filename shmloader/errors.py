@@ -1,0 +1,87 @@
+"""Exceptions of shmloader.
+
+Every error about data names where it happened (file, byte offset or record index) so that a
+user with a terabyte of shards can find the bad one; the original exception is chained with
+``raise ... from``. Catch :class:`ShmloaderError` to catch all of ours.
+"""
+
+from __future__ import annotations
+
+
+class ShmloaderError(Exception):
+    """Base class of every exception raised by shmloader."""
+
+
+class DataError(ShmloaderError):
+    """Bad input data; ``path`` and, where known, ``offset`` / ``index`` say where."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        offset: int | None = None,
+        index: int | None = None,
+    ) -> None:
+        self.path = path
+        self.offset = offset
+        self.index = index
+        self.reason = message
+        where = []
+        if path is not None:
+            where.append(str(path))
+        if index is not None:
+            where.append(f"record {index}")
+        if offset is not None:
+            where.append(f"byte offset {offset}")
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keyword-only fields survive pickling (errors travel from reader processes).
+        return (_rebuild_data_error, (type(self), self.reason, self.path, self.offset, self.index))
+
+
+def _rebuild_data_error(
+    cls: type[DataError], message: str, path: str | None, offset: int | None, index: int | None
+) -> DataError:
+    return cls(message, path=path, offset=offset, index=index)
+
+
+class CorruptRecordError(DataError):
+    """A record's framing is broken: bad length or payload CRC, or the file ends mid-record."""
+
+
+class TruncatedRecordError(CorruptRecordError):
+    """The file ends inside a record (often a writer that crashed)."""
+
+
+class IndexMismatchError(DataError):
+    """A sidecar index does not describe its data file (stale, foreign or damaged)."""
+
+
+class DecodeError(DataError):
+    """The user's decode function raised, or returned something that cannot be stored."""
+
+
+class SchemaMismatchError(DecodeError):
+    """A decoded record does not fit the dataset's schema (missing/extra column, other shape)."""
+
+
+class ConfigError(ShmloaderError, ValueError):
+    """An argument or setting is invalid; the message says which and what is accepted."""
+
+
+class ShmSpaceError(ShmloaderError):
+    """/dev/shm cannot hold the configured budget."""
+
+
+class MasterError(ShmloaderError):
+    """The master refused a request or could not be reached."""
+
+
+class LeaseError(MasterError):
+    """A lease is unknown, expired or already completed."""
+
+
+class TaskQuarantinedError(MasterError):
+    """A task exhausted its retries; its records are reported lost for this epoch."""

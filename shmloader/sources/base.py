@@ -1,0 +1,107 @@
+"""The one protocol every data source speaks, used by the master and by reader processes.
+
+A source is a *description* of a dataset that can be sent to another process (it is pickled
+into spawned readers, so keep it small: paths and settings, never open files or data).
+``plan()`` says what exists; ``read()`` turns a record range into one Arrow RecordBatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import pyarrow as pa
+
+from ..errors import ConfigError
+
+ON_ERROR_CHOICES = ("raise", "skip")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One unit of a plan: a file (or a fixed part of one) holding ``num_records`` records.
+
+    Tasks never span two shards. ``path`` is what the source's ``read`` expects back.
+    """
+
+    path: str
+    num_records: int
+
+
+@dataclass(frozen=True)
+class SkippedRecord:
+    """A record left out under ``on_error="skip"``; counted and reported, never silent."""
+
+    path: str
+    index: int
+    offset: int | None
+    error: str
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """Records of a range as one batch, plus the ones skipped (in record order)."""
+
+    batch: pa.RecordBatch
+    skipped: tuple[SkippedRecord, ...] = field(default_factory=tuple)
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What the master (``plan``) and the readers (``read``/``read_result``) need."""
+
+    def plan(self) -> list[Shard]:
+        """All shards with exact record counts, in a stable order; no full decode."""
+        ...
+
+    def read(self, shard: Shard, start: int, stop: int) -> pa.RecordBatch:
+        """Records ``[start, stop)`` of ``shard`` as one batch (skipped ones left out)."""
+        ...
+
+    def read_result(self, shard: Shard, start: int, stop: int) -> ReadResult:
+        """Like ``read`` but also says which records were skipped, for stats."""
+        ...
+
+
+class BaseSource:
+    """Shared plumbing: plan caching, range checks and ``read`` in terms of ``read_result``."""
+
+    def __init__(self) -> None:
+        self._plan: list[Shard] | None = None
+
+    def plan(self) -> list[Shard]:
+        if self._plan is None:
+            self._plan = list(self._make_plan())
+        return list(self._plan)
+
+    def _make_plan(self) -> Sequence[Shard]:
+        raise NotImplementedError
+
+    def read(self, shard: Shard, start: int, stop: int) -> pa.RecordBatch:
+        return self.read_result(shard, start, stop).batch
+
+    def read_result(self, shard: Shard, start: int, stop: int) -> ReadResult:
+        check_range(shard, start, stop)
+        return self._read(shard, start, stop)
+
+    def _read(self, shard: Shard, start: int, stop: int) -> ReadResult:
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict[str, object]:
+        # The plan is cheap to send and saves readers from re-listing an object store.
+        return dict(self.__dict__)
+
+
+def check_range(shard: Shard, start: int, stop: int) -> None:
+    if not 0 <= start <= stop <= shard.num_records:
+        raise ConfigError(
+            f"{shard.path}: record range [{start}, {stop}) is outside the shard's "
+            f"{shard.num_records} records"
+        )
+
+
+def check_on_error(on_error: str) -> str:
+    if on_error not in ON_ERROR_CHOICES:
+        raise ConfigError(f"on_error must be one of {ON_ERROR_CHOICES}, got {on_error!r}")
+    return on_error
