@@ -1,0 +1,165 @@
+"""Numeric values of Example features straight from their wire bytes.
+
+Converting a protobuf repeated field to numpy creates one Python object per value, which is
+most of the cost of decoding an Example. Parsed as ``RawExample`` (see example.proto) a
+packed float or int64 list arrives as bytes: floats are then one ``np.frombuffer`` and int64s
+one vectorised varint decode, for a single record or for a whole batch joined together.
+
+Everything here falls back to the exact ``FloatList``/``Int64List`` parse when the bytes are
+not the plain packed form, so the result never depends on which path was taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from google.protobuf.message import DecodeError as ProtoDecodeError
+
+from .._proto import example_pb2 as pb
+
+_FLOAT = np.dtype("<f4")
+_MAX_VARINT_BYTES = 10
+_FEW_BYTES = 16
+_U64 = (1 << 64) - 1
+
+
+class MalformedList(ValueError):
+    """A numeric list whose bytes are not valid protobuf; the caller names the feature."""
+
+
+def _field_size(payload_len: int) -> int:
+    """Bytes of one length-delimited field 1 carrying ``payload_len`` bytes (tag + length)."""
+    return 1 + (payload_len.bit_length() + 6) // 7 + payload_len if payload_len else 2
+
+
+def packed_bytes(plist: pb.PackedList) -> bytes | None:
+    """The concatenated packed values, or None when some values are not in packed form.
+
+    Values written unpacked end up in the message's unknown fields, which only show in its
+    serialized size: a size other than that of the packed runs means "use the exact parse".
+    """
+    runs = plist.packed
+    count = len(runs)
+    if count == 1:
+        data: bytes = runs[0]
+        return data if plist.ByteSize() == _field_size(len(data)) else None
+    if count == 0:
+        return b"" if plist.ByteSize() == 0 else None
+    if plist.ByteSize() != sum(_field_size(len(r)) for r in runs):
+        return None
+    return b"".join(runs)
+
+
+def exact_values(plist: pb.PackedList, kind: str) -> np.ndarray:
+    """Reparse a PackedList as the real FloatList/Int64List (handles every legal encoding)."""
+    cls = pb.FloatList if kind == "float32" else pb.Int64List
+    try:
+        values = cls.FromString(plist.SerializeToString()).value
+    except ProtoDecodeError as exc:
+        raise MalformedList(f"malformed {kind} list: {exc}") from exc
+    return np.array(values, dtype=np.float32 if kind == "float32" else np.int64)
+
+
+def floats_from_bytes(data: bytes) -> np.ndarray:
+    if len(data) % 4:
+        raise MalformedList(f"malformed float32 list: {len(data)} bytes is not a multiple of 4")
+    return np.frombuffer(data, dtype=_FLOAT).astype(np.float32)
+
+
+def varint_ends(data: bytes) -> np.ndarray:
+    """Boolean mask of the bytes that end a varint (high bit clear)."""
+    return np.frombuffer(data, dtype=np.uint8) < 0x80
+
+
+def _few_int64s(data: bytes) -> np.ndarray:
+    # A handful of bytes (a label, a few ids): plain Python beats numpy's per-call overhead.
+    values: list[int] = []
+    value = shift = 0
+    for byte in data:
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            value &= _U64
+            values.append(value - (1 << 64) if value >> 63 else value)
+            value = shift = 0
+        else:
+            shift += 7
+            if shift >= 7 * _MAX_VARINT_BYTES:
+                raise MalformedList("malformed int64 list: a varint is longer than 10 bytes")
+    if shift:
+        raise MalformedList("malformed int64 list: the last varint is cut off")
+    return np.array(values, dtype=np.int64)
+
+
+def int64s_from_bytes(data: bytes, ends: np.ndarray | None = None) -> np.ndarray:
+    """Decode a run of packed varints (int64 two's complement, as protobuf writes them)."""
+    if len(data) <= _FEW_BYTES:
+        return _few_int64s(data)
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if ends is None:
+        ends = raw < 0x80
+    if not ends[-1]:
+        raise MalformedList("malformed int64 list: the last varint is cut off")
+    last_of = np.flatnonzero(ends)
+    first_of = np.empty_like(last_of)
+    first_of[0] = 0
+    first_of[1:] = last_of[:-1] + 1
+    if len(last_of) == len(raw):
+        # Every value below 128: one byte each (labels, small ids), nothing to assemble.
+        return raw.astype(np.int64)
+    lengths = last_of - first_of + 1
+    if int(lengths.max()) > _MAX_VARINT_BYTES:
+        raise MalformedList("malformed int64 list: a varint is longer than 10 bytes")
+    # Position of each byte inside its varint -> its 7-bit group's shift.
+    group = np.repeat(np.arange(len(last_of)), lengths)
+    shift = (np.arange(len(raw)) - first_of[group]).astype(np.uint64) * np.uint64(7)
+    parts = (raw & 0x7F).astype(np.uint64) << shift
+    return np.bitwise_or.reduceat(parts, first_of).view(np.int64)
+
+
+def values_of(plist: pb.PackedList, kind: str) -> np.ndarray:
+    """All values of one numeric list as a fresh (writable) 1-D array."""
+    data = packed_bytes(plist)
+    if data is None:
+        return exact_values(plist, kind)
+    if kind == "float32":
+        return floats_from_bytes(data)
+    return int64s_from_bytes(data)
+
+
+def gather_packed(
+    fmaps: Sequence[Any], name: str, oneof: str, nbytes: int | None
+) -> tuple[list[bytes], list[int], list[int]]:
+    """Split a batch's records into plain packed runs (and their rows) and the rest.
+
+    A run qualifies when it is the list's only run, has ``nbytes`` bytes (if given) and the
+    list holds nothing else; absent, empty, other-kind or unpacked lists are "the rest",
+    for the exact path. This loop runs once per record and column, so it is kept lean.
+    """
+    runs: list[bytes] = []
+    rows: list[int] = []
+    rest: list[int] = []
+    for i, fmap in enumerate(fmaps):
+        feat = fmap.get(name)
+        if feat is not None:
+            plist = getattr(feat, oneof)
+            packed = plist.packed
+            if len(packed) == 1:
+                data = packed[0]
+                size = len(data)
+                if (nbytes is None or size == nbytes) and plist.ByteSize() == (
+                    size + 2 if size < 128 else _field_size(size)
+                ):
+                    runs.append(data)
+                    rows.append(i)
+                    continue
+        rest.append(i)
+    return runs, rows, rest
+
+
+def counts_per_run(ends: np.ndarray, offsets: Sequence[int] | np.ndarray) -> np.ndarray:
+    """How many varints end inside each ``[offsets[i], offsets[i+1])`` byte range."""
+    cumulative = np.concatenate(([0], np.cumsum(ends, dtype=np.int64)))
+    bounds = np.asarray(offsets, dtype=np.int64)
+    return np.diff(cumulative[bounds])
