@@ -75,6 +75,10 @@ class ShmSpaceError(ShmloaderError):
     """/dev/shm cannot hold the configured budget."""
 
 
+class StoreClosedError(ShmloaderError, FileNotFoundError):
+    """A shared-memory segment store is gone: its owner closed it or exited."""
+
+
 class MasterError(ShmloaderError):
     """The master refused a request or could not be reached."""
 

@@ -1,0 +1,205 @@
+"""Cross-process budget of one dataset directory.
+
+The truth is the directory itself: bytes in use are the sizes of its files (sealed segments
+plus segments being written, which are created at their final size). There is no counter to
+get out of step, so a process that crashes cannot leak budget: its files are either released,
+reaped (unsealed segments of a dead writer), or removed with the directory.
+
+Every change that could make a scan under-count is done under an exclusive ``flock`` on
+``<dataset>/.lock``: creating a reservation (check-then-create must be atomic) and sealing (a
+rename makes a file vanish under one name and appear under another). Removing a file needs no
+lock: a scan that misses a removal only over-counts, which errs on the safe side.
+
+Writers that do not fit wait by polling with exponential backoff from 0.5 ms to 10 ms (one
+lock, one directory scan per poll). A stop ``Event`` is waited on instead of sleeping, so a
+stop request ends the wait at once. There is no queue: a large batch can wait while smaller
+ones keep fitting; with equal-sized tasks (the usual case) this does not starve anyone.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+from ..errors import ShmSpaceError, StoreClosedError
+from .names import LOCK_NAME, SEGMENT_PREFIX, is_alive, new_temp_name, parse_temp_name
+from .sizes import format_size
+
+_MIN_DELAY = 0.0005
+_MAX_DELAY = 0.010
+_REAP_EVERY = 0.05  # seconds between looks for dead writers' reservations while waiting
+
+
+class _Event(Protocol):
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = ...) -> bool: ...
+
+
+StopSignal = _Event | Callable[[], bool]
+"""An Event (threading or multiprocessing) or a callable; true means "stop waiting"."""
+
+
+def closed_error(dataset_path: str) -> StoreClosedError:
+    return StoreClosedError(
+        f"segment store {dataset_path} no longer exists: its owner closed it or exited"
+    )
+
+
+@contextmanager
+def locked(dataset_path: str) -> Iterator[None]:
+    """Hold the dataset's lock. A fresh descriptor each time, so threads exclude each other too."""
+    try:
+        fd = os.open(os.path.join(dataset_path, LOCK_NAME), os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise closed_error(dataset_path) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor releases the flock
+
+
+# Sizes of sealed segments seen by this process, per dataset: sealed files never change size,
+# so a scan stats only new and unsealed files (a store may hold hundreds of segments).
+_sealed_sizes: dict[str, dict[str, int]] = {}
+
+
+def usage(dataset_path: str) -> int:
+    """Bytes of all files but the lock; exact only under :func:`locked`."""
+    try:
+        entries = list(os.scandir(dataset_path))
+    except FileNotFoundError as exc:
+        _sealed_sizes.pop(dataset_path, None)
+        raise closed_error(dataset_path) from exc
+    known = _sealed_sizes.get(dataset_path, {})
+    sealed: dict[str, int] = {}
+    total = 0
+    for entry in entries:
+        if entry.name == LOCK_NAME:
+            continue
+        size = known.get(entry.name)
+        if size is None:
+            try:
+                size = entry.stat(follow_symlinks=False).st_size
+            except FileNotFoundError:
+                continue  # released meanwhile: not in use any more
+        if entry.name.startswith(SEGMENT_PREFIX):
+            sealed[entry.name] = size
+        total += size
+    _sealed_sizes[dataset_path] = sealed
+    return total
+
+
+def reap_dead_writers(dataset_path: str, *, dry_run: bool = False) -> list[tuple[str, int]]:
+    """Remove unsealed segments whose writer is gone; return ``(name, bytes held)`` of each."""
+    found: list[tuple[str, int]] = []
+    try:
+        entries = list(os.scandir(dataset_path))
+    except FileNotFoundError:
+        return found
+    for entry in entries:
+        writer = parse_temp_name(entry.name)
+        if writer is None or is_alive(*writer):
+            continue
+        try:
+            held = entry.stat(follow_symlinks=False).st_blocks * 512
+            if not dry_run:
+                os.unlink(entry.path)
+        except FileNotFoundError:
+            continue  # another reaper was faster
+        found.append((entry.name, held))
+    return found
+
+
+def _stop_requested(should_stop: StopSignal | None) -> bool:
+    if should_stop is None:
+        return False
+    is_set = getattr(should_stop, "is_set", None)
+    return bool(is_set()) if callable(is_set) else bool(should_stop())  # type: ignore[operator]
+
+
+def _pause(seconds: float, should_stop: StopSignal | None) -> None:
+    wait = getattr(should_stop, "wait", None)
+    if callable(wait) and callable(getattr(should_stop, "is_set", None)):
+        wait(seconds)
+    else:
+        time.sleep(seconds)
+
+
+def reserve(
+    dataset_path: str,
+    nbytes: int,
+    budget: int,
+    *,
+    timeout: float | None = None,
+    should_stop: StopSignal | None = None,
+) -> str | None:
+    """Create an unsealed segment of exactly ``nbytes`` once it fits in ``budget``.
+
+    Returns its path, or None if ``should_stop`` became true while waiting. Raises
+    :class:`TimeoutError` after ``timeout`` seconds of waiting, :class:`ShmSpaceError` if
+    ``nbytes`` exceeds the whole budget (waiting would never end).
+    """
+    if nbytes > budget:
+        raise ShmSpaceError(
+            f"a segment of {format_size(nbytes)} ({nbytes} bytes) cannot fit in shm_budget "
+            f"{format_size(budget)} ({budget} bytes) even when nothing else is in use; raise "
+            f"shm_budget or make tasks smaller (fewer records per task)"
+        )
+    start = time.monotonic()
+    deadline = None if timeout is None else start + timeout
+    delay = _MIN_DELAY
+    last_reap = start
+    while True:
+        with locked(dataset_path):
+            used = usage(dataset_path)
+            if used + nbytes <= budget:
+                return _create(dataset_path, nbytes)
+        now = time.monotonic()
+        if now - last_reap >= _REAP_EVERY:
+            last_reap = now
+            if reap_dead_writers(dataset_path):
+                continue
+        if _stop_requested(should_stop):
+            return None
+        if deadline is not None and now >= deadline:
+            raise TimeoutError(
+                f"waited {now - start:.1f} s for {format_size(nbytes)} of shared memory in "
+                f"{dataset_path}: {format_size(used)} of the {format_size(budget)} budget stay "
+                f"in use (segments not released by the consumer?)"
+            )
+        pause = delay if deadline is None else min(delay, max(deadline - now, 0.0))
+        _pause(pause, should_stop)
+        delay = min(delay * 2, _MAX_DELAY)
+
+
+def _create(dataset_path: str, nbytes: int) -> str:
+    path = os.path.join(dataset_path, new_temp_name())
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError as exc:
+        raise closed_error(dataset_path) from exc
+    try:
+        os.ftruncate(fd, nbytes)
+    except BaseException:
+        os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+    return path
+
+
+def seal(dataset_path: str, temp_path: str, name: str) -> None:
+    """Give a fully written segment its final name, atomically and under the lock."""
+    with locked(dataset_path):
+        try:
+            os.rename(temp_path, os.path.join(dataset_path, name))
+        except FileNotFoundError as exc:
+            if not os.path.isdir(dataset_path):
+                raise closed_error(dataset_path) from exc
+            raise

@@ -1,0 +1,292 @@
+"""The segment store: one directory per dataset, one Arrow IPC file per segment.
+
+``SegmentStore.create()`` runs in the process that owns the dataset (the trainer) and removes
+the directory when it closes or exits. ``store.handle()`` is a small picklable
+:class:`StoreHandle` for reader processes and DataLoader workers: it writes, opens and releases
+segments but never deletes the store. Pickling the owner itself also yields a plain handle, so
+an owner captured by a Dataset sent to a spawned worker cannot delete anything there.
+
+Segments are plain files on tmpfs, written with ``write(2)`` (a full tmpfs gives ENOSPC, not the
+SIGBUS a write through a mapping would) and read through ``mmap``, read-only. Not
+``multiprocessing.shared_memory``: its resource tracker unlinks segments created by a process
+when that process exits, and warns about "leaked" ones, which is wrong for segments handed
+between processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import weakref
+from collections import OrderedDict
+from typing import Any, NamedTuple
+
+import pyarrow as pa
+
+from ..errors import ConfigError, ShmSpaceError
+from . import budget as _budget
+from . import lifecycle
+from .names import LOCK_NAME, is_segment_name, new_dataset_name, new_segment_name
+from .reap import reap_stale
+from .sizes import format_size, parse_size
+from .space import check_space, resolve_base_dir
+
+DEFAULT_MAX_OPEN = 64
+
+
+class SegmentInfo(NamedTuple):
+    """What crosses processes about a segment: its name, rows and size in bytes."""
+
+    name: str
+    num_rows: int
+    nbytes: int
+
+
+def ipc_file_size(batch: pa.RecordBatch) -> int:
+    """Exact size of ``batch`` as an Arrow IPC file, computed without writing it anywhere."""
+    sink = pa.MockOutputStream()
+    with pa.ipc.new_file(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return int(sink.size())
+
+
+class StoreHandle:
+    """Access to one dataset's segments from any process; picklable, never deletes the store.
+
+    Each process (each unpickled copy) keeps its own cache of at most ``max_open`` open
+    mappings, least recently used first out. An unlinked segment's memory is freed only when
+    every process has dropped its mapping *and* every Arrow array taken from it is gone: call
+    :meth:`drop` / :meth:`drop_missing` in consumers once segments are released.
+    """
+
+    def __init__(
+        self, base_dir: str, dataset: str, budget: int, *, max_open: int = DEFAULT_MAX_OPEN
+    ) -> None:
+        if max_open < 1:
+            raise ConfigError(f"max_open must be at least 1, got {max_open}")
+        self.base_dir = base_dir
+        self.dataset = dataset
+        self.budget = budget
+        self.max_open = max_open
+        self._maps: OrderedDict[str, tuple[pa.MemoryMappedFile, pa.RecordBatch]] = OrderedDict()
+
+    @property
+    def path(self) -> str:
+        """The dataset directory."""
+        return os.path.join(self.base_dir, self.dataset)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Only the address travels; the mapping cache is per process.
+        return (_rebuild_handle, (self.base_dir, self.dataset, self.budget, self.max_open))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path!r}, budget={format_size(self.budget)})"
+
+    # -- writer side -------------------------------------------------------------------------
+
+    def write(
+        self,
+        batch: pa.RecordBatch,
+        *,
+        timeout: float | None = None,
+        should_stop: _budget.StopSignal | None = None,
+    ) -> SegmentInfo | None:
+        """Write ``batch`` into a new sealed segment, waiting for budget if needed.
+
+        Returns None if ``should_stop`` (an Event or a callable) turned true while waiting;
+        raises :class:`TimeoutError` after waiting ``timeout`` seconds, :class:`ShmSpaceError`
+        if the batch is larger than the whole budget or the filesystem is full,
+        :class:`StoreClosedError` if the owner closed the store.
+        """
+        nbytes = ipc_file_size(batch)
+        temp = _budget.reserve(
+            self.path, nbytes, self.budget, timeout=timeout, should_stop=should_stop
+        )
+        if temp is None:
+            return None
+        try:
+            self._fill(temp, batch, nbytes)
+            name = new_segment_name()
+            _budget.seal(self.path, temp, name)
+        except BaseException:
+            # Includes KeyboardInterrupt: give the reservation back, then let it propagate.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            raise
+        return SegmentInfo(name, batch.num_rows, nbytes)
+
+    def _fill(self, temp: str, batch: pa.RecordBatch, nbytes: int) -> None:
+        try:
+            with open(temp, "r+b") as f:
+                with pa.ipc.new_file(pa.PythonFile(f, mode="w"), batch.schema) as writer:
+                    writer.write_batch(batch)
+                written = f.tell()
+        except FileNotFoundError as exc:
+            raise _budget.closed_error(self.path) from exc
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise ShmSpaceError(
+                    f"{self.base_dir} is full while writing a segment of {format_size(nbytes)} "
+                    f"into {temp}; other programs use it too: enlarge it or lower shm_budget"
+                ) from exc
+            raise
+        if written != nbytes:  # pragma: no cover - would be an Arrow bug
+            raise RuntimeError(f"{temp}: wrote {written} bytes, the size computed was {nbytes}")
+
+    # -- reader side -------------------------------------------------------------------------
+
+    def open(self, name: str) -> pa.RecordBatch:
+        """The segment's batch, memory-mapped read-only and zero-copy (cached per process)."""
+        cached = self._maps.get(name)
+        if cached is not None:
+            self._maps.move_to_end(name)
+            return cached[1]
+        path = self._segment_path(name)
+        try:
+            mm = pa.memory_map(path, "r")
+        except FileNotFoundError as exc:
+            if not os.path.isdir(self.path):
+                raise _budget.closed_error(self.path) from exc
+            raise FileNotFoundError(
+                errno.ENOENT, f"segment {name} is not in the store (released already?)", path
+            ) from exc
+        try:
+            batch = pa.ipc.open_file(mm).get_batch(0)
+        except BaseException:
+            mm.close()
+            raise
+        self._maps[name] = (mm, batch)
+        while len(self._maps) > self.max_open:
+            self._close_mapping(next(iter(self._maps)))
+        return batch
+
+    def drop(self, name: str) -> None:
+        """Forget this process's mapping of ``name`` (arrays already taken stay valid)."""
+        if name in self._maps:
+            self._close_mapping(name)
+
+    def drop_all(self) -> None:
+        for name in list(self._maps):
+            self._close_mapping(name)
+
+    def drop_missing(self) -> int:
+        """Drop mappings of segments released by any process; returns how many were dropped."""
+        try:
+            present = set(os.listdir(self.path))
+        except FileNotFoundError:
+            present = set()
+        gone = [name for name in self._maps if name not in present]
+        for name in gone:
+            self._close_mapping(name)
+        return len(gone)
+
+    def _close_mapping(self, name: str) -> None:
+        mm, _ = self._maps.pop(name)
+        # Buffers of batches handed out keep the mapping alive until they are freed.
+        mm.close()
+
+    # -- both ----------------------------------------------------------------------------------
+
+    def release(self, name: str, *, missing_ok: bool = False) -> None:
+        """Unlink the segment (its bytes return to the budget) and drop this process's mapping."""
+        self.drop(name)
+        path = self._segment_path(name)
+        try:
+            os.unlink(path)
+        except FileNotFoundError as exc:
+            if missing_ok:
+                return
+            if not os.path.isdir(self.path):
+                raise _budget.closed_error(self.path) from exc
+            raise FileNotFoundError(
+                errno.ENOENT, f"segment {name} is not in the store (released twice?)", path
+            ) from exc
+
+    def in_use(self) -> int:
+        """Bytes held by sealed and unsealed segments now (exact: taken under the lock)."""
+        with _budget.locked(self.path):
+            return _budget.usage(self.path)
+
+    def segments(self) -> dict[str, int]:
+        """Sealed segment names and sizes, e.g. to find segments nobody announced."""
+        out: dict[str, int] = {}
+        try:
+            entries = list(os.scandir(self.path))
+        except FileNotFoundError as exc:
+            raise _budget.closed_error(self.path) from exc
+        for entry in entries:
+            if is_segment_name(entry.name):
+                try:
+                    out[entry.name] = entry.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    continue
+        return out
+
+    def _segment_path(self, name: str) -> str:
+        if not is_segment_name(name):
+            raise ValueError(f"{name!r} is not a segment name (expected 'seg-' + 32 hex digits)")
+        return os.path.join(self.path, name)
+
+
+def _rebuild_handle(base_dir: str, dataset: str, budget: int, max_open: int) -> StoreHandle:
+    return StoreHandle(base_dir, dataset, budget, max_open=max_open)
+
+
+class SegmentStore(StoreHandle):
+    """The owner: creates the dataset directory and removes it on :meth:`close` or exit."""
+
+    _finalizer: weakref.finalize[Any, Any]
+
+    @classmethod
+    def create(
+        cls,
+        budget: int | str,
+        base_dir: str | os.PathLike[str] | None = None,
+        *,
+        max_open: int = DEFAULT_MAX_OPEN,
+        reap: bool = True,
+    ) -> SegmentStore:
+        """Make a new store of ``budget`` bytes under ``base_dir`` (default ``$SHMLOADER_SHM_DIR``
+        or ``/dev/shm``), after reaping stores of dead owners there (``reap=False`` skips it).
+
+        Raises :class:`ShmSpaceError` if the filesystem has less free space than ``budget``.
+        """
+        nbytes = parse_size(budget, what="shm_budget")
+        if nbytes <= 0:
+            raise ConfigError(f"shm_budget must be positive, got {budget!r}")
+        base = resolve_base_dir(base_dir)
+        if reap:
+            reap_stale(base)
+        check_space(base, nbytes)
+        dataset = new_dataset_name()
+        path = os.path.join(base, dataset)
+        os.mkdir(path, 0o700)
+        store = cls(base, dataset, nbytes, max_open=max_open)
+        store._finalizer = lifecycle.register(store, path)
+        try:
+            os.close(os.open(os.path.join(path, LOCK_NAME), os.O_CREAT | os.O_EXCL, 0o600))
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def handle(self, *, max_open: int | None = None) -> StoreHandle:
+        """A picklable handle for other processes (pickling the store gives the same)."""
+        limit = self.max_open if max_open is None else max_open
+        return StoreHandle(self.base_dir, self.dataset, self.budget, max_open=limit)
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Remove the dataset directory and everything in it. Idempotent."""
+        self.drop_all()
+        self._finalizer()
+
+    def __enter__(self) -> SegmentStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
