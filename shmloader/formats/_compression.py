@@ -1,0 +1,274 @@
+"""Byte streams under the TFRecord framing: plain files, gzip and zlib (TensorFlow's options).
+
+TensorFlow's ``TFRecordOptions(compression_type="GZIP" | "ZLIB")`` compresses the *whole*
+stream of frames (not each record), as one gzip member or one zlib stream. Reading record
+``i`` therefore means inflating everything before it; see docs/formats.md.
+
+Detection (``compression="auto"``) looks at the first bytes, in this order:
+
+1. fewer than 2 bytes: uncompressed (an empty file holds zero records);
+2. the first 12 bytes are a valid TFRecord length header (its masked CRC matches):
+   uncompressed. This comes first because a record length whose low bytes happen to be
+   ``1f 8b`` (35,615 + k * 65,536) would otherwise be taken for gzip; a compressed stream
+   passes this check by chance once in 2**32;
+3. ``1f 8b`` (gzip magic): gzip;
+4. a valid zlib header (deflate method, window <= 32 KiB, header checksum divisible by 31,
+   no preset dictionary): zlib;
+5. otherwise by extension: ``.gz`` gzip, ``.zz`` / ``.zlib`` zlib, anything else
+   uncompressed (and reading then reports the corrupt header at offset 0).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+
+from .. import _fs
+from ..errors import ConfigError, CorruptRecordError, DataError, TruncatedRecordError
+from .checksum import masked_crc32c
+
+COMPRESSIONS: tuple[str | None, ...] = (None, "gzip", "zlib")
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "zlib": zlib.MAX_WBITS}
+_EXTENSIONS = {".gz": "gzip", ".gzip": "gzip", ".zz": "zlib", ".zlib": "zlib"}
+# Compressed input is read in pieces of this size; uncompressed reads are sized by callers.
+_RAW_CHUNK = 1 << 20
+
+Progress = Callable[[int], object]
+
+
+def resolve_compression(path: str, compression: str | None) -> str | None:
+    """Validate ``compression`` and resolve ``"auto"`` by looking at the file."""
+    if compression == "auto":
+        return detect_compression(path)
+    return check_compression(compression)
+
+
+def check_compression(compression: str | None) -> str | None:
+    if compression not in COMPRESSIONS:
+        raise ConfigError(
+            f"compression={compression!r} is not supported; use None, 'gzip', 'zlib' "
+            "(or 'auto' when reading)"
+        )
+    return compression
+
+
+def detect_compression(path: str) -> str | None:
+    """Apply the rule in this module's docstring to the file's first 12 bytes."""
+    with _fs.open_stream(path) as stream:
+        try:
+            head = bytes(stream.read(12))
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(f"cannot read: {exc}", path=path, offset=0) from exc
+    return sniff_compression(head, path)
+
+
+def sniff_compression(head: bytes, name: str = "") -> str | None:
+    if len(head) < 2:
+        return None
+    if len(head) >= 12 and struct.unpack_from("<I", head, 8)[0] == masked_crc32c(head[:8]):
+        return None
+    if head[:2] == b"\x1f\x8b":
+        return "gzip"
+    cmf, flg = head[0], head[1]
+    if cmf & 0x0F == 8 and cmf >> 4 <= 7 and (cmf << 8 | flg) % 31 == 0 and not flg & 0x20:
+        return "zlib"
+    lowered = name.lower()
+    for ext, kind in _EXTENSIONS.items():
+        if lowered.endswith(ext):
+            return kind
+    return None
+
+
+class ByteSource:
+    """Sequential reads of the (uncompressed) frame stream; ``position`` is its offset."""
+
+    position: int
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes; fewer only at the end of the stream."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> ByteSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PlainSource(ByteSource):
+    """An uncompressed file from ``start``: one seek, then large sequential reads."""
+
+    def __init__(self, path: str, start: int = 0, progress: Progress | None = None) -> None:
+        self._path = path
+        self._progress = progress
+        self._file: Any = _fs.open_random(path) if start else _fs.open_stream(path)
+        self.position = start
+        if start:
+            self._guard(self._file.seek, start)
+
+    def _guard(self, call: Callable[..., Any], *args: int) -> Any:
+        try:
+            return call(*args)
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(f"read failed: {exc}", path=self._path, offset=self.position) from exc
+
+    def read(self, n: int) -> bytes:
+        data: bytes = self._guard(self._file.read, n)
+        if 0 < len(data) < n:
+            # Streams may return short reads before the end; only an empty read is the end.
+            parts = [data]
+            got = len(data)
+            while got < n:
+                more: bytes = self._guard(self._file.read, n - got)
+                if not more:
+                    break
+                parts.append(more)
+                got += len(more)
+            data = b"".join(parts)
+        self.position += len(data)
+        if self._progress is not None and data:
+            self._progress(len(data))
+        return data
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class InflateSource(ByteSource):
+    """A gzip (possibly multi-member) or zlib file, inflated on the fly from its start."""
+
+    def __init__(self, path: str, compression: str, progress: Progress | None = None) -> None:
+        self._path = path
+        self._compression = compression
+        self._wbits = _WBITS[compression]
+        self._progress = progress
+        self._raw = _fs.open_stream(path)
+        self._inflater = zlib.decompressobj(self._wbits)
+        self._input = b""
+        self._raw_read = 0
+        self.position = 0
+
+    def _read_raw(self) -> bytes:
+        try:
+            data = bytes(self._raw.read(_RAW_CHUNK))
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(
+                f"read failed at compressed byte {self._raw_read}: {exc}", path=self._path
+            ) from exc
+        self._raw_read += len(data)
+        if self._progress is not None and data:
+            self._progress(len(data))
+        return data
+
+    def read(self, n: int) -> bytes:
+        parts: list[bytes] = []
+        got = 0
+        while got < n:
+            if self._inflater.eof:
+                if not self._input:
+                    self._input = self._read_raw()
+                if not self._input:
+                    break
+                if self._compression != "gzip":
+                    raise CorruptRecordError(
+                        f"data follows the end of the zlib stream (compressed byte "
+                        f"{self._raw_read - len(self._input)})",
+                        path=self._path,
+                        offset=self.position + got,
+                    )
+                self._inflater = zlib.decompressobj(self._wbits)  # next gzip member
+            if not self._input:
+                self._input = self._read_raw()
+                if not self._input:
+                    if self._raw_read == 0:
+                        break  # an empty file: no stream, no records
+                    raise TruncatedRecordError(
+                        f"the {self._compression} stream ends before its end marker",
+                        path=self._path,
+                        offset=self.position + got,
+                    )
+            try:
+                out = self._inflater.decompress(self._input, n - got)
+            except zlib.error as exc:
+                raise CorruptRecordError(
+                    f"cannot inflate {self._compression} data near compressed byte "
+                    f"{self._raw_read - len(self._input)}: {exc}",
+                    path=self._path,
+                    offset=self.position + got,
+                ) from exc
+            d = self._inflater
+            self._input = d.unused_data if d.eof else d.unconsumed_tail
+            if out:
+                parts.append(out)
+                got += len(out)
+        self.position += got
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self._raw.close()
+
+
+def open_source(
+    path: str, compression: str | None, start: int = 0, progress: Progress | None = None
+) -> ByteSource:
+    """A source positioned at uncompressed offset ``start`` (compressed: inflate up to it)."""
+    if compression is None:
+        return PlainSource(path, start, progress)
+    source = InflateSource(path, compression, progress)
+    remaining = start
+    try:
+        while remaining:
+            skipped = len(source.read(min(remaining, _RAW_CHUNK * 8)))
+            if not skipped:
+                raise TruncatedRecordError(
+                    f"the uncompressed stream ends at {source.position}, before offset {start}",
+                    path=path,
+                    offset=source.position,
+                )
+            remaining -= skipped
+    except BaseException:
+        source.close()
+        raise
+    return source
+
+
+class Sink:
+    """Where the writer's frames go: the file, through a deflater when compressing."""
+
+    def __init__(self, path: str, compression: str | None) -> None:
+        self._path = path
+        self._out: Any = _fs.open_output(path)
+        self._deflater = (
+            None
+            if compression is None
+            else zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED, _WBITS[compression])
+        )
+
+    def write(self, data: bytes | bytearray) -> None:
+        chunk = data if self._deflater is None else self._deflater.compress(data)
+        if chunk:
+            self._guard(lambda: self._out.write(chunk))
+
+    def close(self) -> None:
+        try:
+            if self._deflater is not None:
+                tail = self._deflater.flush()
+                self._deflater = None
+                self._guard(lambda: self._out.write(tail))
+        finally:
+            self._guard(self._out.close)
+
+    def _guard(self, call: Callable[[], Any]) -> None:
+        # A failed write (disk full, permissions) is not bad input: keep it an OSError, but
+        # say which file.
+        try:
+            call()
+        except (OSError, pa.ArrowException) as exc:
+            raise OSError(f"{self._path}: write failed: {exc}") from exc

@@ -1,0 +1,287 @@
+"""The TFRecord frame and the loops that walk it; the public face is shmloader.formats.tfrecord.
+
+A frame is ``uint64 length | uint32 masked_crc32c(length bytes) | payload | uint32
+masked_crc32c(payload)``, all little-endian, so a frame is ``length + 16`` bytes.
+
+Every loop here works on one large ``bytes`` buffer with ``struct.unpack_from`` and
+collects results into lists, because per-record Python work (not I/O) is what limits
+throughput: one call of :func:`scan` handles thousands of frames, and the readers above it
+issue one read per few megabytes, never one per record.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+import crc32c as _crc32c_impl
+import numpy as np
+
+from ..errors import CorruptRecordError, IndexMismatchError, TruncatedRecordError
+from ._compression import ByteSource
+from .checksum import MASK_DELTA, masked_crc32c
+
+HEADER = struct.Struct("<QI")
+U32 = struct.Struct("<I")
+HEADER_SIZE = 12
+FRAME_OVERHEAD = 16
+# Sequential scans read this much at a time; indexed range reads group records into blocks
+# of at most this many bytes (a single larger record is read on its own).
+CHUNK = 4 << 20
+BLOCK = 16 << 20
+# A damaged length that passed its CRC by chance could ask for exabytes: never read more
+# than this in one call, and stop at the end of the file.
+MAX_READ = 256 << 20
+
+OK, BAD_LENGTH, BAD_PAYLOAD = 0, 1, 2
+
+# Length field -> its masked CRC. Record sizes repeat (often one size per file), so a dict
+# hit replaces a slice and a CRC call per record. Bounded so odd files cannot grow it.
+_LENGTH_CRCS: dict[int, int] = {}
+_LENGTH_CRCS_MAX = 1 << 16
+
+
+def length_crc(length: int) -> int:
+    crc = _LENGTH_CRCS.get(length)
+    if crc is None:
+        crc = masked_crc32c(struct.pack("<Q", length))
+        if len(_LENGTH_CRCS) >= _LENGTH_CRCS_MAX:
+            _LENGTH_CRCS.clear()
+        _LENGTH_CRCS[length] = crc
+    return crc
+
+
+def frame_header(length: int) -> bytes:
+    return HEADER.pack(length, length_crc(length))
+
+
+def encode_frame(payload: bytes) -> bytes:
+    """One complete frame for ``payload`` (bytes-like), byte-identical to TensorFlow's."""
+    return b"".join((frame_header(len(payload)), payload, U32.pack(masked_crc32c(payload))))
+
+
+def scan(
+    buf: bytes, pos: int, offsets: list[int], payloads: list[bytes] | None, verify: bool
+) -> tuple[int, int, int]:
+    """Walk complete frames of ``buf`` from ``pos``; append their starts (and payloads).
+
+    Returns ``(pos, status, need)``: ``pos`` is where walking stopped; ``status`` is OK when
+    the buffer ran out (``need`` is then the size of the frame that did not fit, 12 when even
+    its header is incomplete, 0 when ``pos == len(buf)``), else BAD_LENGTH / BAD_PAYLOAD for
+    the frame at ``pos``. The length CRC is always checked (a wrong length would derail every
+    later frame); the payload CRC only with ``verify``.
+    """
+    end_of_buf = len(buf)
+    unpack_header = HEADER.unpack_from
+    unpack_u32 = U32.unpack_from
+    crc = _crc32c_impl.crc32c
+    known = _LENGTH_CRCS
+    add_offset = offsets.append
+    add_payload = payloads.append if payloads is not None else None
+    delta = MASK_DELTA
+    while True:
+        if end_of_buf - pos < HEADER_SIZE:
+            return pos, OK, (HEADER_SIZE if end_of_buf > pos else 0)
+        length, stored = unpack_header(buf, pos)
+        expected = known.get(length)
+        if expected is None:
+            expected = length_crc(length)
+        if stored != expected:
+            return pos, BAD_LENGTH, 0
+        end = pos + length + FRAME_OVERHEAD
+        if end > end_of_buf:
+            return pos, OK, length + FRAME_OVERHEAD
+        if verify:
+            payload = buf[pos + HEADER_SIZE : end - 4]
+            c = crc(payload)
+            if (((c >> 15) | (c << 17)) + delta) & 0xFFFFFFFF != unpack_u32(buf, end - 4)[0]:
+                return pos, BAD_PAYLOAD, 0
+            if add_payload is not None:
+                add_payload(payload)
+        elif add_payload is not None:
+            add_payload(buf[pos + HEADER_SIZE : end - 4])
+        add_offset(pos)
+        pos = end
+
+
+def frame_error(
+    status: int, buf: bytes, pos: int, *, path: str, offset: int, index: int | None
+) -> CorruptRecordError:
+    """The exception for a frame that :func:`scan` stopped at, with both CRCs in the text."""
+    length, stored = HEADER.unpack_from(buf, pos)
+    if status == BAD_LENGTH:
+        why = (
+            f"length CRC mismatch (stored 0x{stored:08x}, computed "
+            f"0x{length_crc(length):08x} for length field {length}): the header is corrupt"
+        )
+    else:
+        end = pos + length + FRAME_OVERHEAD
+        (stored_payload,) = U32.unpack_from(buf, end - 4)
+        actual = masked_crc32c(memoryview(buf)[pos + HEADER_SIZE : end - 4])
+        why = (
+            f"payload CRC mismatch in a {length}-byte record (stored "
+            f"0x{stored_payload:08x}, computed 0x{actual:08x}): the payload is corrupt"
+        )
+    return CorruptRecordError(why, path=path, offset=offset, index=index)
+
+
+def truncation_error(
+    buf: bytes, pos: int, *, path: str, offset: int, index: int
+) -> TruncatedRecordError:
+    have = len(buf) - pos
+    if have < HEADER_SIZE:
+        why = f"the file ends inside a record header ({have} of {HEADER_SIZE} bytes)"
+    else:
+        (length,) = struct.unpack_from("<Q", buf, pos)
+        why = (
+            f"the file ends inside a record ({have} of {length + FRAME_OVERHEAD} bytes; "
+            "often a writer that did not finish)"
+        )
+    return TruncatedRecordError(why, path=path, offset=offset, index=index)
+
+
+def read_at_least(source: ByteSource, n: int) -> bytes:
+    """``n`` bytes from ``source`` (fewer only at its end), in reads of at most MAX_READ."""
+    first = source.read(min(n, MAX_READ))
+    if len(first) >= n or not first:
+        return first
+    parts = [first]
+    got = len(first)
+    while got < n:
+        more = source.read(min(n - got, MAX_READ))
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def iter_chunks(
+    source: ByteSource, path: str, *, verify: bool, want_payloads: bool
+) -> Iterator[tuple[int, list[int], list[bytes]]]:
+    """Walk the whole stream: per chunk, ``(base offset, frame starts - base, payloads)``.
+
+    Raises CorruptRecordError at the first bad frame and TruncatedRecordError when the
+    stream ends inside a frame, naming offset and record index.
+    """
+    buf = b""
+    pos = 0
+    base = source.position
+    index = 0
+    need = 0
+    while True:
+        rest = len(buf) - pos
+        chunk = read_at_least(source, max(CHUNK, need - rest))
+        if not chunk:
+            if rest:
+                raise truncation_error(buf, pos, path=path, offset=base + pos, index=index)
+            return
+        base += pos
+        buf = buf[pos:] + chunk if rest else chunk
+        offsets: list[int] = []
+        payloads: list[bytes] = []
+        pos, status, need = scan(buf, 0, offsets, payloads if want_payloads else None, verify)
+        if offsets:
+            yield base, offsets, payloads
+            index += len(offsets)
+        if status != OK:
+            raise frame_error(status, buf, pos, path=path, offset=base + pos, index=index)
+
+
+def iter_indexed(
+    source: ByteSource,
+    path: str,
+    offsets: np.ndarray,
+    start: int,
+    stop: int,
+    *,
+    skip_bad: bool,
+    verify: bool,
+) -> Iterator[tuple[int, int, bytes | CorruptRecordError]]:
+    """Records ``[start, stop)`` of a source positioned at ``offsets[start]``.
+
+    Reads whole blocks of records (one read each), checks that the frames found are exactly
+    where the index says, and with ``skip_bad`` turns a corrupt record into its error and
+    resumes at the next indexed offset.
+    """
+    i = start
+    while i < stop:
+        lo = int(offsets[i])
+        j = int(np.searchsorted(offsets, lo + BLOCK, side="right")) - 1
+        j = min(max(j, i + 1), stop)
+        hi = int(offsets[j])
+        buf = read_at_least(source, hi - lo)
+        if len(buf) < hi - lo:
+            raise IndexMismatchError(
+                f"the file ends {hi - lo - len(buf)} bytes before where its index says record "
+                f"{j - 1} ends; the file changed after it was indexed",
+                path=path,
+                offset=lo + len(buf),
+            )
+        expected = (offsets[i : j + 1] - np.uint64(lo)).tolist()
+        k = i
+        pos = 0
+        while k < j:
+            found: list[int] = []
+            payloads: list[bytes] = []
+            pos, status, _ = scan(buf, pos, found, payloads, verify)
+            n = len(found)
+            matches = found == expected[k - i : k - i + n]
+            if matches and status == OK:
+                matches = pos == len(buf) and k + n == j
+            elif matches:
+                matches = k + n < j and pos == expected[k + n - i]
+            if not matches:
+                raise IndexMismatchError(
+                    "record boundaries differ from the index; the file changed after it was "
+                    "indexed (remove the stale index or run `shmloader index --force`)",
+                    path=path,
+                    offset=lo + pos,
+                    index=k + n,
+                )
+            for record, rel, payload in zip(range(k, k + n), found, payloads, strict=True):
+                yield record, lo + rel, payload
+            k += n
+            if status != OK:
+                error = frame_error(status, buf, pos, path=path, offset=lo + pos, index=k)
+                if not skip_bad:
+                    raise error
+                yield k, lo + pos, error
+                k += 1
+                pos = expected[k - i]
+        i = j
+
+
+def decode_frames(
+    buf: bytes | bytearray | memoryview, *, path: str = "<buffer>", base_offset: int = 0
+) -> tuple[list[bytes], int]:
+    """Complete, CRC-valid payloads at the start of ``buf`` and where that valid prefix ends.
+
+    Built for append-only logs (the master's journal) that may end in a torn write:
+
+    * a last frame cut short (header or payload incomplete) ends the prefix, no error;
+    * a frame whose length CRC fails ends the prefix if every byte from that frame's start
+      to the end of ``buf`` is zero (a crash after the file grew but before data landed);
+    * a frame whose payload CRC fails ends the prefix if nothing but zero bytes follows the
+      end of that frame (none at all, or zero fill);
+    * any other CRC failure, i.e. one followed by more (non-zero) data, raises
+      :class:`CorruptRecordError`: records after it would otherwise be dropped silently.
+
+    The returned offset is ``base_offset + length of the valid prefix`` (``base_offset`` is
+    where ``buf`` starts in the file; it is also used in error messages). A memoryview or
+    bytearray is copied once.
+    """
+    data = buf if isinstance(buf, bytes) else bytes(buf)
+    records: list[bytes] = []
+    starts: list[int] = []
+    pos, status, _ = scan(data, 0, starts, records, True)
+    if status == OK:
+        return records, base_offset + pos
+    if status == BAD_LENGTH:
+        tail_from = pos
+    else:
+        (length,) = struct.unpack_from("<Q", data, pos)
+        tail_from = pos + length + FRAME_OVERHEAD
+    if not data[tail_from:].strip(b"\x00"):
+        return records, base_offset + pos
+    raise frame_error(status, data, pos, path=path, offset=base_offset + pos, index=len(records))

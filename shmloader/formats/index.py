@@ -1,0 +1,289 @@
+"""Sidecar offset indexes: where each record of a data file starts, cached on disk.
+
+Counting records or jumping to record ``i`` in a framed file otherwise means reading every
+byte before it. An index stores ``n + 1`` uint64 offsets (the last is where the last record
+ends), so a count is ``len - 1`` and the byte span of ``[start, stop)`` is two lookups.
+
+The index is generic: ``kind`` names what the offsets mean (``"tfrecord"``, later JSONL line
+starts or tar members), and different kinds for one data file live side by side.
+
+Where it lives: next to the data file as ``<data path>.<kind>.shmidx`` when that directory
+is local and writable; otherwise in a cache directory (``index_dir`` argument, else
+``$SHMLOADER_INDEX_DIR``, else ``$XDG_CACHE_HOME/shmloader/index`` defaulting to
+``~/.cache/shmloader/index``) under a name derived from a SHA-256 of the full path. Remote
+data (``s3://`` ...) is never written to; a sidecar already stored next to it is still used.
+
+File layout (little-endian)::
+
+    magic   8 bytes  b"\\x89SHMIDX\\n"
+    version u32      1
+    kindlen u16      length of the kind string
+    size    u64      data file size when indexed      } shmloader._fs.stamp
+    mtime   i64      data file mtime_ns when indexed  }
+    count   u64      number of records n
+    kind    kindlen bytes (UTF-8)
+    offsets (n + 1) x u64
+    crc     u32      CRC32C of every byte before it
+
+Staleness vs damage: an index whose size/mtime no longer match the data file is *stale*, an
+expected event (the file was appended to or rewritten): :func:`load_offsets` returns ``None``
+for it and :func:`cached_offsets` rebuilds it. An index that fails its own checks (magic,
+version, kind, length, CRC, decreasing offsets) is *damaged*: :func:`load_offsets` raises
+:class:`~shmloader.errors.IndexMismatchError`; :func:`cached_offsets` logs a warning, rebuilds
+and replaces it, because the index is only a cache of facts the data file still holds.
+
+Writes go to a temporary file in the target directory that is then renamed over the index,
+so a concurrent reader sees either the old index or the new one, never half of one. Index
+files are not fsync'ed: after a crash an index may be empty or torn, which its CRC detects,
+and it is rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import struct
+import tempfile
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from .. import _fs
+from ..errors import ConfigError, IndexMismatchError
+from .checksum import crc32c
+
+__all__ = [
+    "INDEX_SUFFIX",
+    "cached_offsets",
+    "default_index_dir",
+    "fallback_index_path",
+    "find_index",
+    "load_offsets",
+    "save_offsets",
+    "sidecar_path",
+]
+
+log = logging.getLogger(__name__)
+
+INDEX_SUFFIX = ".shmidx"
+_MAGIC = b"\x89SHMIDX\n"
+_VERSION = 1
+_HEADER = struct.Struct("<8sIHQqQ")
+_CRC = struct.Struct("<I")
+_KIND_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_OFFSET_DTYPE = np.dtype("<u8")
+
+
+def _check_kind(kind: str) -> None:
+    if not _KIND_RE.match(kind):
+        raise ConfigError(
+            f"index kind {kind!r} is invalid: use 1-64 letters, digits, '_' or '-' "
+            "(it becomes part of a file name)"
+        )
+
+
+def sidecar_path(path: str, kind: str) -> str:
+    """``<data path>.<kind>.shmidx``: the preferred location, next to the data."""
+    _check_kind(kind)
+    return f"{path}.{kind}{INDEX_SUFFIX}"
+
+
+def default_index_dir(index_dir: str | None = None) -> str:
+    """The fallback directory: argument, else ``$SHMLOADER_INDEX_DIR``, else the user cache."""
+    if index_dir:
+        return os.path.abspath(os.path.expanduser(index_dir))
+    env = os.environ.get("SHMLOADER_INDEX_DIR")
+    if env:
+        return os.path.abspath(os.path.expanduser(env))
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "shmloader", "index")
+
+
+def fallback_index_path(path: str, kind: str, *, index_dir: str | None = None) -> str:
+    """Location in the cache directory; the hash of the full path keeps equal names apart."""
+    _check_kind(kind)
+    full = _canonical(path)
+    digest = hashlib.sha256(full.encode("utf-8")).hexdigest()[:32]
+    base = os.path.basename(full.rstrip("/"))[:64] or "data"
+    return os.path.join(default_index_dir(index_dir), f"{base}-{digest}.{kind}{INDEX_SUFFIX}")
+
+
+def _canonical(path: str) -> str:
+    fs, inner = _fs.resolve(path)
+    return _fs.display_path(fs, inner)
+
+
+def _is_local(path: str) -> bool:
+    fs, _ = _fs.resolve(path)
+    return isinstance(fs, pafs.LocalFileSystem)
+
+
+def _candidates(path: str, kind: str, index_dir: str | None) -> list[str]:
+    sidecar = sidecar_path(_canonical(path), kind)
+    return [sidecar, fallback_index_path(path, kind, index_dir=index_dir)]
+
+
+def find_index(
+    path: str, kind: str, *, index_dir: str | None = None
+) -> tuple[str, np.ndarray] | None:
+    """The first fresh index of ``path`` (its location and offsets), or ``None``.
+
+    The sidecar is tried first, then the cache directory. Raises
+    :class:`IndexMismatchError` when an index exists but is damaged and none is fresh, and
+    :class:`DataError` when the data file itself is missing. The array is read-only.
+    """
+    current = _fs.stamp(path)
+    damage: IndexMismatchError | None = None
+    for candidate in _candidates(path, kind, index_dir):
+        raw = _read_index_file(candidate)
+        if raw is None:
+            continue
+        try:
+            size, mtime_ns, offsets = _parse(raw, kind, candidate)
+        except IndexMismatchError as exc:
+            damage = damage or exc
+            continue
+        if size == current.size and mtime_ns == current.mtime_ns:
+            return candidate, offsets
+    if damage is not None:
+        raise damage
+    return None
+
+
+def load_offsets(path: str, kind: str, *, index_dir: str | None = None) -> np.ndarray | None:
+    """The cached offsets of ``path``, or ``None`` when there is no index or it is stale.
+
+    See :func:`find_index` for the search order and errors.
+    """
+    found = find_index(path, kind, index_dir=index_dir)
+    return None if found is None else found[1]
+
+
+def _read_index_file(candidate: str) -> bytes | None:
+    fs, inner = _fs.resolve(candidate)
+    try:
+        info = fs.get_file_info(inner)
+        if info.type != pafs.FileType.File:
+            return None
+        with fs.open_input_stream(inner) as stream:
+            return bytes(stream.read())
+    except (OSError, pa.ArrowException) as exc:
+        raise IndexMismatchError(f"cannot read index: {exc}", path=candidate) from exc
+
+
+def _parse(raw: bytes, kind: str, where: str) -> tuple[int, int, np.ndarray]:
+    def damaged(why: str, offset: int | None = None) -> IndexMismatchError:
+        return IndexMismatchError(f"damaged index: {why}", path=where, offset=offset)
+
+    if len(raw) < _HEADER.size + _CRC.size:
+        raise damaged(f"only {len(raw)} bytes, shorter than a header")
+    magic, version, kind_len, size, mtime_ns, count = _HEADER.unpack_from(raw, 0)
+    if magic != _MAGIC:
+        raise damaged("bad magic (not a shmloader index)", 0)
+    if version != _VERSION:
+        raise damaged(f"format version {version}, this shmloader reads version {_VERSION}", 8)
+    expected = _HEADER.size + kind_len + 8 * (count + 1) + _CRC.size
+    if len(raw) != expected:
+        raise damaged(f"{len(raw)} bytes where the header implies {expected}")
+    (stored_crc,) = _CRC.unpack_from(raw, len(raw) - _CRC.size)
+    if crc32c(memoryview(raw)[: -_CRC.size]) != stored_crc:
+        raise damaged("checksum mismatch", len(raw) - _CRC.size)
+    stored_kind = raw[_HEADER.size : _HEADER.size + kind_len].decode("utf-8", "replace")
+    if stored_kind != kind:
+        raise damaged(f"it indexes kind {stored_kind!r}, not {kind!r}", _HEADER.size)
+    start = _HEADER.size + kind_len
+    offsets = np.frombuffer(raw, dtype=_OFFSET_DTYPE, count=count + 1, offset=start)
+    if count and bool(np.any(offsets[1:] < offsets[:-1])):
+        raise damaged("offsets decrease", start)
+    return int(size), int(mtime_ns), offsets
+
+
+def save_offsets(
+    path: str,
+    kind: str,
+    offsets: np.ndarray,
+    *,
+    index_dir: str | None = None,
+    stamp: _fs.FileStamp | None = None,
+) -> str:
+    """Write the index of ``path`` atomically and return where it went.
+
+    ``stamp`` is the data file's size/mtime *before* the offsets were computed; pass it when
+    building takes a while, so that a file changed meanwhile leaves a stale index (rebuilt on
+    next use) instead of a wrong one that looks fresh. Without it the file is stamped now.
+    """
+    _check_kind(kind)
+    arr = np.ascontiguousarray(offsets, dtype=_OFFSET_DTYPE)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ConfigError(f"offsets for {path} must be a 1-D array of n + 1 values")
+    if arr.size > 1 and bool(np.any(arr[1:] < arr[:-1])):
+        raise ConfigError(f"offsets for {path} must not decrease")
+    st = stamp if stamp is not None else _fs.stamp(path)
+    kind_bytes = kind.encode("utf-8")
+    header = _HEADER.pack(_MAGIC, _VERSION, len(kind_bytes), st.size, st.mtime_ns, arr.size - 1)
+    body = b"".join((header, kind_bytes, arr.tobytes()))
+    blob = body + _CRC.pack(crc32c(body))
+
+    targets = [fallback_index_path(path, kind, index_dir=index_dir)]
+    if _is_local(path):
+        targets.insert(0, sidecar_path(_canonical(path), kind))
+    failures: list[str] = []
+    for target in targets:
+        try:
+            _atomic_write(target, blob)
+        except OSError as exc:
+            failures.append(f"{target}: {exc}")
+            continue
+        return target
+    raise ConfigError(
+        f"cannot write the {kind} index of {path} anywhere ({'; '.join(failures)}); "
+        "set SHMLOADER_INDEX_DIR or index_dir to a writable directory"
+    )
+
+
+def _atomic_write(target: str, blob: bytes) -> None:
+    directory = os.path.dirname(target)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".shmidx-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def cached_offsets(
+    path: str,
+    kind: str,
+    build: Callable[[], np.ndarray],
+    *,
+    index_dir: str | None = None,
+) -> np.ndarray:
+    """Offsets from a fresh index, else ``build()`` them and save the result for next time.
+
+    A damaged index is reported in the log and replaced. Errors raised by ``build`` (a
+    corrupt data file) propagate unchanged.
+    """
+    try:
+        found = load_offsets(path, kind, index_dir=index_dir)
+    except IndexMismatchError as exc:
+        log.warning("%s; rebuilding it", exc)
+        found = None
+    if found is not None:
+        return found
+    before = _fs.stamp(path)
+    offsets = np.ascontiguousarray(build(), dtype=_OFFSET_DTYPE)
+    try:
+        save_offsets(path, kind, offsets, index_dir=index_dir, stamp=before)
+    except ConfigError as exc:
+        # Still correct without a cache, only slower next time: say so, do not fail the read.
+        log.warning("%s", exc)
+    return offsets

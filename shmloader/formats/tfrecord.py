@@ -1,0 +1,293 @@
+"""TFRecord files: byte-compatible with TensorFlow, read by range through a sidecar index.
+
+Framing (all little-endian)::
+
+    uint64 length | uint32 masked_crc32c(length bytes) | payload | uint32 masked_crc32c(payload)
+
+``compression`` is ``None``, ``"gzip"`` or ``"zlib"`` as TensorFlow's TFRecordOptions write
+them (the whole stream compressed, not each record); readers also accept ``"auto"`` (the
+detection rule is in :mod:`shmloader.formats._compression` and docs/formats.md).
+
+Record offsets come from a sidecar index (:mod:`shmloader.formats.index`, kind
+``"tfrecord"``, or ``"tfrecord-gzip"`` / ``"tfrecord-zlib"`` whose offsets are positions in
+the *uncompressed* stream). A range of an uncompressed file is read with one seek and one
+read per 16 MiB; a range of a compressed file has to be inflated from the file's start.
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from collections.abc import Iterable, Iterator
+from types import TracebackType
+
+import numpy as np
+
+from ..errors import ConfigError, CorruptRecordError
+from . import _framing
+from ._compression import Progress, Sink, check_compression, open_source, resolve_compression
+from ._framing import FRAME_OVERHEAD, U32, decode_frames, encode_frame, frame_header
+from .checksum import masked_crc32c
+from .index import cached_offsets, save_offsets
+
+__all__ = [
+    "RecordFile",
+    "RecordWriter",
+    "decode_frames",
+    "encode_frame",
+    "index_kind",
+    "read_records",
+    "scan_offsets",
+    "write_records",
+]
+
+ON_ERROR_CHOICES = ("raise", "skip")
+# The writer hands the file system this much at a time instead of four writes per record.
+_WRITE_BUFFER = 1 << 20
+
+
+def index_kind(compression: str | None) -> str:
+    """The sidecar index kind for a TFRecord file with this compression."""
+    return "tfrecord" if compression is None else f"tfrecord-{compression}"
+
+
+class RecordWriter:
+    """Writes TFRecord frames and, on :meth:`close`, the sidecar index of what it wrote.
+
+    The index comes from the offsets tracked while writing (no re-scan) and is stamped with
+    the file's size and mtime after the file is closed. If the ``with`` block raises, the
+    records written so far are closed into a valid file but no index is written (it would
+    describe a file the caller considers failed; one is built on first use if wanted).
+    ``close`` flushes but does not fsync; see docs/formats.md.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        compression: str | None = None,
+        index: bool = True,
+        index_dir: str | None = None,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.compression = check_compression(compression)
+        self._index = index
+        self._index_dir = index_dir
+        self._sink: Sink | None = Sink(self.path, self.compression)
+        self._buffer = bytearray()
+        self._position = 0
+        self._offsets = array("Q")
+
+    @property
+    def count(self) -> int:
+        """Records written so far."""
+        return len(self._offsets)
+
+    def write(self, payload: bytes) -> None:
+        if self._sink is None:
+            raise ConfigError(f"{self.path}: write() on a closed RecordWriter")
+        view = memoryview(payload)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        length = view.nbytes
+        buffer = self._buffer
+        buffer += frame_header(length)
+        buffer += view
+        buffer += U32.pack(masked_crc32c(view))
+        self._offsets.append(self._position)
+        self._position += length + FRAME_OVERHEAD
+        if len(buffer) >= _WRITE_BUFFER:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._buffer and self._sink is not None:
+            self._sink.write(self._buffer)
+            self._buffer = bytearray()
+
+    def close(self) -> None:
+        self._finish(write_index=self._index)
+
+    def _finish(self, *, write_index: bool) -> None:
+        sink = self._sink
+        if sink is None:
+            return
+        try:
+            self._flush()
+        finally:
+            self._sink = None
+            sink.close()
+        if write_index:
+            offsets = np.empty(len(self._offsets) + 1, dtype=np.uint64)
+            offsets[:-1] = np.frombuffer(self._offsets, dtype=np.uint64)
+            offsets[-1] = self._position
+            save_offsets(
+                self.path, index_kind(self.compression), offsets, index_dir=self._index_dir
+            )
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._finish(write_index=self._index and exc_type is None)
+
+
+def write_records(
+    path: str | os.PathLike[str],
+    records: Iterable[bytes],
+    *,
+    compression: str | None = None,
+    index: bool = True,
+) -> int:
+    """Write ``records`` as one TFRecord file (and its index); returns how many."""
+    with RecordWriter(path, compression=compression, index=index) as writer:
+        for record in records:
+            writer.write(record)
+    return writer.count
+
+
+def read_records(
+    path: str | os.PathLike[str],
+    start: int = 0,
+    stop: int | None = None,
+    *,
+    compression: str | None = "auto",
+    verify: bool = True,
+) -> Iterator[bytes]:
+    """Payloads of records ``[start, stop)``, checking both CRCs of each unless ``verify``
+    is false (the length CRC is always checked: a wrong length derails every later record).
+
+    The whole file (the default range) is streamed without touching any index. A partial
+    range goes through :class:`RecordFile`, so it uses (and if needed builds and caches) the
+    sidecar index; ``stop`` beyond the last record is then a ConfigError before any record.
+    """
+    p = os.fspath(path)
+    _check_bounds(start, stop)
+    if start == 0 and stop is None:
+        resolved = resolve_compression(p, compression)
+        with open_source(p, resolved) as source:
+            for _, _, payloads in _framing.iter_chunks(
+                source, p, verify=verify, want_payloads=True
+            ):
+                yield from payloads
+        return
+    rf = RecordFile(p, compression=compression)
+    end = rf.num_records if stop is None else stop
+    for _, _, payload in rf.read_range(start, end, verify=verify):
+        if isinstance(payload, CorruptRecordError):  # on_error="raise" never yields one
+            raise payload
+        yield payload
+
+
+def scan_offsets(
+    path: str | os.PathLike[str],
+    *,
+    compression: str | None = "auto",
+    verify: bool = False,
+    progress: Progress | None = None,
+) -> np.ndarray:
+    """Offsets of every record plus the end (uint64, n + 1) by reading the whole file.
+
+    This is how indexes are built. Length CRCs are always checked; ``verify`` also checks
+    every payload CRC (``shmloader index --check``). ``progress`` is called with the number
+    of file bytes consumed, as they are read.
+    """
+    p = os.fspath(path)
+    resolved = resolve_compression(p, compression)
+    parts: list[np.ndarray] = []
+    with open_source(p, resolved, progress=progress) as source:
+        for base, starts, _ in _framing.iter_chunks(source, p, verify=verify, want_payloads=False):
+            parts.append(np.asarray(starts, dtype=np.uint64) + np.uint64(base))
+        parts.append(np.array([source.position], dtype=np.uint64))
+    return np.concatenate(parts)
+
+
+class RecordFile:
+    """One TFRecord file with random access by record number.
+
+    ``num_records`` and offsets come from the sidecar index, built by one scan and cached
+    the first time they are needed (see :mod:`shmloader.formats.index` for where and how
+    staleness is detected). The offsets are loaded once per object: if the file changes
+    afterwards, reads raise IndexMismatchError instead of returning wrong records.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        compression: str | None = "auto",
+        index_dir: str | None = None,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.compression = resolve_compression(self.path, compression)
+        self.index_dir = index_dir
+        self._offsets: np.ndarray | None = None
+
+    def __repr__(self) -> str:
+        return f"RecordFile({self.path!r}, compression={self.compression!r})"
+
+    @property
+    def kind(self) -> str:
+        return index_kind(self.compression)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """uint64 offsets of every record plus the end (read-only, length n + 1)."""
+        if self._offsets is None:
+            self._offsets = cached_offsets(
+                self.path,
+                self.kind,
+                lambda: scan_offsets(self.path, compression=self.compression),
+                index_dir=self.index_dir,
+            )
+        return self._offsets
+
+    @property
+    def num_records(self) -> int:
+        return len(self.offsets) - 1
+
+    def offset(self, i: int) -> int:
+        """Byte offset of record ``i`` (``i == num_records`` gives the end of the data);
+        for compressed files, the offset in the uncompressed stream."""
+        n = self.num_records
+        if not 0 <= i <= n:
+            raise ConfigError(f"{self.path}: record {i} is out of range [0, {n}]")
+        return int(self.offsets[i])
+
+    def read_range(
+        self, start: int, stop: int, *, on_error: str = "raise", verify: bool = True
+    ) -> Iterator[tuple[int, int, bytes | CorruptRecordError]]:
+        """``(record index, byte offset, payload)`` for records ``[start, stop)``.
+
+        With ``on_error="skip"`` a corrupt record yields its CorruptRecordError in place of
+        the payload and reading resumes at the next record's indexed offset; with
+        ``"raise"`` it is raised. Either way a file that no longer matches its index raises
+        IndexMismatchError. Argument errors are raised here, not on first iteration.
+        """
+        if on_error not in ON_ERROR_CHOICES:
+            raise ConfigError(f"on_error={on_error!r}; use one of {ON_ERROR_CHOICES}")
+        _check_bounds(start, stop)
+        n = self.num_records
+        if stop is None or stop > n:
+            raise ConfigError(f"{self.path}: range [{start}, {stop}) exceeds its {n} records")
+        return self._iter_range(start, stop, on_error == "skip", verify)
+
+    def _iter_range(
+        self, start: int, stop: int, skip_bad: bool, verify: bool
+    ) -> Iterator[tuple[int, int, bytes | CorruptRecordError]]:
+        if start == stop:
+            return
+        offsets = self.offsets
+        with open_source(self.path, self.compression, int(offsets[start])) as source:
+            yield from _framing.iter_indexed(
+                source, self.path, offsets, start, stop, skip_bad=skip_bad, verify=verify
+            )
+
+
+def _check_bounds(start: int, stop: int | None) -> None:
+    if start < 0 or (stop is not None and stop < start):
+        raise ConfigError(f"invalid record range [{start}, {stop}): need 0 <= start <= stop")

@@ -1,0 +1,93 @@
+"""`shmloader index`: builds, reuses and checks indexes; exit status and messages."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shmloader.cli.main import main
+from shmloader.formats.index import load_offsets, sidecar_path
+from shmloader.formats.tfrecord import RecordFile, scan_offsets, write_records
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> list[str]:
+    paths = []
+    for name, n in (("a", 3), ("b", 40), ("c", 0)):
+        path = str(tmp_path / f"{name}.tfrecord")
+        write_records(path, [os.urandom(50) for _ in range(n)], index=False)
+        paths.append(path)
+    return paths
+
+
+def test_builds_then_reuses(files: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    glob = os.path.join(os.path.dirname(files[0]), "*")
+    assert main(["index", glob]) == 0
+    out = capsys.readouterr().out
+    assert "built" in out and "43  total" in out and "3 file(s)" in out
+    for path in files:
+        np.testing.assert_array_equal(load_offsets(path, "tfrecord"), scan_offsets(path))
+    # The glob now also matches the sidecars; they are not indexed themselves.
+    assert main(["index", glob]) == 0
+    out = capsys.readouterr().out
+    assert out.count("cached") == 3 and "built" not in out
+    assert main(["index", "--force", files[1]]) == 0
+    assert "built" in capsys.readouterr().out
+
+
+def test_check_passes_on_good_files(files: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["index", "--check", *files]) == 0
+    assert "built" in capsys.readouterr().out
+    assert main(["index", "--check", *files]) == 0
+    assert capsys.readouterr().out.count("checked") == 3
+
+
+def test_check_names_the_corrupt_file_and_offset(
+    files: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = files[1]  # 40 records of 66 bytes each
+    offset = RecordFile(bad).offset(7)
+    with open(bad, "r+b") as f:
+        f.seek(offset + 30)
+        f.write(b"\xff")
+    assert main(["index", *files]) == 0  # without --check only lengths are verified
+    capsys.readouterr()
+    assert main(["index", "--check", *files]) == 1
+    captured = capsys.readouterr()
+    assert f"{bad}, record 7, byte offset {offset}" in captured.err
+    assert "payload CRC" in captured.err
+    assert "2 file(s) indexed, 1 failed" in captured.out
+
+
+def test_stale_index_is_rebuilt(files: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["index", files[0]]) == 0
+    with open(files[0], "ab") as f:
+        f.write(Path(files[1]).read_bytes())
+    assert main(["index", files[0]]) == 0
+    out = capsys.readouterr().out
+    assert "built" in out and "43  total" in out  # 3 + the 40 appended
+
+
+def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["index", str(tmp_path / "missing.tfrecord")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["index"])
+
+
+def test_subprocess_entry_point(files: list[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "shmloader", "index", "--check", *files],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "43  total" in proc.stdout
+    assert all(os.path.exists(sidecar_path(p, "tfrecord")) for p in files)

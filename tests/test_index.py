@@ -1,0 +1,215 @@
+"""Sidecar offset indexes: location, freshness, damage, fallback and atomic replacement."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shmloader.errors import ConfigError, DataError, IndexMismatchError
+from shmloader.formats.index import (
+    cached_offsets,
+    default_index_dir,
+    fallback_index_path,
+    find_index,
+    load_offsets,
+    save_offsets,
+    sidecar_path,
+)
+from shmloader.formats.tfrecord import RecordFile, read_records, write_records
+
+OFFSETS = np.array([0, 10, 25, 25, 90], dtype=np.uint64)
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> str:
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"x" * 90)
+    return str(path)
+
+
+def test_round_trip_and_location(data: str) -> None:
+    assert load_offsets(data, "lines") is None
+    where = save_offsets(data, "lines", OFFSETS)
+    assert where == sidecar_path(data, "lines") == data + ".lines.shmidx"
+    got = load_offsets(data, "lines")
+    assert got is not None and got.dtype == np.uint64 and not got.flags.writeable
+    np.testing.assert_array_equal(got, OFFSETS)
+    # Kinds live side by side.
+    save_offsets(data, "tar", np.array([512], dtype=np.uint64))
+    np.testing.assert_array_equal(load_offsets(data, "tar"), [512])
+    np.testing.assert_array_equal(load_offsets(data, "lines"), OFFSETS)
+    assert not [n for n in os.listdir(os.path.dirname(data)) if n.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("bad", [np.array([], dtype=np.uint64), np.array([5, 4]), np.zeros((2, 2))])
+def test_save_rejects_bad_offsets(data: str, bad: np.ndarray) -> None:
+    with pytest.raises(ConfigError):
+        save_offsets(data, "lines", bad)
+
+
+@pytest.mark.parametrize("kind", ["", "a/b", "has space", "x" * 65, "dot.ted"])
+def test_kind_must_be_a_safe_name(data: str, kind: str) -> None:
+    with pytest.raises(ConfigError, match="kind"):
+        save_offsets(data, kind, OFFSETS)
+
+
+def test_missing_data_file(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="no such file"):
+        load_offsets(str(tmp_path / "nope"), "lines")
+
+
+def test_stale_after_append_or_rewrite(data: str) -> None:
+    save_offsets(data, "lines", OFFSETS)
+    with open(data, "ab") as f:
+        f.write(b"more")
+    assert load_offsets(data, "lines") is None
+    save_offsets(data, "lines", OFFSETS)
+    st = os.stat(data)
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # rewritten, same size
+    assert load_offsets(data, "lines") is None
+
+
+def test_cached_offsets_builds_once_and_rebuilds_when_stale(data: str) -> None:
+    calls: list[int] = []
+
+    def build() -> np.ndarray:
+        calls.append(1)
+        return OFFSETS
+
+    np.testing.assert_array_equal(cached_offsets(data, "lines", build), OFFSETS)
+    np.testing.assert_array_equal(cached_offsets(data, "lines", build), OFFSETS)
+    assert len(calls) == 1
+    with open(data, "ab") as f:
+        f.write(b"more")
+    cached_offsets(data, "lines", build)
+    assert len(calls) == 2
+    assert load_offsets(data, "lines") is not None
+
+
+def _damage(index: str, how: str) -> None:
+    raw = bytearray(Path(index).read_bytes())
+    if how == "truncated":
+        raw = raw[:-9]
+    elif how == "flipped":
+        raw[-10] ^= 0x01
+    elif how == "magic":
+        raw[0:8] = b"NOTANIDX"
+    elif how == "empty":
+        raw = bytearray()
+    Path(index).write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("how", ["truncated", "flipped", "magic", "empty"])
+def test_damaged_index_is_detected_and_replaced(
+    data: str, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    index = save_offsets(data, "lines", OFFSETS)
+    _damage(index, how)
+    with pytest.raises(IndexMismatchError, match="damaged index") as info:
+        load_offsets(data, "lines")
+    assert index in str(info.value)
+    with caplog.at_level(logging.WARNING, logger="shmloader.formats.index"):
+        got = cached_offsets(data, "lines", lambda: OFFSETS)
+    np.testing.assert_array_equal(got, OFFSETS)
+    assert "rebuilding" in caplog.text
+    np.testing.assert_array_equal(load_offsets(data, "lines"), OFFSETS)
+
+
+def test_index_of_another_kind_is_foreign(data: str) -> None:
+    index = save_offsets(data, "lines", OFFSETS)
+    shutil.copy(index, sidecar_path(data, "tar"))
+    with pytest.raises(IndexMismatchError, match="kind 'lines'"):
+        load_offsets(data, "tar")
+
+
+def test_blocked_sidecar_falls_back_to_index_dir(data: str, tmp_path: Path) -> None:
+    # Something that cannot be replaced sits where the sidecar would go.
+    os.mkdir(sidecar_path(data, "lines"))
+    cache = str(tmp_path / "cache")
+    where = save_offsets(data, "lines", OFFSETS, index_dir=cache)
+    assert where == fallback_index_path(data, "lines", index_dir=cache)
+    assert where.startswith(cache) and where.endswith(".lines.shmidx")
+    np.testing.assert_array_equal(load_offsets(data, "lines", index_dir=cache), OFFSETS)
+    assert load_offsets(data, "lines", index_dir=str(tmp_path / "elsewhere")) is None
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX permissions")
+def test_read_only_directory_falls_back_to_index_dir(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    path = str(ro / "data.tfrecord")
+    write_records(path, [b"a", b"bc"], index=False)
+    ro.chmod(0o555)
+    try:
+        try:
+            (ro / "probe").write_bytes(b"")
+        except PermissionError:
+            pass
+        else:
+            pytest.skip("this user can write into read-only directories (root)")
+        cache = str(tmp_path / "cache")
+        rf = RecordFile(path, index_dir=cache)
+        assert rf.num_records == 2
+        found = find_index(path, "tfrecord", index_dir=cache)
+        assert found is not None and found[0].startswith(cache)
+        assert os.listdir(ro) == ["data.tfrecord"]
+    finally:
+        ro.chmod(0o755)
+
+
+def test_index_dir_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SHMLOADER_INDEX_DIR", str(tmp_path / "env"))
+    assert default_index_dir() == str(tmp_path / "env")
+    assert default_index_dir(str(tmp_path / "arg")) == str(tmp_path / "arg")
+    monkeypatch.delenv("SHMLOADER_INDEX_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_index_dir() == str(tmp_path / "xdg" / "shmloader" / "index")
+    # Equal file names in different directories get different cache entries.
+    a = fallback_index_path("/x/one/data.tfrecord", "tfrecord")
+    b = fallback_index_path("/x/two/data.tfrecord", "tfrecord")
+    assert a != b and os.path.basename(a).startswith("data.tfrecord-")
+
+
+def test_record_file_rebuilds_stale_index(tmp_path: Path) -> None:
+    path = str(tmp_path / "data.tfrecord")
+    write_records(path, [b"a"] * 10)
+    assert RecordFile(path).num_records == 10
+    with open(path, "ab") as f:  # appended by another writer
+        f.write(Path(path).read_bytes())
+    assert RecordFile(path).num_records == 20
+    assert list(read_records(path, 15, 20)) == [b"a"] * 5
+    write_records(path, [b"bb"] * 3, index=False)  # rewritten, index left behind
+    assert RecordFile(path).num_records == 3
+
+
+def test_concurrent_readers_never_see_half_an_index(data: str) -> None:
+    big = np.arange(0, 50_001, dtype=np.uint64)
+    save_offsets(data, "lines", big)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        try:
+            while not stop.is_set():
+                got = load_offsets(data, "lines")
+                assert got is not None and len(got) == len(big)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(100):
+            save_offsets(data, "lines", big)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors[0]
