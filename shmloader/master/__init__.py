@@ -1,1 +1,31 @@
-"""See DESIGN.md, part 'master'."""
+"""The master: a pure dispatcher (tasks, epochs, leases) and its write-ahead journal.
+
+See DESIGN.md, part 'master', and docs/master.md for the dispatcher's rules.
+"""
+
+from .dispatcher import Dispatcher, UpdateSink
+from .progress import (
+    ConsumerProgress,
+    DispatcherConfig,
+    EpochProgress,
+    Lease,
+    Progress,
+    QuarantinedTask,
+)
+from .tasks import EpochSchedule, Task, TaskTable, build_schedule, task_order
+
+__all__ = [
+    "ConsumerProgress",
+    "Dispatcher",
+    "DispatcherConfig",
+    "EpochProgress",
+    "EpochSchedule",
+    "Lease",
+    "Progress",
+    "QuarantinedTask",
+    "Task",
+    "TaskTable",
+    "UpdateSink",
+    "build_schedule",
+    "task_order",
+]

@@ -1,0 +1,475 @@
+"""The master's dispatcher: a pure state machine over journaled update records.
+
+Public methods check a request, decide its outcome as :mod:`~shmloader.master.updates` records
+and pass each to :meth:`Dispatcher.apply`, the only code that changes state. Nothing here does
+I/O, starts threads or reads a clock (``now`` is passed in), so a journal replayed onto a fresh
+dispatcher with the same plan and schedule settings rebuilds the same state. See docs/master.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from ..errors import ConfigError, LeaseError, MasterError
+from ..sources.base import Shard
+from . import state as _state
+from .epochs import DONE, OpenEpoch
+from .progress import (
+    DispatcherConfig,
+    EpochProgress,
+    Lease,
+    Progress,
+)
+from .tasks import TaskTable, records_per_rank
+from .updates import (
+    ConsumerHeartbeat,
+    ConsumerLeft,
+    ConsumerRegistered,
+    EpochStarted,
+    LeaseCompleted,
+    LeaseExpired,
+    LeaseFailed,
+    LeaseGranted,
+    LeaseRenewed,
+    MasterStarted,
+    Update,
+)
+
+# Closed leases whose fate is remembered for error messages (oldest forgotten first).
+GONE_MEMORY = 10_000
+COUNTERS = ("granted", "completed", "late_completed", "failed", "expired", "released")
+
+
+class UpdateSink(Protocol):
+    """Where applied updates go (the journal): ``record`` before each change, ``commit`` at the
+    end of every public call, so the sink can fsync once per request rather than per update."""
+
+    def record(self, update: Update) -> None: ...
+
+    def commit(self, now: float) -> None: ...
+
+
+@dataclass
+class _Consumer:
+    rank: int | None
+    last_seen: float
+    leases: set[int] = field(default_factory=set)
+
+
+class Dispatcher:
+    """Tasks, epochs, leases and progress of one job; see the module docstring."""
+
+    def __init__(
+        self, plan: Sequence[Shard], config: DispatcherConfig, *, sink: UpdateSink | None = None
+    ) -> None:
+        self.config = config
+        self.table = TaskTable(plan, config.records_per_task)
+        if self.table.total_records == 0:
+            raise ConfigError("the plan has no records: there is nothing to hand out")
+        if config.world_size is not None and not records_per_rank(
+            self.table.total_records, config.world_size, config.ddp_policy
+        ):
+            raise ConfigError(
+                f'ddp_policy="drop" with world_size={config.world_size} gives every rank 0 of '
+                f'the plan\'s {self.table.total_records} records; use "pad" or more data'
+            )
+        self.sink = sink
+        self._handlers: dict[type[Update], Callable[[Any], None]] = {
+            MasterStarted: self._on_master_started,
+            EpochStarted: self._on_epoch_started,
+            ConsumerRegistered: self._on_registered,
+            ConsumerHeartbeat: self._on_heartbeat,
+            ConsumerLeft: self._on_left,
+            LeaseGranted: self._on_granted,
+            LeaseRenewed: self._on_renewed,
+            LeaseCompleted: self._on_completed,
+            LeaseFailed: self._on_failed,
+            LeaseExpired: self._on_failed,
+        }
+        self._reset()
+
+    def _reset(self) -> None:
+        self._incarnation = 0
+        self._next_lease_id = 1
+        self._epochs_started = 0
+        self._open: dict[int, OpenEpoch] = {}
+        self._closed: list[EpochProgress] = []
+        self._consumers: dict[str, _Consumer] = {}
+        self._leases: dict[int, Lease] = {}
+        # Leases taken back (expired, holder gone) whose unit nobody has taken since: their
+        # holder may still complete them. Keyed by lease id, and by (epoch, unit) to find them.
+        self._lapsed: dict[int, Lease] = {}
+        self._lapsed_by_unit: dict[tuple[int, int], int] = {}
+        self._gone: dict[int, str] = {}
+        self._counters = dict.fromkeys(COUNTERS, 0)
+
+    # ----------------------------------------------------------------- queries
+
+    @property
+    def finished(self) -> bool:
+        planned = self.config.epochs
+        return planned is not None and len(self._closed) >= planned
+
+    def get_lease(self, lease_id: int) -> Lease:
+        """The active lease ``lease_id``; LeaseError saying why when it is not active."""
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise self._not_active(lease_id)
+        return lease
+
+    def leases_of(self, consumer: str) -> list[Lease]:
+        return [self._leases[i] for i in sorted(self._consumer(consumer).leases)]
+
+    def progress(self) -> Progress:
+        """Per-epoch counts, quarantined and dropped work, consumers and their leases."""
+        return _state.progress(self)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue after a restart, as JSON-ready dicts and lists."""
+        return _state.dump_state(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace all state by ``state``; ConfigError if it was made for another schedule."""
+        _state.load_state(self, state)
+
+    # ---------------------------------------------------------- public requests
+
+    def restart(self, now: float) -> None:
+        """Mark a (re)start on recovered state: see :class:`~.updates.MasterStarted`."""
+        self._run(now, MasterStarted(now, self._incarnation + 1))
+
+    def register(self, consumer: str, now: float, rank: int | None = None) -> None:
+        """Join (or re-join with the same rank); in DDP mode ``rank`` says whose queue it reads."""
+        if not isinstance(consumer, str) or not consumer:
+            raise MasterError(f"a consumer id must be a non-empty string, got {consumer!r}")
+        ws = self.config.world_size
+        if ws is None and rank is not None:
+            raise MasterError(f"consumer {consumer!r} gave rank {rank} but there is no world_size")
+        if ws is not None and (not isinstance(rank, int) or not 0 <= rank < ws):
+            raise MasterError(
+                f"consumer {consumer!r} must register with a rank in 0..{ws - 1} "
+                f"(world_size={ws}), got {rank!r}"
+            )
+        known = self._consumers.get(consumer)
+        if known is not None and known.rank != rank:
+            raise MasterError(
+                f"consumer {consumer!r} is registered with rank {known.rank}; leave before "
+                f"registering with rank {rank}"
+            )
+        self._run(now, ConsumerRegistered(now, consumer, rank))
+
+    def heartbeat(self, consumer: str, now: float) -> None:
+        """Keep ``consumer`` alive; leases are extended separately with :meth:`renew`."""
+        self._consumer(consumer)
+        self._run(now, ConsumerHeartbeat(now, consumer))
+
+    def leave(self, consumer: str, now: float) -> None:
+        """Unregister; the consumer's leases go back to the front of their queues at once."""
+        self._consumer(consumer)
+        self._run(now, ConsumerLeft(now, consumer, "left"))
+
+    def lease(self, consumer: str, max_tasks: int, now: float) -> list[Lease]:
+        """Up to ``max_tasks`` new leases for ``consumer``; empty when nothing is left for it now.
+
+        Work of the oldest open epoch comes first, retries before fresh units. Epoch e+1 starts
+        when a consumer finds nothing left for it in epoch e and no epoch older than e is open.
+        """
+        state = self._consumer(consumer)
+        if isinstance(max_tasks, bool) or not isinstance(max_tasks, int) or max_tasks < 0:
+            raise MasterError(f"max_tasks must be an int >= 0, got {max_tasks!r}")
+        queue = state.rank or 0
+        granted: list[Lease] = []
+        while len(granted) < max_tasks:
+            found = self._find_work(queue)
+            if found is None:
+                planned = self.config.epochs
+                if len(self._open) > 1 or (planned is not None and self._epochs_started >= planned):
+                    break
+                self.apply(EpochStarted(now, self._epochs_started))
+                continue
+            ep, unit = found
+            lease_id = self._next_lease_id
+            self.apply(
+                LeaseGranted(
+                    now,
+                    lease_id=lease_id,
+                    consumer=consumer,
+                    epoch=ep.epoch,
+                    unit=unit,
+                    attempt=ep.failures.get(unit, 0) + 1,
+                    deadline=now + self.config.lease_timeout,
+                )
+            )
+            granted.append(self._leases[lease_id])
+        if not granted:
+            self.apply(ConsumerHeartbeat(now, consumer))
+        self._commit(now)
+        return granted
+
+    def renew(self, lease_id: int, now: float) -> Lease:
+        """Extend an active lease to ``now + lease_timeout``; returns the renewed lease."""
+        self.get_lease(lease_id)
+        self._run(now, LeaseRenewed(now, lease_id, now + self.config.lease_timeout))
+        return self._leases[lease_id]
+
+    def complete(self, lease_id: int, now: float) -> None:
+        """Count the lease's records as delivered, once.
+
+        A lease that lapsed (expired, or its holder was dropped) is still accepted while nobody
+        has taken its unit since; otherwise LeaseError says what became of it.
+        """
+        if lease_id not in self._leases and lease_id not in self._lapsed:
+            raise self._not_active(lease_id)
+        self._run(now, LeaseCompleted(now, lease_id))
+
+    def fail(self, lease_id: int, error: str, now: float) -> None:
+        """The holder could not read the task: retry it soon, or quarantine it at the cap."""
+        lease = self.get_lease(lease_id)
+        self._run(now, LeaseFailed(now, lease_id, str(error), self._exhausted(lease)))
+
+    def expire(self, now: float) -> list[Update]:
+        """Take back leases past their deadline and leases of consumers silent for longer than
+        ``consumer_timeout``; both count as failed attempts (a task that kills its reader must
+        end up quarantined, not loop forever). Call it periodically."""
+        applied: list[Update] = []
+        timeout = self.config.consumer_timeout
+        for name, c in sorted(self._consumers.items()):
+            if now - c.last_seen > timeout:
+                for lease_id in sorted(c.leases):
+                    lease = self._leases[lease_id]
+                    why = (
+                        f"consumer {name!r} silent since t={c.last_seen} (holding lease {lease_id})"
+                    )
+                    applied.append(LeaseExpired(now, lease_id, why, self._exhausted(lease)))
+                    self.apply(applied[-1])
+                applied.append(ConsumerLeft(now, name, "timeout"))
+                self.apply(applied[-1])
+        for lease_id, lease in sorted(self._leases.items()):
+            if now > lease.deadline:
+                why = f"lease {lease_id} held by {lease.consumer!r} expired at t={lease.deadline}"
+                applied.append(LeaseExpired(now, lease_id, why, self._exhausted(lease)))
+                self.apply(applied[-1])
+        self._commit(now)
+        return applied
+
+    # ------------------------------------------------------------------- apply
+
+    def apply(self, update: Update) -> None:
+        """Apply one update: the only way state changes (also how a journal is replayed).
+
+        An update that does not fit the state (a corrupt or foreign journal) raises MasterError
+        before anything changes; the sink sees the update only once it is known to apply.
+        """
+        handler = self._handlers.get(type(update))
+        if handler is None:
+            raise MasterError(f"not a dispatcher update: {update!r}")
+        handler(update)
+
+    def _emit(self, update: Update) -> None:
+        if self.sink is not None:
+            self.sink.record(update)
+
+    def _on_master_started(self, u: MasterStarted) -> None:
+        if u.incarnation <= self._incarnation:
+            raise MasterError(f"{u}: incarnation must exceed the current {self._incarnation}")
+        self._emit(u)
+        self._incarnation = u.incarnation
+        self._next_lease_id = (u.incarnation << 32) + 1
+        for c in self._consumers.values():
+            c.last_seen = max(c.last_seen, u.now)
+
+    def _on_epoch_started(self, u: EpochStarted) -> None:
+        if u.epoch != self._epochs_started:
+            raise MasterError(f"{u}: the next epoch to start is {self._epochs_started}")
+        self._emit(u)
+        self._open[u.epoch] = OpenEpoch.create(self.table, self.config, u.epoch)
+        self._epochs_started += 1
+
+    def _on_registered(self, u: ConsumerRegistered) -> None:
+        known = self._consumers.get(u.consumer)
+        if known is not None and known.rank != u.rank:
+            raise MasterError(f"{u}: consumer is registered with rank {known.rank}")
+        self._emit(u)
+        if known is None:
+            self._consumers[u.consumer] = _Consumer(u.rank, u.now)
+        else:
+            known.last_seen = u.now
+
+    def _on_heartbeat(self, u: ConsumerHeartbeat) -> None:
+        c = self._consumer(u.consumer)
+        self._emit(u)
+        c.last_seen = u.now
+
+    def _on_left(self, u: ConsumerLeft) -> None:
+        c = self._consumer(u.consumer)
+        self._emit(u)
+        # Highest id first onto the front, so the oldest lease's unit is retried first.
+        for lease_id in sorted(c.leases, reverse=True):
+            lease = self._leases.pop(lease_id)
+            self._open[lease.epoch].put_back(lease.unit)
+            self._lapse(lease, f"consumer {u.consumer!r} left ({u.reason}) at t={u.now}")
+            self._counters["released"] += 1
+        del self._consumers[u.consumer]
+
+    def _on_granted(self, u: LeaseGranted) -> None:
+        c = self._consumer(u.consumer)
+        ep = self._open.get(u.epoch)
+        if ep is None or not ep.can_take(u.unit) or u.lease_id < self._next_lease_id:
+            raise MasterError(f"{u}: the unit is not available or the lease id is reused")
+        self._emit(u)
+        ep.take(u.unit)
+        lapsed_id = self._lapsed_by_unit.pop((u.epoch, u.unit), None)
+        if lapsed_id is not None:
+            old = self._lapsed.pop(lapsed_id)
+            self._forget(
+                lapsed_id,
+                f"{self._gone.pop(lapsed_id, 'it lapsed')}, and task {old.task.task_id} of "
+                f"epoch {u.epoch} was handed out again as lease {u.lease_id}",
+            )
+        self._leases[u.lease_id] = self._make_lease(
+            ep, u.lease_id, u.consumer, u.unit, u.attempt, u.deadline
+        )
+        self._next_lease_id = u.lease_id + 1
+        c.leases.add(u.lease_id)
+        c.last_seen = u.now
+        self._counters["granted"] += 1
+
+    def _on_renewed(self, u: LeaseRenewed) -> None:
+        lease = self._active(u.lease_id, u)
+        self._emit(u)
+        self._leases[u.lease_id] = replace(lease, deadline=u.deadline)
+        self._touch(lease.consumer, u.now)
+
+    def _on_completed(self, u: LeaseCompleted) -> None:
+        lease = self._leases.get(u.lease_id)
+        late = lease is None
+        if lease is None:
+            lease = self._lapsed.get(u.lease_id)
+            if lease is None:
+                raise MasterError(f"{u}: {self._not_active(u.lease_id)}")
+        self._emit(u)
+        ep = self._open[lease.epoch]
+        if late:
+            del self._lapsed[u.lease_id]
+            del self._lapsed_by_unit[(lease.epoch, lease.unit)]
+            self._gone.pop(u.lease_id, None)
+            ep.settle_lapsed(lease.unit)
+            self._counters["late_completed"] += 1
+        else:
+            self._drop_lease(lease)
+            ep.move(lease.unit, DONE)
+        self._counters["completed"] += 1
+        self._touch(lease.consumer, u.now)
+        self._forget(
+            u.lease_id,
+            f"it was completed at t={u.now}; task {lease.task.task_id} of epoch {lease.epoch} "
+            "is counted once",
+        )
+        self._maybe_close(ep)
+
+    def _on_failed(self, u: LeaseFailed | LeaseExpired) -> None:
+        lease = self._active(u.lease_id, u)
+        self._emit(u)
+        self._drop_lease(lease)
+        ep = self._open[lease.epoch]
+        ep.failures[lease.unit] = ep.failures.get(lease.unit, 0) + 1
+        if u.quarantine:
+            ep.quarantine(lease.unit, u.error)
+        else:
+            ep.put_back(lease.unit)
+        if isinstance(u, LeaseExpired):
+            self._counters["expired"] += 1
+            self._lapse(lease, f"it was taken back at t={u.now}: {u.error}")
+        else:
+            self._counters["failed"] += 1
+            self._forget(u.lease_id, f"it was reported failed at t={u.now}: {u.error}")
+            self._touch(lease.consumer, u.now)
+        self._maybe_close(ep)
+
+    # ----------------------------------------------------------------- helpers
+
+    def _run(self, now: float, update: Update) -> None:
+        self.apply(update)
+        self._commit(now)
+
+    def _commit(self, now: float) -> None:
+        if self.sink is not None:
+            self.sink.commit(now)
+
+    def _consumer(self, consumer: str) -> _Consumer:
+        c = self._consumers.get(consumer)
+        if c is None:
+            raise MasterError(
+                f"consumer {consumer!r} is not registered (never was, left, or was declared "
+                f"dead after {self.config.consumer_timeout}s of silence); register again"
+            )
+        return c
+
+    def _touch(self, consumer: str, now: float) -> None:
+        c = self._consumers.get(consumer)
+        if c is not None:
+            c.last_seen = max(c.last_seen, now)
+
+    def _active(self, lease_id: int, update: Update) -> Lease:
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise MasterError(f"{update}: {self._not_active(lease_id)}")
+        return lease
+
+    def _not_active(self, lease_id: int) -> LeaseError:
+        why = self._gone.get(lease_id)
+        if why is None:
+            return LeaseError(
+                f"lease {lease_id} is unknown to this master: never granted, or closed too long "
+                "ago to be remembered"
+            )
+        return LeaseError(f"lease {lease_id} is not active: {why}")
+
+    def _exhausted(self, lease: Lease) -> bool:
+        failures = self._open[lease.epoch].failures.get(lease.unit, 0) + 1
+        return failures > self.config.max_retries
+
+    def _make_lease(
+        self, ep: OpenEpoch, lease_id: int, consumer: str, unit: int, attempt: int, deadline: float
+    ) -> Lease:
+        rank = None if self.config.world_size is None else ep.schedule.queue_of(unit)
+        task = ep.unit_task(self.table, unit)
+        return Lease(lease_id, task, ep.epoch, consumer, deadline, attempt, unit, rank)
+
+    def _find_work(self, queue: int) -> tuple[OpenEpoch, int] | None:
+        for ep in self._open.values():
+            unit = ep.next_unit(queue)
+            if unit is not None:
+                return ep, unit
+        return None
+
+    def _drop_lease(self, lease: Lease) -> None:
+        del self._leases[lease.lease_id]
+        c = self._consumers.get(lease.consumer)
+        if c is not None:
+            c.leases.discard(lease.lease_id)
+
+    def _lapse(self, lease: Lease, why: str) -> None:
+        self._lapsed[lease.lease_id] = lease
+        self._lapsed_by_unit[(lease.epoch, lease.unit)] = lease.lease_id
+        self._forget(lease.lease_id, why)
+
+    def _forget(self, lease_id: int, why: str) -> None:
+        self._gone[lease_id] = why
+        while len(self._gone) > GONE_MEMORY:
+            del self._gone[next(iter(self._gone))]
+
+    def _maybe_close(self, ep: OpenEpoch) -> None:
+        if not ep.finished:
+            return
+        del self._open[ep.epoch]
+        self._closed.append(ep.progress(self.table))
+        for key in [k for k in self._lapsed_by_unit if k[0] == ep.epoch]:
+            lease_id = self._lapsed_by_unit.pop(key)
+            del self._lapsed[lease_id]
+            self._forget(
+                lease_id,
+                f"{self._gone.pop(lease_id, 'it lapsed')}, and epoch {ep.epoch} has finished since",
+            )

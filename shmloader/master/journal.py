@@ -1,0 +1,355 @@
+"""The dispatcher's write-ahead journal: update records in TFRecord frames, plus snapshots.
+
+A journal directory holds::
+
+    config.json                   the dispatcher settings and schedule key it was made for
+    snapshot-<seq>.json           state_dict after the first <seq> updates (newest one kept)
+    journal-<seq>.log             frames of {"seq": n, "update": {...}} from update <seq> on
+    lock                          flock()ed by the master that owns the directory
+
+:class:`Journal` is the dispatcher's :class:`~shmloader.master.dispatcher.UpdateSink`: each
+update is written (one ``os.write`` of one frame) before the dispatcher applies it, and the
+dispatcher calls :meth:`Journal.commit` at the end of every request, where the fsync policy
+acts and, every ``snapshot_every`` updates, the state is compacted into a snapshot. The files
+are local on purpose (and so use ``os`` rather than ``pyarrow.fs``): durability needs fsync,
+atomic rename and truncate, which object stores do not offer. docs/master.md has the details.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from ..errors import ConfigError, CorruptRecordError, MasterError
+from ..formats.checksum import masked_crc32c
+from ..formats.tfrecord import decode_frames, encode_frame
+from ..sources.base import Shard
+from .dispatcher import Dispatcher
+from .progress import DispatcherConfig
+from .state import check_schedule_key, schedule_key
+from .updates import Update, update_from_dict, update_to_dict
+
+FSYNC_POLICIES = ("always", "batch", "never")
+JOURNAL_FORMAT = 1
+_SEGMENT = re.compile(r"^journal-(\d{20})\.log$")
+_SNAPSHOT = re.compile(r"^snapshot-(\d{20})\.json$")
+
+
+def _dumps(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What opening the directory found: where state came from and what was cut off."""
+
+    snapshot_seq: int | None
+    replayed: int
+    next_seq: int
+    torn_path: str | None
+    torn_bytes: int
+    skipped_snapshots: tuple[str, ...]
+
+
+class Journal:
+    """Durable log of one dispatcher; build it with :meth:`open`, which also recovers."""
+
+    def __init__(
+        self,
+        directory: str,
+        dispatcher: Dispatcher,
+        *,
+        fsync: str,
+        snapshot_every: int,
+        batch_records: int,
+        batch_seconds: float,
+    ) -> None:
+        self.directory = directory
+        self.dispatcher = dispatcher
+        self.fsync = fsync
+        self.snapshot_every = snapshot_every
+        self.batch_records = batch_records
+        self.batch_seconds = batch_seconds
+        self.seq = 0
+        self.recovery: Recovery | None = None
+        self._fd: int | None = None
+        self._lock_fd: int | None = None
+        self._unsynced = 0
+        self._last_sync = float("-inf")
+        self._since_snapshot = 0
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        plan: Sequence[Shard],
+        config: DispatcherConfig,
+        now: float,
+        *,
+        fsync: str = "batch",
+        snapshot_every: int = 10_000,
+        batch_records: int = 256,
+        batch_seconds: float = 1.0,
+    ) -> Journal:
+        """Open (creating if needed) a journal directory and recover its dispatcher.
+
+        The recovered dispatcher is ``journal.dispatcher``; its sink is this journal, and a
+        :class:`~.updates.MasterStarted` record marks the restart. ConfigError if the directory
+        was written for another plan or schedule settings, or is used by another master.
+        """
+        if fsync not in FSYNC_POLICIES:
+            raise ConfigError(f"fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")
+        if isinstance(snapshot_every, bool) or not isinstance(snapshot_every, int):
+            raise ConfigError(f"snapshot_every must be an int >= 1, got {snapshot_every!r}")
+        if snapshot_every < 1 or batch_records < 1 or not batch_seconds >= 0:
+            raise ConfigError(
+                "snapshot_every and batch_records must be >= 1 and batch_seconds >= 0, got "
+                f"{snapshot_every}, {batch_records}, {batch_seconds}"
+            )
+        path = os.path.abspath(os.fspath(directory))
+        os.makedirs(path, exist_ok=True)
+        journal = cls(
+            path,
+            Dispatcher(plan, config),
+            fsync=fsync,
+            snapshot_every=snapshot_every,
+            batch_records=batch_records,
+            batch_seconds=batch_seconds,
+        )
+        journal._lock()
+        try:
+            journal._check_config()
+            journal.recovery = journal._recover()
+            journal._rotate()
+            journal.dispatcher.sink = journal
+            journal.dispatcher.restart(now)
+            journal.sync()
+        except BaseException:
+            journal.close()
+            raise
+        return journal
+
+    # ---------------------------------------------------------- UpdateSink
+
+    def record(self, update: Update) -> None:
+        if self._fd is None:
+            raise MasterError(f"journal {self.directory} is closed; the update was not applied")
+        frame = encode_frame(_dumps({"seq": self.seq, "update": update_to_dict(update)}))
+        view = memoryview(frame)
+        while view:
+            view = view[os.write(self._fd, view) :]
+        self.seq += 1
+        self._unsynced += 1
+        self._since_snapshot += 1
+
+    def commit(self, now: float) -> None:
+        """End of a request: fsync as the policy says, and compact when a snapshot is due."""
+        if self._unsynced and (
+            self.fsync == "always"
+            or (
+                self.fsync == "batch"
+                and (
+                    self._unsynced >= self.batch_records
+                    or now - self._last_sync >= self.batch_seconds
+                )
+            )
+        ):
+            self._sync(now)
+        if self._since_snapshot >= self.snapshot_every:
+            self._rotate()
+
+    # -------------------------------------------------------------- control
+
+    def sync(self, now: float | None = None) -> None:
+        """Make every written update durable now, whatever the policy."""
+        self._sync(self._last_sync if now is None else now)
+
+    def snapshot(self) -> None:
+        """Compact now: snapshot the state, start a new segment, delete older files."""
+        self._rotate()
+
+    def close(self) -> None:
+        """fsync and close; the dispatcher stays usable in memory but journals nothing more."""
+        if self._fd is not None:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+        if self.dispatcher.sink is self:
+            self.dispatcher.sink = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ internals
+
+    def _file(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    def _lock(self) -> None:
+        fd = os.open(self._file("lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(fd)
+            raise ConfigError(
+                f"journal {self.directory} is in use by another master (its lock file is held)"
+            ) from exc
+        self._lock_fd = fd
+
+    def _check_config(self) -> None:
+        d = self.dispatcher
+        key = schedule_key(d.table, d.config)
+        path = self._file("config.json")
+        if os.path.exists(path):
+            try:
+                with open(path, "rb") as f:
+                    stored = json.loads(f.read())
+                found = stored["schedule"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise ConfigError(f"{path}: unreadable journal config: {exc}") from exc
+            check_schedule_key(key, found, f"journal {self.directory}")
+        elif any(_SEGMENT.match(n) or _SNAPSHOT.match(n) for n in os.listdir(self.directory)):
+            raise ConfigError(f"{path} is missing but the directory holds journal files")
+        config = {"format": JOURNAL_FORMAT, "schedule": key, "config": d.config.to_dict()}
+        self._write_atomic("config.json", _dumps(config))
+
+    def _listing(self, pattern: re.Pattern[str]) -> list[tuple[int, str]]:
+        found = [(m, n) for n in os.listdir(self.directory) if (m := pattern.match(n))]
+        return sorted((int(m.group(1)), n) for m, n in found)
+
+    def _recover(self) -> Recovery:
+        d = self.dispatcher
+        snapshot_seq: int | None = None
+        skipped: list[str] = []
+        for seq, name in reversed(self._listing(_SNAPSHOT)):
+            state = self._read_snapshot(name, seq)
+            if state is None:
+                skipped.append(name)
+                continue
+            d.load_state_dict(state)
+            snapshot_seq = seq
+            break
+        expected = snapshot_seq or 0
+        replayed, torn_path, torn_bytes = 0, None, 0
+        segments = self._listing(_SEGMENT)
+        for i, (_, name) in enumerate(segments):
+            path = self._file(name)
+            with open(path, "rb") as f:
+                data = f.read()
+            payloads, end = decode_frames(data, path=path)
+            if end < len(data) and i == len(segments) - 1:
+                torn_path, torn_bytes = path, len(data) - end
+                os.truncate(path, end)
+            offset = 0
+            for payload in payloads:
+                expected, applied = self._replay(payload, expected, path, offset)
+                replayed += applied
+                offset += len(payload) + 16
+        self.seq = expected
+        return Recovery(snapshot_seq, replayed, expected, torn_path, torn_bytes, tuple(skipped))
+
+    def _replay(self, payload: bytes, expected: int, path: str, offset: int) -> tuple[int, int]:
+        try:
+            record = json.loads(payload)
+            seq = int(record["seq"])
+            update = update_from_dict(record["update"])
+        except (ValueError, KeyError, TypeError, CorruptRecordError) as exc:
+            raise CorruptRecordError(
+                f"bad journal record: {exc}", path=path, offset=offset
+            ) from exc
+        if seq < expected:
+            return expected, 0  # already in the snapshot
+        if seq > expected:
+            raise CorruptRecordError(
+                f"journal record {seq} follows {expected - 1}: updates {expected}..{seq - 1} are "
+                "missing (deleted or lost segment)",
+                path=path,
+                offset=offset,
+            )
+        try:
+            self.dispatcher.apply(update)
+        except MasterError as exc:
+            raise CorruptRecordError(
+                f"journal record {seq} does not apply to the recovered state: {exc}",
+                path=path,
+                offset=offset,
+            ) from exc
+        return expected + 1, 1
+
+    def _read_snapshot(self, name: str, seq: int) -> dict[str, Any] | None:
+        """The state in a snapshot, or None if it is damaged (an older one is tried next)."""
+        try:
+            with open(self._file(name), "rb") as f:
+                data = json.loads(f.read())
+            state = data["state"]
+            ok = data["seq"] == seq and data["crc32c"] == masked_crc32c(_dumps(state))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return state if ok and isinstance(state, dict) else None
+
+    def _rotate(self) -> None:
+        """Snapshot at ``seq``, then switch to a fresh segment and delete what it replaces."""
+        state = self.dispatcher.state_dict()
+        snap: dict[str, Any] = {"format": JOURNAL_FORMAT, "seq": self.seq, "state": state}
+        snap["crc32c"] = masked_crc32c(_dumps(state))
+        name = f"snapshot-{self.seq:020d}.json"
+        self._write_atomic(name, _dumps(snap))
+        if self._fd is not None:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+        segment = f"journal-{self.seq:020d}.log"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+        self._fd = os.open(self._file(segment), flags, 0o644)
+        self._fsync_dir()
+        for _, old in self._listing(_SEGMENT) + self._listing(_SNAPSHOT):
+            if old not in (name, segment):
+                os.unlink(self._file(old))
+        self._fsync_dir()
+        self._since_snapshot = 0
+
+    def _sync(self, now: float) -> None:
+        if self._fd is not None:
+            os.fsync(self._fd)
+        self._unsynced = 0
+        self._last_sync = now
+
+    def _write_atomic(self, name: str, data: bytes) -> None:
+        tmp = self._file(name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self._file(name))
+        self._fsync_dir()
+
+    def _fsync_dir(self) -> None:
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+__all__ = ["FSYNC_POLICIES", "Journal", "Recovery"]

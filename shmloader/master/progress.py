@@ -1,0 +1,170 @@
+"""Values the dispatcher hands out: its configuration, leases and progress reports.
+
+They are plain frozen dataclasses so the gRPC layer can copy them field by field into messages
+and tests can compare them; none of them holds a reference into the dispatcher's state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+from .tasks import DDP_POLICIES, Task
+
+# Settings that shape the task schedule: a journal or state_dict only fits a dispatcher that
+# agrees on all of them (and on the plan). The others may change between restarts.
+SCHEDULE_FIELDS = ("records_per_task", "seed", "shuffle", "world_size", "ddp_policy")
+
+
+@dataclass(frozen=True)
+class DispatcherConfig:
+    """How the plan is cut and handed out.
+
+    ``max_retries`` is how many times a unit that failed or whose lease expired is handed out
+    again in the same epoch; the failure after that quarantines it (0: the first failure does).
+    """
+
+    records_per_task: int
+    epochs: int | None = 1
+    shuffle: bool = True
+    seed: int = 0
+    lease_timeout: float = 60.0
+    consumer_timeout: float = 60.0
+    max_retries: int = 3
+    world_size: int | None = None
+    ddp_policy: str = "pad"
+
+    def __post_init__(self) -> None:
+        _check_int("records_per_task", self.records_per_task, 1)
+        if self.epochs is not None:
+            _check_int("epochs", self.epochs, 1, "or None for unbounded")
+        _check_int("seed", self.seed, 0)
+        _check_int("max_retries", self.max_retries, 0)
+        if self.world_size is not None:
+            _check_int("world_size", self.world_size, 1, "or None for elastic mode")
+        for name in ("lease_timeout", "consumer_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.ddp_policy not in DDP_POLICIES:
+            raise ConfigError(f"ddp_policy must be one of {DDP_POLICIES}, got {self.ddp_policy!r}")
+        if not isinstance(self.shuffle, bool):
+            raise ConfigError(f"shuffle must be True or False, got {self.shuffle!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DispatcherConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown dispatcher setting(s) {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+
+def _check_int(name: str, value: object, minimum: int, alt: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        extra = f" {alt}" if alt else ""
+        raise ConfigError(f"{name} must be an int >= {minimum}{extra}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The right to read ``task`` for ``epoch`` until ``deadline`` (wall clock, seconds).
+
+    ``unit`` is the position of this piece of work in the epoch's schedule (what the master
+    counts exactly once); ``attempt`` is 1 + the failed or expired attempts of that unit so far
+    this epoch; ``rank`` is the DDP rank whose queue it came from (None in elastic mode).
+    """
+
+    lease_id: int
+    task: Task
+    epoch: int
+    consumer: str
+    deadline: float
+    attempt: int
+    unit: int
+    rank: int | None
+
+
+@dataclass(frozen=True)
+class QuarantinedTask:
+    """A unit that exhausted its retries in ``epoch``: its records are lost for that epoch."""
+
+    epoch: int
+    unit: int
+    task: Task
+    error: str
+
+
+@dataclass(frozen=True)
+class EpochProgress:
+    """Counts of one started epoch, in records and in units (tasks or DDP task pieces).
+
+    ``total_records`` is what the epoch schedules (padding repeats included); ``dropped_records``
+    are records the DDP "drop" policy left out of it, listed in ``dropped``.
+    """
+
+    epoch: int
+    total_records: int
+    todo_records: int
+    leased_records: int
+    done_records: int
+    quarantined_records: int
+    dropped_records: int
+    total_units: int
+    todo_units: int
+    leased_units: int
+    done_units: int
+    quarantined_units: int
+    finished: bool
+    quarantined: tuple[QuarantinedTask, ...]
+    dropped: tuple[Task, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EpochProgress:
+        fields = dict(data)
+        fields["quarantined"] = tuple(
+            QuarantinedTask(q["epoch"], q["unit"], Task(**q["task"]), q["error"])
+            for q in data["quarantined"]
+        )
+        fields["dropped"] = tuple(Task(**t) for t in data["dropped"])
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class ConsumerProgress:
+    consumer: str
+    rank: int | None
+    last_seen: float
+    leases: tuple[int, ...]
+    leased_records: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the whole job stands; ``epochs`` holds every started epoch, oldest first.
+
+    ``finished`` is true once the configured number of epochs have all finished (never for
+    ``epochs=None``). Quarantined and dropped records are listed per epoch, never hidden.
+    """
+
+    epochs_planned: int | None
+    epochs_started: int
+    epochs_finished: int
+    finished: bool
+    num_tasks: int
+    total_records: int
+    epochs: tuple[EpochProgress, ...]
+    consumers: tuple[ConsumerProgress, ...]
+    counters: dict[str, int]
+
+    @property
+    def quarantined(self) -> tuple[QuarantinedTask, ...]:
+        return tuple(q for e in self.epochs for q in e.quarantined)

@@ -1,0 +1,160 @@
+"""Read-outs of the dispatcher's state: ``progress()`` and ``state_dict`` / ``load_state_dict``.
+
+States are plain JSON values, never pickle. Schedules are not stored: they are a pure function
+of the plan and the schedule settings, so a state holds the *schedule key* (those settings and
+a digest of the plan) and is refused by a dispatcher whose key differs, naming the settings
+that disagree."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+from .epochs import OpenEpoch
+from .progress import (
+    SCHEDULE_FIELDS,
+    ConsumerProgress,
+    DispatcherConfig,
+    EpochProgress,
+    Lease,
+    Progress,
+)
+from .tasks import TaskTable
+
+if TYPE_CHECKING:
+    from .dispatcher import Dispatcher
+
+STATE_FORMAT = 1
+
+
+def schedule_key(table: TaskTable, config: DispatcherConfig) -> dict[str, Any]:
+    key: dict[str, Any] = {name: getattr(config, name) for name in SCHEDULE_FIELDS}
+    key["plan"] = table.plan_digest
+    return key
+
+
+def check_schedule_key(expected: dict[str, Any], found: dict[str, Any], where: str) -> None:
+    """ConfigError naming every setting in which ``found`` (from ``where``) differs."""
+
+    def show(name: str, value: Any) -> str:
+        return f"{value[:12]}..." if name == "plan" and isinstance(value, str) else repr(value)
+
+    diffs = [
+        f"{name}: {show(name, found.get(name))} there, {show(name, expected[name])} here"
+        for name in expected
+        if found.get(name) != expected[name]
+    ]
+    if diffs:
+        plan_differs = found.get("plan") != expected.get("plan")
+        hint = " (the plan differs: other files or record counts)" if plan_differs else ""
+        raise ConfigError(
+            f"{where} was made for another task schedule{hint}; differing: {'; '.join(diffs)}"
+        )
+
+
+def _lease_state(lease: Lease) -> dict[str, Any]:
+    return {
+        "lease_id": lease.lease_id,
+        "consumer": lease.consumer,
+        "epoch": lease.epoch,
+        "unit": lease.unit,
+        "attempt": lease.attempt,
+        "deadline": lease.deadline,
+    }
+
+
+def dump_state(d: Dispatcher) -> dict[str, Any]:
+    return {
+        "format": STATE_FORMAT,
+        "schedule": schedule_key(d.table, d.config),
+        "incarnation": d._incarnation,
+        "next_lease_id": d._next_lease_id,
+        "epochs_started": d._epochs_started,
+        "open_epochs": [ep.to_state() for ep in d._open.values()],
+        "closed_epochs": [p.to_dict() for p in d._closed],
+        "consumers": [
+            {"consumer": name, "rank": c.rank, "last_seen": c.last_seen}
+            for name, c in sorted(d._consumers.items())
+        ],
+        "leases": [_lease_state(x) for _, x in sorted(d._leases.items())],
+        "lapsed": [_lease_state(x) for _, x in sorted(d._lapsed.items())],
+        "gone": [[lease_id, why] for lease_id, why in d._gone.items()],
+        "counters": dict(d._counters),
+    }
+
+
+def load_state(d: Dispatcher, state: dict[str, Any]) -> None:
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ConfigError(f"not a dispatcher state_dict of format {STATE_FORMAT} (got {found!r})")
+    check_schedule_key(schedule_key(d.table, d.config), state["schedule"], "the state_dict")
+    try:
+        _load(d, state)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        d._reset()
+        raise ConfigError(f"the state_dict is damaged or incomplete: {exc!r}") from exc
+
+
+def _load(d: Dispatcher, state: dict[str, Any]) -> None:
+    from .dispatcher import _Consumer
+
+    d._reset()
+    d._incarnation = int(state["incarnation"])
+    d._next_lease_id = int(state["next_lease_id"])
+    d._epochs_started = int(state["epochs_started"])
+    d._closed = [EpochProgress.from_dict(p) for p in state["closed_epochs"]]
+    for c in state["consumers"]:
+        d._consumers[str(c["consumer"])] = _Consumer(c["rank"], float(c["last_seen"]))
+    leased: dict[int, list[int]] = {}
+    for x in state["leases"]:
+        leased.setdefault(int(x["epoch"]), []).append(int(x["unit"]))
+    for data in state["open_epochs"]:
+        epoch = int(data["epoch"])
+        d._open[epoch] = OpenEpoch.from_state(d.table, d.config, data, leased.get(epoch, []))
+    for x in state["leases"]:
+        lease = _lease(d, x)
+        d._leases[lease.lease_id] = lease
+        d._consumers[lease.consumer].leases.add(lease.lease_id)
+    for x in state["lapsed"]:
+        lease = _lease(d, x)
+        d._lapsed[lease.lease_id] = lease
+        d._lapsed_by_unit[(lease.epoch, lease.unit)] = lease.lease_id
+    d._gone = {int(i): str(why) for i, why in state["gone"]}
+    d._counters.update({k: int(v) for k, v in state["counters"].items()})
+
+
+def _lease(d: Dispatcher, x: dict[str, Any]) -> Lease:
+    ep = d._open[int(x["epoch"])]
+    return d._make_lease(
+        ep,
+        int(x["lease_id"]),
+        str(x["consumer"]),
+        int(x["unit"]),
+        int(x["attempt"]),
+        float(x["deadline"]),
+    )
+
+
+def progress(d: Dispatcher) -> Progress:
+    epochs = [*d._closed, *(ep.progress(d.table) for ep in d._open.values())]
+    consumers = tuple(
+        ConsumerProgress(
+            consumer=name,
+            rank=c.rank,
+            last_seen=c.last_seen,
+            leases=tuple(sorted(c.leases)),
+            leased_records=sum(d._leases[i].task.num_records for i in c.leases),
+        )
+        for name, c in sorted(d._consumers.items())
+    )
+    return Progress(
+        epochs_planned=d.config.epochs,
+        epochs_started=d._epochs_started,
+        epochs_finished=len(d._closed),
+        finished=d.finished,
+        num_tasks=len(d.table),
+        total_records=d.table.total_records,
+        epochs=tuple(epochs),
+        consumers=consumers,
+        counters=dict(d._counters),
+    )

@@ -1,0 +1,152 @@
+"""The dispatcher's update records: every change of its state is one of these.
+
+The dispatcher's public methods decide *what* happens and express it as updates; its ``apply``
+is the only code that changes state. An update therefore carries every decision that depends
+on settings that may change between restarts (deadlines, whether a failure quarantines), so
+replaying a journal never re-decides anything. Records are JSON (never pickle): the journal is
+read back by a process that must not execute anything it finds there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import CorruptRecordError
+
+
+@dataclass(frozen=True)
+class Update:
+    """Base of every update; ``now`` is the wall-clock time the decision was made at."""
+
+    now: float
+
+
+@dataclass(frozen=True)
+class MasterStarted(Update):
+    """A master (re)started on this state: consumers get a fresh grace period, and lease ids
+    move to a new range so that ids handed out before a crash but lost from an unsynced journal
+    tail can never name a new lease."""
+
+    incarnation: int
+
+
+@dataclass(frozen=True)
+class EpochStarted(Update):
+    epoch: int
+
+
+@dataclass(frozen=True)
+class ConsumerRegistered(Update):
+    consumer: str
+    rank: int | None
+
+
+@dataclass(frozen=True)
+class ConsumerHeartbeat(Update):
+    consumer: str
+
+
+@dataclass(frozen=True)
+class ConsumerLeft(Update):
+    """The consumer left (``reason="left"``) or went silent (``"timeout"``); its leases go back
+    to the front of their queues without counting as failed attempts."""
+
+    consumer: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class LeaseGranted(Update):
+    lease_id: int
+    consumer: str
+    epoch: int
+    unit: int
+    attempt: int
+    deadline: float
+
+
+@dataclass(frozen=True)
+class LeaseRenewed(Update):
+    lease_id: int
+    deadline: float
+
+
+@dataclass(frozen=True)
+class LeaseCompleted(Update):
+    """Also used for a lease that lapsed but whose unit nobody took since (a late completion)."""
+
+    lease_id: int
+
+
+@dataclass(frozen=True)
+class LeaseFailed(Update):
+    """The holder reported ``error``; ``quarantine`` says the retry cap is reached."""
+
+    lease_id: int
+    error: str
+    quarantine: bool
+
+
+@dataclass(frozen=True)
+class LeaseExpired(Update):
+    """The deadline passed; counts as a failed attempt, like :class:`LeaseFailed`."""
+
+    lease_id: int
+    error: str
+    quarantine: bool
+
+
+_TYPES: dict[str, type[Update]] = {
+    cls.__name__: cls
+    for cls in (
+        MasterStarted,
+        EpochStarted,
+        ConsumerRegistered,
+        ConsumerHeartbeat,
+        ConsumerLeft,
+        LeaseGranted,
+        LeaseRenewed,
+        LeaseCompleted,
+        LeaseFailed,
+        LeaseExpired,
+    )
+}
+
+
+def update_to_dict(update: Update) -> dict[str, Any]:
+    """A JSON-ready dict: the class name under ``"type"`` plus the fields."""
+    out: dict[str, Any] = {"type": type(update).__name__}
+    out.update(dataclasses.asdict(update))
+    return out
+
+
+def update_from_dict(data: dict[str, Any]) -> Update:
+    """Inverse of :func:`update_to_dict`; names the offending type or field when it cannot."""
+    if not isinstance(data, dict):
+        raise CorruptRecordError(f"update record is a {type(data).__name__}, not an object")
+    name = data.get("type")
+    cls = _TYPES.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise CorruptRecordError(f"unknown update type {name!r}; known: {sorted(_TYPES)}")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    given = set(data) - {"type"}
+    if given != fields:
+        raise CorruptRecordError(
+            f"{name} record has fields {sorted(given)}, expected {sorted(fields)}"
+        )
+    return cls(**{k: data[k] for k in fields})
+
+
+def encode_update(update: Update) -> bytes:
+    return json.dumps(update_to_dict(update), separators=(",", ":"), sort_keys=True).encode()
+
+
+def decode_update(payload: bytes) -> Update:
+    try:
+        data = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptRecordError(f"update record is not valid JSON: {exc}") from exc
+    return update_from_dict(data)
