@@ -1,0 +1,224 @@
+"""Arrow IPC files and streams, and Hugging Face ``save_to_disk`` folders, as a source.
+
+* IPC **file** format (``.arrow`` / Feather v2, starts with ``ARROW1``): the footer lists the
+  record batches, so ``plan()`` counts rows from batch metadata only (``count_rows``) and a
+  read opens just the batches that overlap the range.
+* IPC **stream** format (no footer): counting needs one pass over the stream; a read walks
+  the batches up to the range's end. Local files are memory-mapped, so walking a batch does
+  not copy its data; on object stores each pass reads the stream from the start.
+* A Hugging Face ``datasets`` folder written by ``Dataset.save_to_disk``: ``state.json``
+  lists ``_data_files`` (IPC streams) in order; they become the shards in that order.
+
+Batch row counts of each file are found once per process and cached in the source.
+``columns=`` and ``tensors=`` work as in :class:`~shmloader.sources.parquet.ParquetSource`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from .._fs import _GLOB_CHARS, expand_paths, open_stream, resolve
+from ..errors import ConfigError, DataError
+from ._tabular import check_columns, check_options, finish, open_input, row_spans
+from .base import BaseSource, ReadResult, Shard
+
+_FILE_MAGIC = b"ARROW1"
+HF_STATE = "state.json"
+
+
+class ArrowSource(BaseSource):
+    """Arrow IPC files/streams (a glob, path or list) or Hugging Face ``save_to_disk`` folders."""
+
+    def __init__(
+        self,
+        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        columns: Sequence[str] | None = None,
+        *,
+        tensors: Mapping[str, Sequence[int]] | None = None,
+    ) -> None:
+        super().__init__()
+        self.paths = expand_arrow_paths(paths)
+        self.columns, self.tensors = check_options(columns, tensors)
+        self._batch_rows: dict[str, tuple[int, ...]] = {}
+        self._known = frozenset(self.paths)
+
+    def __repr__(self) -> str:
+        return f"ArrowSource({len(self.paths)} files, columns={self.columns})"
+
+    def _make_plan(self) -> list[Shard]:
+        shards = []
+        for path in self.paths:
+            with open_input(path) as f:
+                if _is_ipc_file(path, f):
+                    reader = _open_file(path, f)
+                    check_columns(path, reader.schema, self.columns)
+                    shards.append(Shard(path, reader.count_rows()))
+                else:
+                    reader = _open_stream(path, f)
+                    check_columns(path, reader.schema, self.columns)
+                    counts = tuple(b.num_rows for b in _batches(path, reader))
+                    self._batch_rows[path] = counts
+                    shards.append(Shard(path, sum(counts)))
+        return shards
+
+    def _read(self, shard: Shard, start: int, stop: int) -> ReadResult:
+        path = shard.path
+        if path not in self._known:
+            raise ConfigError(f"{path} is not one of this source's files")
+        with open_input(path) as f:
+            if _is_ipc_file(path, f):
+                reader = _open_file(path, f)
+                schema = reader.schema
+                check_columns(path, schema, self.columns)
+                counts = self._batch_rows.get(path)
+                if counts is None:
+                    counts = tuple(
+                        _get_batch(path, reader, i).num_rows
+                        for i in range(reader.num_record_batches)
+                    )
+                    self._batch_rows[path] = counts
+                wanted, offset = row_spans(counts, start, stop)
+                batches = [_get_batch(path, reader, i) for i in wanted]
+            else:
+                reader = _open_stream(path, f)
+                schema = reader.schema
+                check_columns(path, schema, self.columns)
+                batches, offset = _stream_range(path, reader, start, stop)
+        table = pa.Table.from_batches(batches, schema=schema)
+        if self.columns is not None:
+            table = table.select(self.columns)
+        return ReadResult(finish(path, table, offset, start, stop, self.tensors))
+
+
+def _stream_range(
+    path: str, reader: pa.ipc.RecordBatchStreamReader, start: int, stop: int
+) -> tuple[list[pa.RecordBatch], int]:
+    """The stream's batches that overlap rows [start, stop) and the first one's first row."""
+    batches: list[pa.RecordBatch] = []
+    offset = row = 0
+    if start == stop:
+        return batches, start
+    for batch in _batches(path, reader):
+        end = row + batch.num_rows
+        if end > start and batch.num_rows:
+            if not batches:
+                offset = row
+            batches.append(batch)
+        row = end
+        if row >= stop:
+            break
+    return batches, offset
+
+
+def _is_ipc_file(path: str, f: Any) -> bool:
+    try:
+        head = f.read(len(_FILE_MAGIC))
+        f.seek(0)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"cannot read: {exc}", path=path) from exc
+    return bool(head == _FILE_MAGIC)
+
+
+def _open_file(path: str, f: Any) -> pa.ipc.RecordBatchFileReader:
+    try:
+        return pa.ipc.open_file(f)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"not a readable Arrow IPC file: {exc}", path=path) from exc
+
+
+def _open_stream(path: str, f: Any) -> pa.ipc.RecordBatchStreamReader:
+    try:
+        return pa.ipc.open_stream(f)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(
+            f"neither an Arrow IPC file nor a readable IPC stream: {exc}", path=path
+        ) from exc
+
+
+def _get_batch(path: str, reader: pa.ipc.RecordBatchFileReader, i: int) -> pa.RecordBatch:
+    try:
+        return reader.get_batch(i)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"cannot read record batch {i}: {exc}", path=path) from exc
+
+
+def _batches(path: str, reader: pa.ipc.RecordBatchStreamReader) -> Iterator[pa.RecordBatch]:
+    """The stream's batches; a damaged stream raises DataError naming the file and batch."""
+    i = 0
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            return
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(
+                f"cannot read record batch {i} of the stream: {exc}", path=path
+            ) from exc
+        yield batch
+        i += 1
+
+
+def expand_arrow_paths(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+) -> list[str]:
+    """Like :func:`shmloader._fs.expand_paths`, but a ``save_to_disk`` folder stands for its
+    data files (in ``state.json`` order). Groups (a folder's files, or one file) are sorted
+    by their first path, so the plan does not depend on the order arguments were given in."""
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    groups: list[list[str]] = []
+    plain: list[str] = []
+    for item in items:
+        p = os.fspath(item)
+        if not any(c in p for c in _GLOB_CHARS) and _is_dir(p):
+            groups.append(hf_data_files(p))
+        else:
+            plain.append(p)
+    if plain:
+        groups.extend([f] for f in expand_paths(plain))
+    groups.sort(key=lambda g: g[0])
+    return list(dict.fromkeys(p for group in groups for p in group))
+
+
+def _is_dir(path: str) -> bool:
+    fs, inner = resolve(path)
+    return bool(fs.get_file_info(inner).type == pafs.FileType.Directory)
+
+
+def hf_data_files(folder: str) -> list[str]:
+    """The data files of a Hugging Face ``save_to_disk`` folder, from its ``state.json``."""
+    base = folder.rstrip("/")
+    fs, inner = resolve(base)
+    if fs.get_file_info(f"{inner}/dataset_dict.json").type == pafs.FileType.File:
+        raise ConfigError(
+            f"{folder} holds a DatasetDict (several splits); give one split's folder, "
+            f"e.g. {base}/train"
+        )
+    state_path = f"{base}/{HF_STATE}"
+    if fs.get_file_info(f"{inner}/{HF_STATE}").type != pafs.FileType.File:
+        raise ConfigError(
+            f"{folder} is a directory without {HF_STATE} (not a save_to_disk folder); "
+            f"give files, a list or a glob like {base}/*.arrow"
+        )
+    try:
+        with open_stream(state_path) as f:
+            state = json.loads(f.read())
+        names = [entry["filename"] for entry in state["_data_files"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"not a datasets state file ({exc!r})", path=state_path) from exc
+    if not names:
+        raise ConfigError(f"{state_path} lists no data files")
+    files = []
+    for name in names:
+        if "/" in name or name in ("", ".", ".."):
+            raise DataError(f"data file name {name!r} points outside the folder", path=state_path)
+        path = f"{base}/{name}"
+        if fs.get_file_info(f"{inner}/{name}").type != pafs.FileType.File:
+            raise DataError(f"lists {name}, which does not exist", path=state_path)
+        files.append(path)
+    return files

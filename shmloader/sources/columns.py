@@ -1,0 +1,379 @@
+"""Decoded values -> one Arrow RecordBatch: the storage format of every task.
+
+A task's records end up as one RecordBatch in shared memory, and the dataset gathers rows
+from it with numpy. So the layout is chosen for that gather:
+
+* a numpy array whose shape is the same in every record becomes a **tensor column**
+  (``pa.fixed_shape_tensor(value_type, shape)``): its storage is a FixedSizeList, so all
+  records' values sit in one contiguous, null-free buffer that :func:`column_to_numpy` views
+  as ``(n, *shape)`` without copying;
+* a numpy or Python scalar becomes a primitive column, ``bytes`` -> ``binary``, ``str`` ->
+  ``string`` (``large_binary`` / ``large_string`` when one batch holds more than 2 GiB);
+* variable-length 1-D arrays become ``list<value_type>`` columns, but only when the schema says
+  so: inference takes the *first* record, and a fixed shape is what it sees. Pass ``schema=``
+  with ``pa.list_(...)`` for columns whose length varies (the mismatch error says so).
+
+dtype mapping (numpy <-> Arrow): bool <-> bool (Arrow packs bools to bits, so bool tensors are
+not zero-copy), int8..int64 / uint8..uint64 / float16 / float32 / float64 <-> the Arrow type of
+the same name. Python ``bool``/``int``/``float`` infer ``bool``/``int64``/``float64``.
+Nothing else is stored: ``None``, dicts, objects, complex, datetime or string-dtype arrays raise
+:class:`DecodeError` naming the column. There are no nulls in columns built here.
+
+Casting is conservative: a numpy value may be cast only where numpy calls it ``safe``
+(int32 -> int64, float32 -> float64); Python numbers (which have no width) may be cast within
+their kind when the value fits (``1.5`` into a float32 column, ``7`` into a uint8 column).
+
+Errors raised here name the column; ``index`` on the exception is the record's *position in the
+list given* (the caller maps it to a file and a record number).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ConfigError, DecodeError, SchemaMismatchError
+from ._kinds import Kind, at, is_numeric, kind_for_type, kind_for_value, try_build
+
+__all__ = [
+    "BatchBuilder",
+    "as_tensor_column",
+    "column_to_numpy",
+    "columns_to_batch",
+    "infer_schema",
+    "infer_schema_from_columns",
+    "records_to_batch",
+    "tensor_type",
+]
+
+
+def tensor_type(dtype: Any, shape: Sequence[int]) -> pa.FixedShapeTensorType:
+    """The tensor column type for numpy ``dtype`` and per-record ``shape``."""
+    return pa.fixed_shape_tensor(pa.from_numpy_dtype(np.dtype(dtype)), tuple(shape))
+
+
+def infer_schema(record: Mapping[str, Any]) -> pa.Schema:
+    """Schema of one decoded record (see the module doc for the rules)."""
+    if not isinstance(record, Mapping):
+        raise DecodeError(
+            f"decode must return a mapping of column -> value, got {type(record).__name__}"
+        )
+    if not record:
+        raise DecodeError("decode returned an empty mapping (no columns)")
+    return pa.schema([pa.field(_name(k), kind_for_value(_name(k), v)) for k, v in record.items()])
+
+
+def infer_schema_from_columns(columns: Mapping[str, Any], num_records: int) -> pa.Schema:
+    """Schema of a ``decode_batch`` result: arrays with first dim ``num_records`` or lists."""
+    if not isinstance(columns, Mapping) or not columns:
+        raise DecodeError(
+            "decode_batch must return a non-empty mapping of column -> batched values, "
+            f"got {type(columns).__name__}"
+        )
+    fields = []
+    for key, value in columns.items():
+        name = _name(key)
+        _check_rows(name, value, num_records)
+        if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+            if value.ndim == 1:
+                fields.append(pa.field(name, kind_for_value(name, value[:1].reshape(()))))
+            else:
+                fields.append(pa.field(name, kind_for_value(name, value[0])))
+        else:
+            first = value[0] if num_records else None
+            fields.append(pa.field(name, kind_for_value(name, first)))
+    return pa.schema(fields)
+
+
+class BatchBuilder:
+    """Turns decoded records (or a ``decode_batch`` result) into batches of one fixed schema.
+
+    Compiled once per schema and reused for every range, so the per-call work is only the
+    conversion itself. Picklable (it holds the schema and small per-column converters).
+    """
+
+    def __init__(self, schema: pa.Schema) -> None:
+        if len(schema) == 0:
+            raise ConfigError("schema has no columns")
+        self.schema = schema
+        self._kinds: list[tuple[str, Kind]] = [(f.name, kind_for_type(f)) for f in schema]
+        self._names = frozenset(schema.names)
+
+    def from_records(self, records: Sequence[Any]) -> pa.RecordBatch:
+        """One batch from per-record mappings; the first bad record raises."""
+        try:
+            batch, _ = self._from_records(records, collect=False)
+        except DecodeError:
+            # Columns are checked one after another; report the *first* bad record instead.
+            _, bad = self._from_records(records, collect=True)
+            if not bad:
+                raise
+            raise bad[min(bad)] from bad[min(bad)].__cause__
+        return batch
+
+    def from_records_skipping(
+        self, records: Sequence[Any]
+    ) -> tuple[pa.RecordBatch, dict[int, DecodeError]]:
+        """Like :meth:`from_records` but leaves bad records out and returns their errors.
+
+        At most two passes: one that finds every bad record, one over the good ones.
+        """
+        return self._from_records(records, collect=True)
+
+    def _from_records(
+        self, records: Sequence[Any], *, collect: bool
+    ) -> tuple[pa.RecordBatch, dict[int, DecodeError]]:
+        columns = self._columns(records)
+        bad: dict[int, DecodeError] = {}
+        good = records
+        if columns is None:
+            bad = self._key_errors(records, collect)
+            good = [r for i, r in enumerate(records) if i not in bad]
+            columns = [[r[name] for r in good] for name, _ in self._kinds]
+        arrays = []
+        value_bad: dict[int, DecodeError] = {}
+        for (name, kind), vals in zip(self._kinds, columns, strict=True):
+            arrays.append(try_build(kind, name, vals, value_bad if collect else None))
+        if value_bad:
+            # Positions in ``value_bad`` are in ``good``; map back and convert the rest again.
+            positions = [i for i in range(len(records)) if i not in bad]
+            for pos, err in value_bad.items():
+                bad[positions[pos]] = at(err, positions[pos])
+            batch, _ = self._from_records(
+                [r for i, r in enumerate(records) if i not in bad], collect=False
+            )
+            return batch, dict(sorted(bad.items()))
+        return self._batch(arrays, len(good)), dict(sorted(bad.items()))
+
+    def from_columns(self, columns: Mapping[str, Any], num_records: int) -> pa.RecordBatch:
+        """One batch from a ``decode_batch`` result (no per-record loop for numeric arrays)."""
+        if not isinstance(columns, Mapping):
+            raise DecodeError(
+                f"decode_batch must return a mapping of column -> values, "
+                f"got {type(columns).__name__}"
+            )
+        found = {_name(k) for k in columns}
+        if found != self._names:
+            raise _key_mismatch(self._names, found)
+        arrays = []
+        for name, kind in self._kinds:
+            value = columns[name]
+            _check_rows(name, value, num_records)
+            if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+                arrays.append(kind.from_batched(name, value))
+            else:
+                arrays.append(try_build(kind, name, list(value), None))
+        return self._batch(arrays, num_records)
+
+    def empty(self) -> pa.RecordBatch:
+        """A zero-row batch of the schema (what an empty or all-skipped range returns)."""
+        return pa.RecordBatch.from_arrays(
+            [pa.array([], type=f.type) for f in self.schema], schema=self.schema
+        )
+
+    def _batch(self, arrays: list[pa.Array], num_records: int) -> pa.RecordBatch:
+        if num_records == 0:
+            return self.empty()
+        # Types may differ from the schema only by a large_ promotion, so build from names.
+        return pa.RecordBatch.from_arrays(arrays, names=[name for name, _ in self._kinds])
+
+    def _columns(self, records: Sequence[Any]) -> list[list[Any]] | None:
+        """Values column by column, or None when some record has other keys (slow path).
+
+        Every record a dict with as many keys as the schema and each schema name found in it
+        means the key sets are equal; the checks run in C (``map``), not per record in Python.
+        """
+        if set(map(type, records)) - {dict} or set(map(len, records)) - {len(self._kinds)}:
+            return None
+        try:
+            return [[r[name] for r in records] for name, _ in self._kinds]
+        except KeyError:
+            return None
+
+    def _key_errors(self, records: Sequence[Any], collect: bool) -> dict[int, DecodeError]:
+        bad: dict[int, DecodeError] = {}
+        for i, r in enumerate(records):
+            err = self._record_key_error(r)
+            if err is not None:
+                err = at(err, i)
+                if not collect:
+                    raise err
+                bad[i] = err
+        return bad
+
+    def _record_key_error(self, record: Any) -> DecodeError | None:
+        if not isinstance(record, Mapping):
+            return DecodeError(
+                f"decode must return a mapping of column -> value, got {type(record).__name__}"
+            )
+        try:
+            found = {_name(k) for k in record}
+        except DecodeError as exc:
+            return exc
+        if found != self._names:
+            return _key_mismatch(self._names, found)
+        return None
+
+
+def records_to_batch(
+    records: Sequence[Mapping[str, Any]], schema: pa.Schema | None = None
+) -> pa.RecordBatch:
+    """Per-record mappings -> one batch; schema inferred from the first record if not given."""
+    if schema is None:
+        if not records:
+            raise DecodeError("cannot infer a schema from zero records; pass schema=")
+        schema = infer_schema(records[0])
+    return BatchBuilder(schema).from_records(records)
+
+
+def columns_to_batch(
+    columns: Mapping[str, Any], num_records: int, schema: pa.Schema | None = None
+) -> pa.RecordBatch:
+    """A ``decode_batch`` result -> one batch; schema inferred from it if not given."""
+    if schema is None:
+        schema = infer_schema_from_columns(columns, num_records)
+    return BatchBuilder(schema).from_columns(columns, num_records)
+
+
+def column_to_numpy(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A tensor (or primitive) column as a numpy array of shape ``(n, *shape)``.
+
+    This is what the dataset's gather builds on: for tensor columns, fixed-size-list columns
+    (one level per dimension) and primitive columns the result is a read-only *view* of the
+    Arrow buffer (zero-copy), so ``column_to_numpy(col)[indices]`` is the one copy of a batch.
+    Copies only where Arrow's layout differs from numpy's: bool (bit-packed) values, and a
+    ChunkedArray of several chunks (concatenated). Nulls are refused: they have no numpy form.
+    """
+    if isinstance(array, pa.ChunkedArray):
+        array = array.chunk(0) if array.num_chunks == 1 else array.combine_chunks()
+    if array.null_count:
+        raise DecodeError(f"column of type {array.type} has {array.null_count} nulls")
+    shape: list[int] = []
+    typ = array.type
+    if isinstance(typ, pa.FixedShapeTensorType):
+        shape = list(typ.shape)
+        array = array.storage
+        values = array.flatten()
+    else:
+        values = array
+        while pa.types.is_fixed_size_list(values.type):
+            shape.append(values.type.list_size)
+            values = values.flatten()
+    if not (pa.types.is_primitive(values.type) and not pa.types.is_temporal(values.type)):
+        raise ConfigError(
+            f"column_to_numpy needs a tensor, fixed-size-list or numeric column, got {array.type}"
+        )
+    if values.null_count:
+        raise DecodeError(f"column of type {array.type} has {values.null_count} null values")
+    flat = values.to_numpy(zero_copy_only=not pa.types.is_boolean(values.type))
+    return flat.reshape((len(array), *shape))
+
+
+def as_tensor_column(
+    array: pa.Array | pa.ChunkedArray, shape: Sequence[int], name: str = "?"
+) -> pa.Array:
+    """Re-type a list / fixed-size-list column (one list level per leading dimension, the
+    last level holding the rest) as a tensor column of per-row ``shape``, zero-copy.
+
+    This is how columns read from Parquet or Arrow files written without the tensor type
+    become gatherable. Every row must hold exactly ``shape`` values and no nulls; the first
+    row that does not raises SchemaMismatchError with ``index`` = that row.
+    """
+    shape = tuple(int(d) for d in shape)
+    if isinstance(array, pa.ChunkedArray):
+        array = array.chunk(0) if array.num_chunks == 1 else array.combine_chunks()
+    typ = array.type
+    if isinstance(typ, pa.FixedShapeTensorType):
+        if tuple(typ.shape) != shape:
+            raise SchemaMismatchError(
+                f"column {name!r}: expected tensors of shape {shape}, found shape {typ.shape}"
+            )
+        return array
+    values: pa.Array = array
+    per_row = 1  # elements of the current level per row
+    level = 0
+    while _is_list(values.type):
+        if level >= len(shape):
+            raise SchemaMismatchError(f"column {name!r}: {typ} has more levels than {shape}")
+        want = shape[level] if _is_list(values.type.value_type) else math.prod(shape[level:])
+        _check_lengths(name, values, want, per_row, shape)
+        per_row *= want
+        values = values.flatten()
+        level += 1
+    if level == 0 or not is_numeric(values.type):
+        raise SchemaMismatchError(
+            f"column {name!r}: expected a list column of numbers to use as tensors of shape "
+            f"{shape}, found {typ}"
+        )
+    if values.null_count:
+        raise SchemaMismatchError(f"column {name!r}: has null values; tensors cannot hold nulls")
+    ttype = pa.fixed_shape_tensor(values.type, shape)
+    storage = pa.FixedSizeListArray.from_arrays(values, type=ttype.storage_type)
+    return pa.ExtensionArray.from_storage(ttype, storage)
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+
+
+def _check_lengths(
+    name: str, values: pa.Array, want: int, per_row: int, shape: tuple[int, ...]
+) -> None:
+    """Every list at this level holds ``want`` items (``per_row`` lists make up one row)."""
+    if values.null_count:
+        row = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0]) // per_row
+        raise SchemaMismatchError(f"column {name!r}: null where a tensor is needed", index=row)
+    if pa.types.is_fixed_size_list(values.type):
+        if values.type.list_size == want:
+            return
+        row = 0
+        found = values.type.list_size
+    else:
+        lengths = values.value_lengths().to_numpy(zero_copy_only=False)
+        wrong = np.flatnonzero(lengths != want)
+        if not len(wrong):
+            return
+        row, found = int(wrong[0]) // per_row, int(lengths[wrong[0]])
+    raise SchemaMismatchError(
+        f"column {name!r}: a list of {found} values where tensors of shape {shape} need {want}",
+        index=row,
+    )
+
+
+def _name(key: Any) -> str:
+    if not isinstance(key, str):
+        raise DecodeError(f"column names must be str, got {key!r} ({type(key).__name__})")
+    return key
+
+
+def _check_rows(name: str, value: Any, num_records: int) -> None:
+    if isinstance(value, np.ndarray):
+        rows = value.shape[0] if value.ndim else None
+    elif isinstance(value, (list, tuple)):
+        rows = len(value)
+    else:
+        raise DecodeError(
+            f"column {name!r}: decode_batch must give an array with one row per record or a "
+            f"list of per-record values, got {type(value).__name__}"
+        )
+    if rows != num_records:
+        raise SchemaMismatchError(
+            f"column {name!r}: decode_batch gave {rows} rows for {num_records} records"
+        )
+
+
+def _key_mismatch(expected: frozenset[str], found: set[str]) -> SchemaMismatchError:
+    missing = sorted(expected - found)
+    extra = sorted(found - expected)
+    parts = []
+    if missing:
+        parts.append(f"missing column(s) {', '.join(map(repr, missing))}")
+    if extra:
+        parts.append(f"unexpected column(s) {', '.join(map(repr, extra))}")
+    return SchemaMismatchError(
+        f"{'; '.join(parts)} (expected columns {sorted(expected)}, found {sorted(found)})"
+    )

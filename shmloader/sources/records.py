@@ -1,0 +1,261 @@
+"""TFRecord-framed record files plus a user decode function, as a source.
+
+Counts come from each file's sidecar index (built on demand by
+:class:`shmloader.formats.tfrecord.RecordFile`), so ``plan()`` never decodes a record. A read
+pulls the range's payloads with one indexed seek, decodes them (one call per record with
+``decode``, one call per range with ``decode_batch``) and converts the result with
+:mod:`shmloader.sources.columns`.
+
+The schema is fixed once per source: given with ``schema=``, or inferred from the first
+decodable record of the first non-empty shard. That record is the same in every process, so
+readers that each infer it agree; reading :attr:`RecordFileSource.schema` in the parent before
+the source is pickled saves them the one extra record read.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from .._fs import expand_paths
+from ..errors import ConfigError, CorruptRecordError, DecodeError
+from ..formats.index import INDEX_SUFFIX
+from ..formats.tfrecord import RecordFile
+from .base import BaseSource, ReadResult, Shard, SkippedRecord, check_on_error
+from .columns import BatchBuilder, infer_schema, infer_schema_from_columns
+
+Decode = Callable[[bytes], Mapping[str, Any]]
+DecodeBatch = Callable[[list[bytes]], Mapping[str, Any]]
+
+RAW_SCHEMA = pa.schema([pa.field("record", pa.binary())])
+_OPEN_FILES = 16  # RecordFiles (with their loaded offsets) kept per process
+_INFER_ATTEMPTS = 1000  # undecodable records tolerated (on_error="skip") while inferring
+
+
+class RecordFileSource(BaseSource):
+    """Record files (TFRecord framing, optionally gzip/zlib) decoded by a user function.
+
+    ``decode(payload) -> mapping`` is called per record; ``decode_batch(payloads) -> mapping``
+    once per range with batched arrays (faster for numeric data). With neither, batches have
+    one ``record: binary`` column of raw payloads. Both functions must be picklable
+    (module-level functions), since sources travel to reader processes.
+
+    ``on_error="skip"`` leaves out records whose framing is corrupt or whose decode fails or
+    does not fit the schema, and reports each as a :class:`SkippedRecord`; ``"raise"`` raises
+    a DataError naming file, record and byte offset.
+    """
+
+    def __init__(
+        self,
+        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        decode: Decode | None = None,
+        decode_batch: DecodeBatch | None = None,
+        on_error: str = "raise",
+        schema: pa.Schema | None = None,
+        compression: str | None = "auto",
+        *,
+        index_dir: str | None = None,
+    ) -> None:
+        super().__init__()
+        if decode is not None and decode_batch is not None:
+            raise ConfigError("give decode or decode_batch, not both")
+        for name, fn in (("decode", decode), ("decode_batch", decode_batch)):
+            if fn is not None and not callable(fn):
+                raise ConfigError(f"{name} must be callable, got {type(fn).__name__}")
+        if schema is not None and not isinstance(schema, pa.Schema):
+            raise ConfigError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+        if schema is not None and decode is None and decode_batch is None:
+            raise ConfigError("schema= needs decode or decode_batch (raw records are binary)")
+        # A glob like ``data/*`` also matches the sidecar indexes written next to the data.
+        self.paths = [p for p in expand_paths(paths) if not p.endswith(INDEX_SUFFIX)]
+        if not self.paths:
+            raise ConfigError(f"{paths}: only index files ({INDEX_SUFFIX}) match, no data")
+        self.decode = decode
+        self.decode_batch = decode_batch
+        self.on_error = check_on_error(on_error)
+        self.compression = compression
+        self.index_dir = index_dir
+        if schema is None and decode is None and decode_batch is None:
+            schema = RAW_SCHEMA
+        self._schema = schema
+        if schema is not None:
+            BatchBuilder(schema)  # unsupported column types fail here, not in a reader
+        self._init_local()
+
+    def _init_local(self) -> None:
+        self._files: OrderedDict[str, RecordFile] = OrderedDict()
+        self._builder: BatchBuilder | None = None
+        self._known = frozenset(self.paths)
+
+    def __getstate__(self) -> dict[str, object]:
+        state = super().__getstate__()
+        for key in ("_files", "_builder", "_known"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._init_local()
+
+    def __repr__(self) -> str:
+        return f"RecordFileSource({len(self.paths)} files, on_error={self.on_error!r})"
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The batches' schema (inferred from the first decodable record if not given)."""
+        if self._schema is None:
+            self._schema = self._infer_schema()
+        return self._schema
+
+    def _make_plan(self) -> list[Shard]:
+        return [Shard(p, self._file(p).num_records) for p in self.paths]
+
+    def _file(self, path: str) -> RecordFile:
+        if path not in self._known:
+            raise ConfigError(f"{path} is not one of this source's files")
+        rf = self._files.pop(path, None)
+        if rf is None:
+            rf = RecordFile(path, compression=self.compression, index_dir=self.index_dir)
+        self._files[path] = rf
+        while len(self._files) > _OPEN_FILES:
+            self._files.popitem(last=False)
+        return rf
+
+    def _builder_for_schema(self) -> BatchBuilder:
+        if self._builder is None:
+            self._builder = BatchBuilder(self.schema)
+        return self._builder
+
+    def _read(self, shard: Shard, start: int, stop: int) -> ReadResult:
+        path = shard.path
+        payloads: list[bytes] = []
+        where: list[tuple[int, int]] = []  # (record index, byte offset) of each payload
+        skipped: list[SkippedRecord] = []
+        for idx, off, payload in self._file(path).read_range(start, stop, on_error=self.on_error):
+            if isinstance(payload, CorruptRecordError):
+                skipped.append(SkippedRecord(path, idx, off, payload.reason))
+            else:
+                payloads.append(payload)
+                where.append((idx, off))
+        builder = self._builder_for_schema()
+        if self.decode is not None:
+            batch = self._decode_each(builder, path, payloads, where, skipped)
+        elif self.decode_batch is not None:
+            batch = self._decode_batched(builder, path, payloads, where, skipped)
+        else:
+            batch = builder.from_columns({"record": payloads}, len(payloads))
+        skipped.sort(key=lambda s: s.index)
+        return ReadResult(batch, tuple(skipped))
+
+    def _decode_each(
+        self,
+        builder: BatchBuilder,
+        path: str,
+        payloads: list[bytes],
+        where: list[tuple[int, int]],
+        skipped: list[SkippedRecord],
+    ) -> pa.RecordBatch:
+        decode = self.decode
+        assert decode is not None
+        decoded: list[Any] = []
+        kept: list[tuple[int, int]] = []  # where[] of the records that decoded
+        for pos, payload in enumerate(payloads):
+            try:
+                record = decode(payload)
+            except Exception as exc:
+                self._failed(path, where[pos], exc, skipped)
+                continue
+            decoded.append(record)
+            kept.append(where[pos])
+        if self.on_error == "raise":
+            try:
+                return builder.from_records(decoded)
+            except DecodeError as exc:
+                raise _locate(exc, path, kept) from exc
+        batch, bad = builder.from_records_skipping(decoded)
+        for pos, err in bad.items():
+            idx, off = kept[pos]
+            skipped.append(SkippedRecord(path, idx, off, err.reason))
+        return batch
+
+    def _decode_batched(
+        self,
+        builder: BatchBuilder,
+        path: str,
+        payloads: list[bytes],
+        where: list[tuple[int, int]],
+        skipped: list[SkippedRecord],
+    ) -> pa.RecordBatch:
+        decode_batch = self.decode_batch
+        assert decode_batch is not None
+        if not payloads:
+            return builder.empty()
+        try:
+            return builder.from_columns(decode_batch(payloads), len(payloads))
+        except Exception as exc:
+            whole = exc
+        # Retry record by record: isolates the bad ones (skip) or names the first (raise).
+        batches = []
+        for pos, payload in enumerate(payloads):
+            try:
+                batches.append(builder.from_columns(decode_batch([payload]), 1))
+            except Exception as exc:
+                self._failed(path, where[pos], exc, skipped)
+        if self.on_error == "raise":
+            first, last = where[0][0], where[-1][0]
+            raise DecodeError(
+                f"decode_batch failed on records [{first}, {last}] but on none of them alone: "
+                f"{type(whole).__name__}: {whole}",
+                path=path,
+                index=first,
+                offset=where[0][1],
+            ) from whole
+        return pa.concat_batches(batches) if batches else builder.empty()
+
+    def _failed(
+        self, path: str, at: tuple[int, int], exc: Exception, skipped: list[SkippedRecord]
+    ) -> None:
+        """A record's decode raised: raise a DecodeError naming it, or record the skip."""
+        idx, off = at
+        reason = exc.reason if isinstance(exc, DecodeError) else f"{type(exc).__name__}: {exc}"
+        if self.on_error == "raise":
+            cls = type(exc) if isinstance(exc, DecodeError) else DecodeError
+            raise cls(f"decode failed: {reason}", path=path, index=idx, offset=off) from exc
+        skipped.append(SkippedRecord(path, idx, off, reason))
+
+    def _infer_schema(self) -> pa.Schema:
+        """From the first record that decodes, in plan order. Records that fail are passed
+        over even with ``on_error="raise"``: reading their own range reports them properly."""
+        failures: list[str] = []
+        for shard in self.plan():
+            stop = min(shard.num_records, _INFER_ATTEMPTS)
+            for idx, off, payload in self._file(shard.path).read_range(0, stop, on_error="skip"):
+                try:
+                    if isinstance(payload, CorruptRecordError):
+                        raise payload
+                    if self.decode is not None:
+                        return infer_schema(self.decode(payload))
+                    assert self.decode_batch is not None
+                    return infer_schema_from_columns(self.decode_batch([payload]), 1)
+                except Exception as exc:
+                    failures.append(f"{shard.path}, record {idx}, byte offset {off}: {exc!r}")
+                if len(failures) >= _INFER_ATTEMPTS:
+                    break
+        if not failures:
+            raise ConfigError("cannot infer a schema: the files hold no records; pass schema=")
+        raise DecodeError(
+            f"cannot infer a schema: the first {len(failures)} records all failed to decode; "
+            f"first failure: {failures[0]}"
+        )
+
+
+def _locate(exc: DecodeError, path: str, where: list[tuple[int, int]]) -> DecodeError:
+    """A conversion error (index = position in the decoded list) named by file and record."""
+    if exc.index is None or not 0 <= exc.index < len(where):
+        return type(exc)(exc.reason, path=path)
+    idx, off = where[exc.index]
+    return type(exc)(exc.reason, path=path, index=idx, offset=off)

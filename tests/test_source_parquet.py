@@ -1,0 +1,149 @@
+"""ParquetSource over real Parquet files: footer-only plans, row-group reads, tensors."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from shmloader.errors import ConfigError, DataError, SchemaMismatchError
+from shmloader.sources import ParquetSource, Shard, column_to_numpy, tensor_type
+
+
+def _table(n: int, first: int = 0) -> pa.Table:
+    ids = np.arange(first, first + n, dtype=np.int64)
+    x = (np.repeat(ids, 6).reshape(n, 2, 3) + np.arange(6).reshape(2, 3)).astype(np.float32)
+    tensor = pa.ExtensionArray.from_storage(
+        tensor_type(np.float32, (2, 3)),
+        pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 6),
+    )
+    return pa.table(
+        {
+            "id": ids,
+            "x": tensor,
+            "vec": pa.array([[float(i), -float(i)] for i in ids], pa.list_(pa.float64())),
+            "name": pa.array([f"row-{i}" for i in ids]),
+        }
+    )
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> list[tuple[str, pa.Table]]:
+    out = []
+    for name, n, first, group in (("b.parquet", 45, 0, 10), ("a.parquet", 7, 100, 3)):
+        table = _table(n, first)
+        pq.write_table(table, tmp_path / name, row_group_size=group)
+        out.append((str(tmp_path / name), table))
+    pq.write_table(_table(0), tmp_path / "c.parquet")
+    out.append((str(tmp_path / "c.parquet"), _table(0)))
+    return sorted(out, key=lambda item: item[0])
+
+
+def test_plan_counts_and_every_range_matches_the_table(
+    tmp_path: Path, files: list[tuple[str, pa.Table]]
+) -> None:
+    source = ParquetSource(str(tmp_path / "*.parquet"))
+    plan = source.plan()
+    assert plan == [Shard(p, t.num_rows) for p, t in files]
+    for shard, (_, table) in zip(plan, files, strict=True):
+        n = shard.num_records
+        bounds = sorted({0, 1, 3, 9, 10, 11, 20, n - 1, n} & set(range(n + 1)))
+        for start in bounds:
+            for stop in [b for b in bounds if b >= start]:
+                batch = source.read(shard, start, stop)
+                expected = table.slice(start, stop - start)
+                assert batch.num_rows == stop - start
+                assert pa.Table.from_batches([batch]).equals(expected.combine_chunks())
+
+
+def test_pyarrow_written_tensors_come_back_as_tensors(files: list[tuple[str, pa.Table]]) -> None:
+    path, table = files[1]
+    source = ParquetSource(path)
+    batch = source.read(source.plan()[0], 12, 25)
+    assert batch.schema.field("x").type == tensor_type(np.float32, (2, 3))
+    expected = column_to_numpy(table.column("x").combine_chunks())[12:25]
+    np.testing.assert_array_equal(column_to_numpy(batch.column("x")), expected)
+
+
+def test_reads_only_the_overlapping_row_groups(
+    files: list[tuple[str, pa.Table]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, _ = files[1]  # 45 rows in groups of 10
+    seen: list[Any] = []
+    original = pq.ParquetFile.read_row_groups
+
+    def spy(self: pq.ParquetFile, row_groups: Any, *args: Any, **kwargs: Any) -> pa.Table:
+        seen.append((list(row_groups), kwargs.get("columns")))
+        return original(self, row_groups, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", spy)
+    source = ParquetSource(path, columns=["id", "x"])
+    shard = source.plan()
+    assert seen == []  # the plan reads footers only
+    batch = source.read(shard[0], 15, 31)
+    assert seen == [([1, 2, 3], ["id", "x"])]
+    assert batch.schema.names == ["id", "x"]
+    assert batch.column("id").to_pylist() == list(range(15, 31))
+    source.read(shard[0], 20, 20)
+    assert len(seen) == 1  # an empty range reads no data
+
+
+def test_list_columns_from_other_writers_become_tensors_when_declared(tmp_path: Path) -> None:
+    n = 12
+    flat = pa.array([[float(i)] * 6 for i in range(n)], pa.list_(pa.float32()))
+    path = tmp_path / "spark.parquet"
+    pq.write_table(pa.table({"x": flat, "id": np.arange(n)}), path, store_schema=False)
+    plain = ParquetSource(str(path))
+    assert pa.types.is_list(plain.read(plain.plan()[0], 0, 2).schema.field("x").type)
+    source = ParquetSource(str(path), tensors={"x": (2, 3)})
+    batch = source.read(source.plan()[0], 3, 9)
+    assert batch.schema.field("x").type == tensor_type(np.float32, (2, 3))
+    np.testing.assert_array_equal(column_to_numpy(batch.column("x"))[:, 1, 2], range(3, 9))
+    empty = source.read(source.plan()[0], 5, 5)
+    assert empty.schema.field("x").type == tensor_type(np.float32, (2, 3))
+
+
+def test_declared_tensor_with_a_wrong_row_names_file_and_row(tmp_path: Path) -> None:
+    rows = [[1.0, 2.0]] * 10
+    rows[7] = [1.0]
+    path = tmp_path / "ragged.parquet"
+    pq.write_table(pa.table({"v": pa.array(rows, pa.list_(pa.float32()))}), path, row_group_size=4)
+    source = ParquetSource(str(path), tensors={"v": (2,)})
+    shard = source.plan()[0]
+    assert source.read(shard, 0, 7).num_rows == 7
+    with pytest.raises(SchemaMismatchError) as info:
+        source.read(shard, 5, 10)
+    assert (info.value.path, info.value.index) == (str(path), 7)
+    assert f"{path}, record 7: column 'v': a list of 1 values" in str(info.value)
+
+
+def test_unknown_columns_name_the_file_and_what_it_has(files: list[tuple[str, pa.Table]]) -> None:
+    path, _ = files[0]
+    with pytest.raises(ConfigError, match=rf"{path}: no column\(s\) 'nope'.*id, x, vec, name"):
+        ParquetSource(path, columns=["id", "nope"]).plan()
+    with pytest.raises(ConfigError, match="not in columns"):
+        ParquetSource(path, columns=["id"], tensors={"vec": (2,)})
+    with pytest.raises(ConfigError, match="list of names"):
+        ParquetSource(path, columns="id")
+
+
+def test_pickled_source_reads_the_same(files: list[tuple[str, pa.Table]]) -> None:
+    source = ParquetSource([p for p, _ in files], columns=["name", "vec"], tensors={"vec": [2]})
+    shard = source.plan()[1]
+    blob = pickle.dumps(source)
+    assert len(blob) < 2000
+    clone = pickle.loads(blob)
+    assert clone.read(shard, 4, 30).equals(source.read(shard, 4, 30))
+    assert clone.read(shard, 4, 30).schema.field("vec").type == tensor_type(np.float64, (2,))
+
+
+def test_a_file_that_is_not_parquet_is_a_data_error(tmp_path: Path) -> None:
+    path = tmp_path / "junk.parquet"
+    path.write_bytes(b"not parquet at all")
+    with pytest.raises(DataError, match=rf"{path}.*not a readable Parquet file"):
+        ParquetSource(str(path)).plan()

@@ -1,0 +1,265 @@
+"""RecordFileSource over real TFRecord files: plans, ranges, decode errors, skips, pickling."""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from shmloader.errors import ConfigError, CorruptRecordError, DecodeError, SchemaMismatchError
+from shmloader.formats.tfrecord import RecordFile, write_records
+from shmloader.sources import RecordFileSource, Shard, Source, column_to_numpy
+
+DIM = 8
+SIZE = DIM * 4 + 8
+
+
+def payload(i: int) -> bytes:
+    return np.arange(i, i + DIM, dtype=np.float32).tobytes() + np.int64(i).tobytes()
+
+
+def decode(p: bytes) -> Mapping[str, Any]:
+    return {"x": np.frombuffer(p, np.float32, DIM), "y": np.frombuffer(p, np.int64, 1, DIM * 4)[0]}
+
+
+def decode_batch(ps: list[bytes]) -> Mapping[str, Any]:
+    raw = np.frombuffer(b"".join(ps), np.uint8).reshape(len(ps), SIZE)
+    return {"x": raw[:, : DIM * 4].view(np.float32), "y": raw[:, DIM * 4 :].view(np.int64)[:, 0]}
+
+
+def picky_decode(p: bytes) -> Mapping[str, Any]:
+    """Fails on labels divisible by 5 (and by 7 returns a record of another shape)."""
+    out = decode(p)
+    if out["y"] % 5 == 0:
+        raise ValueError(f"label {out['y']} is cursed")
+    if out["y"] % 7 == 0:
+        return {"x": np.zeros(3, np.float32), "y": out["y"]}
+    return out
+
+
+def picky_decode_batch(ps: list[bytes]) -> Mapping[str, Any]:
+    out = decode_batch(ps)
+    bad = out["y"] % 5 == 0
+    if bad.any():
+        raise ValueError(f"labels {out['y'][bad].tolist()} are cursed")
+    return out
+
+
+def var_decode(p: bytes) -> Mapping[str, Any]:
+    y = int(np.frombuffer(p, np.int64, 1, DIM * 4)[0])
+    return {"tok": np.arange(y % 4, dtype=np.int32), "name": f"r{y}", "raw": p[:2]}
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> list[tuple[str, list[int]]]:
+    """Three files (one empty), listed out of order on purpose; labels are global."""
+    spec = {"b.tfrecord": range(0, 37), "a.tfrecord": range(100, 150), "c.tfrecord": range(0)}
+    out = []
+    for name, labels in spec.items():
+        path = tmp_path / name
+        write_records(path, [payload(i) for i in labels])
+        out.append((str(path), list(labels)))
+    return sorted(out)
+
+
+def _expected(labels: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    x = np.stack([np.arange(i, i + DIM, dtype=np.float32) for i in labels]) if labels else None
+    return (x if x is not None else np.zeros((0, DIM), np.float32)), np.array(labels, np.int64)
+
+
+@pytest.mark.parametrize("mode", ["decode", "decode_batch"])
+def test_plan_counts_and_every_range_round_trips(
+    tmp_path: Path, files: list[tuple[str, list[int]]], mode: str
+) -> None:
+    kwargs: dict[str, Any] = {mode: decode if mode == "decode" else decode_batch}
+    source = RecordFileSource(str(tmp_path / "*"), **kwargs)
+    assert isinstance(source, Source)
+    plan = source.plan()
+    assert plan == [Shard(p, len(labels)) for p, labels in files]
+    for shard, (_, labels) in zip(plan, files, strict=True):
+        n = shard.num_records
+        bounds = sorted({0, 1, n // 3, n // 2, n - 1, n} & set(range(n + 1)))
+        for start in bounds:
+            for stop in [b for b in bounds if b >= start]:
+                batch = source.read(shard, start, stop)
+                x, y = _expected(labels[start:stop])
+                assert batch.num_rows == stop - start
+                assert batch.schema.field("x").type == pa.fixed_shape_tensor(pa.float32(), [DIM])
+                np.testing.assert_array_equal(column_to_numpy(batch.column("x")), x)
+                np.testing.assert_array_equal(column_to_numpy(batch.column("y")), y)
+    with pytest.raises(ConfigError, match="outside"):
+        source.read(plan[0], 0, plan[0].num_records + 1)
+
+
+def test_decode_and_decode_batch_give_identical_batches(files: list[tuple[str, list[int]]]) -> None:
+    path = files[0][0]
+    a, b = RecordFileSource(path, decode=decode), RecordFileSource(path, decode_batch=decode_batch)
+    shard = a.plan()[0]
+    assert a.read(shard, 3, 40).equals(b.read(shard, 3, 40))
+    assert a.schema == b.schema
+
+
+def test_without_decode_batches_hold_raw_payloads(files: list[tuple[str, list[int]]]) -> None:
+    source = RecordFileSource([p for p, _ in files])
+    shard = source.plan()[0]
+    batch = source.read(shard, 5, 9)
+    assert batch.schema == pa.schema([("record", pa.binary())])
+    assert batch.column("record").to_pylist() == [payload(i) for i in files[0][1][5:9]]
+    assert source.read(shard, 9, 9).schema == batch.schema
+
+
+def test_a_failing_decode_names_file_record_and_offset(files: list[tuple[str, list[int]]]) -> None:
+    path, _ = files[0]  # labels 100..149: record 5 has label 105
+    offsets = RecordFile(path).offsets
+    for kwargs in ({"decode": picky_decode}, {"decode_batch": picky_decode_batch}):
+        source = RecordFileSource(path, **kwargs)
+        shard = source.plan()[0]
+        with pytest.raises(DecodeError) as info:
+            source.read(shard, 1, 20)
+        err = info.value
+        assert (err.path, err.index, err.offset) == (path, 5, int(offsets[5]))
+        assert f"{path}, record 5, byte offset {int(offsets[5])}" in str(err)
+        assert isinstance(err.__cause__, ValueError) and "cursed" in str(err)
+
+
+def test_a_record_that_does_not_fit_the_schema_is_named(files: list[tuple[str, list[int]]]) -> None:
+    path, _ = files[0]  # labels 111..113: 112 (record 12) decodes to another shape
+    source = RecordFileSource(path, decode=picky_decode)
+    with pytest.raises(SchemaMismatchError) as info:
+        source.read(source.plan()[0], 11, 14)
+    offset = int(RecordFile(path).offsets[12])
+    assert (info.value.path, info.value.index, info.value.offset) == (path, 12, offset)
+    assert "column 'x': expected float32 array of shape (8,)" in str(info.value)
+
+
+def test_skip_reports_every_skipped_record(files: list[tuple[str, list[int]]]) -> None:
+    path, labels = files[0]
+    offsets = RecordFile(path).offsets
+    source = RecordFileSource(path, decode=picky_decode, on_error="skip")
+    shard = source.plan()[0]
+    result = source.read_result(shard, 0, shard.num_records)
+    bad_decode = [i for i, y in enumerate(labels) if y % 5 == 0]
+    bad_shape = [i for i, y in enumerate(labels) if y % 7 == 0 and y % 5 != 0]
+    assert [s.index for s in result.skipped] == sorted(bad_decode + bad_shape)
+    for s in result.skipped:
+        assert s.path == path and s.offset == int(offsets[s.index])
+        assert ("cursed" in s.error) if s.index in bad_decode else ("other shape" in s.error)
+    kept = [y for y in labels if y % 5 and y % 7]
+    assert result.batch.column("y").to_pylist() == kept
+    assert result.batch.num_rows + len(result.skipped) == shard.num_records
+    assert source.read(shard, 0, shard.num_records).equals(result.batch)
+
+
+def test_skip_with_decode_batch_isolates_bad_records(files: list[tuple[str, list[int]]]) -> None:
+    path, labels = files[0]
+    source = RecordFileSource(path, decode_batch=picky_decode_batch, on_error="skip")
+    shard = source.plan()[0]
+    result = source.read_result(shard, 2, 30)
+    window = labels[2:30]
+    assert [s.index for s in result.skipped] == [2 + i for i, y in enumerate(window) if y % 5 == 0]
+    assert result.batch.column("y").to_pylist() == [y for y in window if y % 5]
+    clean = source.read_result(shard, 1, 5)  # labels 101..104: nothing to skip
+    assert clean.skipped == () and clean.batch.num_rows == 4
+
+
+def test_corrupt_framing_is_raised_or_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "bad.tfrecord"
+    write_records(path, [payload(i) for i in range(6)])
+    offsets = RecordFile(str(path)).offsets
+    raw = bytearray(path.read_bytes())
+    raw[int(offsets[3]) + 12 + 5] ^= 0xFF  # a payload byte of record 3: its CRC fails
+    path.write_bytes(bytes(raw))
+    strict = RecordFileSource(str(path), decode=decode)
+    with pytest.raises(CorruptRecordError, match="record 3"):
+        strict.read(strict.plan()[0], 0, 6)
+    lenient = RecordFileSource(str(path), decode=decode, on_error="skip")
+    result = lenient.read_result(lenient.plan()[0], 0, 6)
+    assert [(s.index, s.offset) for s in result.skipped] == [(3, int(offsets[3]))]
+    assert "CRC" in result.skipped[0].error
+    assert result.batch.column("y").to_pylist() == [0, 1, 2, 4, 5]
+
+
+def test_given_schema_with_variable_length_text_and_bytes(
+    files: list[tuple[str, list[int]]],
+) -> None:
+    path, labels = files[0]
+    schema = pa.schema([("tok", pa.list_(pa.int32())), ("name", pa.string()), ("raw", pa.binary())])
+    source = RecordFileSource(path, decode=var_decode, schema=schema)
+    batch = source.read(source.plan()[0], 0, 8)
+    assert batch.schema == schema
+    assert batch.column("tok").to_pylist() == [list(range(y % 4)) for y in labels[:8]]
+    assert batch.column("name").to_pylist() == [f"r{y}" for y in labels[:8]]
+    # Inference takes a fixed shape from the first record that can give one (record 0 holds an
+    # empty array, so record 1), and then every record of another length is refused.
+    inferred = RecordFileSource(path, decode=var_decode)
+    with pytest.raises(SchemaMismatchError, match=rf"{path}, record 0.*'tok'.*\(1,\).*pa\.list_"):
+        inferred.read(inferred.plan()[0], 0, 8)
+
+
+def test_schema_is_inferred_from_the_first_decodable_record(
+    files: list[tuple[str, list[int]]],
+) -> None:
+    path, _ = files[0]  # label 100 (record 0) fails to decode
+    source = RecordFileSource(path, decode=picky_decode, on_error="skip")
+    assert source.schema.names == ["x", "y"]
+    strict = RecordFileSource(path, decode=picky_decode)
+    assert strict.schema == source.schema  # a bad record is reported by its own read
+    with pytest.raises(DecodeError, match="record 0"):
+        strict.read(strict.plan()[0], 0, 1)
+    hopeless = RecordFileSource(path, decode=_always_fails)
+    with pytest.raises(DecodeError, match=rf"all failed.*{path}, record 0, byte offset 0.*nope"):
+        _ = hopeless.schema
+
+
+def _always_fails(p: bytes) -> Mapping[str, Any]:
+    raise RuntimeError("nope")
+
+
+def test_pickled_source_reads_the_same_in_this_and_a_spawned_process(
+    files: list[tuple[str, list[int]]],
+) -> None:
+    source = RecordFileSource([p for p, _ in files], decode=decode)
+    shard = source.plan()[1]
+    expected = source.read(shard, 10, 30)
+    blob = pickle.dumps(source)
+    assert len(blob) < 2000  # paths, settings and the plan: no data, no open files
+    clone = pickle.loads(blob)
+    assert clone.plan() == source.plan()
+    assert clone.read(shard, 10, 30).equals(expected)
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        got = pool.submit(_read_in_child, blob, shard).result(timeout=120)
+    assert got.equals(expected)
+
+
+def _read_in_child(blob: bytes, shard: Shard) -> pa.RecordBatch:
+    return pickle.loads(blob).read(shard, 10, 30)
+
+
+def test_compressed_files_and_index_files_matched_by_globs(tmp_path: Path) -> None:
+    write_records(tmp_path / "z.tfrecord.gz", [payload(i) for i in range(9)], compression="gzip")
+    source = RecordFileSource(str(tmp_path / "*"), decode=decode)  # also matches *.shmidx
+    assert [s.num_records for s in source.plan()] == [9]
+    assert source.read(source.plan()[0], 4, 9).column("y").to_pylist() == [4, 5, 6, 7, 8]
+
+
+def test_configuration_errors(files: list[tuple[str, list[int]]], tmp_path: Path) -> None:
+    path = files[0][0]
+    with pytest.raises(ConfigError, match="not both"):
+        RecordFileSource(path, decode=decode, decode_batch=decode_batch)
+    with pytest.raises(ConfigError, match="needs decode"):
+        RecordFileSource(path, schema=pa.schema([("a", pa.int64())]))
+    with pytest.raises(ConfigError, match="on_error"):
+        RecordFileSource(path, on_error="ignore")
+    with pytest.raises(ConfigError, match="matches no file"):
+        RecordFileSource(str(tmp_path / "nothing*"))
+    source = RecordFileSource(path)
+    with pytest.raises(ConfigError, match="not one of this source's files"):
+        source.read(Shard(files[1][0], 37), 0, 1)
