@@ -20,8 +20,11 @@ Nothing else is stored: ``None``, dicts, objects, complex, datetime or string-dt
 :class:`DecodeError` naming the column. There are no nulls in columns built here.
 
 Casting is conservative: a numpy value may be cast only where numpy calls it ``safe``
-(int32 -> int64, float32 -> float64); Python numbers (which have no width) may be cast within
-their kind when the value fits (``1.5`` into a float32 column, ``7`` into a uint8 column).
+(int32 -> int64, float32 -> float64, int16 -> float32; not float64 -> float32). Python numbers
+carry no width, so they fill any column of a compatible kind if the value fits: an ``int`` any
+integer or float column (``7`` into uint8; ``300`` into uint8 is an error), a ``float`` any
+float column (``1.5`` into float32), a ``bool`` any numeric column. Lists of Python numbers
+follow the same rule for tensor and list columns.
 
 Errors raised here name the column; ``index`` on the exception is the record's *position in the
 list given* (the caller maps it to a file and a record number).

@@ -221,10 +221,12 @@ class RecordFileSource(BaseSource):
     ) -> None:
         """A record's decode raised: raise a DecodeError naming it, or record the skip."""
         idx, off = at
-        reason = exc.reason if isinstance(exc, DecodeError) else f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, DecodeError):  # ours (e.g. a schema mismatch) already says what
+            cls, reason = type(exc), exc.reason
+        else:
+            cls, reason = DecodeError, f"decode failed: {type(exc).__name__}: {exc}"
         if self.on_error == "raise":
-            cls = type(exc) if isinstance(exc, DecodeError) else DecodeError
-            raise cls(f"decode failed: {reason}", path=path, index=idx, offset=off) from exc
+            raise cls(reason, path=path, index=idx, offset=off) from exc
         skipped.append(SkippedRecord(path, idx, off, reason))
 
     def _infer_schema(self) -> pa.Schema:
