@@ -232,20 +232,25 @@ def test_ddp_ranks_read_only_their_queue_and_get_equal_records(policy: str) -> N
     for r in range(3):
         d.register(f"r{r}", 0.0, rank=r)
     per_rank: dict[tuple[int, int], int] = {}
+    read: dict[int, list[tuple[str, int]]] = {0: [], 1: []}
     for _ in range(2):
         for r in range(3):
             for x in d.lease(f"r{r}", 100, 0.0):
                 assert x.rank == r
                 key = (x.epoch, r)
                 per_rank[key] = per_rank.get(key, 0) + x.task.num_records
+                read[x.epoch].extend((x.task.path, i) for i in range(x.task.start, x.task.stop))
                 d.complete(x.lease_id, 0.0)
     expected = 8 if policy == "pad" else 7  # 22 records over 3 ranks
     assert per_rank == {(e, r): expected for e in range(2) for r in range(3)}
     p = d.progress()
     assert p.finished
-    assert [e.dropped_records for e in p.epochs] == ([0, 0] if policy == "pad" else [1, 1])
-    if policy == "drop":
-        assert all(len(e.dropped) == 1 and e.dropped[0].num_records == 1 for e in p.epochs)
+    every = {(s.path, i) for s in PLAN for i in range(s.num_records)}
+    for e in p.epochs:
+        dropped = {(t.path, i) for t in e.dropped for i in range(t.start, t.stop)}
+        assert e.dropped_records == len(dropped) == (0 if policy == "pad" else 1)
+        assert set(read[e.epoch]) == every - dropped  # pad: everything; drop: all but reported
+        assert len(read[e.epoch]) == 3 * expected
 
 
 def test_ddp_queue_of_a_dead_rank_waits_for_the_rank() -> None:

@@ -8,20 +8,17 @@ dispatcher with the same plan and schedule settings rebuilds the same state. See
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 from ..errors import ConfigError, LeaseError, MasterError
 from ..sources.base import Shard
 from . import state as _state
 from .epochs import DONE, OpenEpoch
-from .progress import (
-    DispatcherConfig,
-    EpochProgress,
-    Lease,
-    Progress,
-)
+from .progress import DispatcherConfig, EpochProgress, Lease, Progress
+from .state import ConsumerState
 from .tasks import TaskTable, records_per_rank
 from .updates import (
     ConsumerHeartbeat,
@@ -49,13 +46,6 @@ class UpdateSink(Protocol):
     def record(self, update: Update) -> None: ...
 
     def commit(self, now: float) -> None: ...
-
-
-@dataclass
-class _Consumer:
-    rank: int | None
-    last_seen: float
-    leases: set[int] = field(default_factory=set)
 
 
 class Dispatcher:
@@ -96,13 +86,13 @@ class Dispatcher:
         self._epochs_started = 0
         self._open: dict[int, OpenEpoch] = {}
         self._closed: list[EpochProgress] = []
-        self._consumers: dict[str, _Consumer] = {}
+        self._consumers: dict[str, ConsumerState] = {}
         self._leases: dict[int, Lease] = {}
         # Leases taken back (expired, holder gone) whose unit nobody has taken since: their
         # holder may still complete them. Keyed by lease id, and by (epoch, unit) to find them.
         self._lapsed: dict[int, Lease] = {}
         self._lapsed_by_unit: dict[tuple[int, int], int] = {}
-        self._gone: dict[int, str] = {}
+        self._gone: OrderedDict[int, str] = OrderedDict()
         self._counters = dict.fromkeys(COUNTERS, 0)
 
     # ----------------------------------------------------------------- queries
@@ -142,16 +132,7 @@ class Dispatcher:
 
     def register(self, consumer: str, now: float, rank: int | None = None) -> None:
         """Join (or re-join with the same rank); in DDP mode ``rank`` says whose queue it reads."""
-        if not isinstance(consumer, str) or not consumer:
-            raise MasterError(f"a consumer id must be a non-empty string, got {consumer!r}")
-        ws = self.config.world_size
-        if ws is None and rank is not None:
-            raise MasterError(f"consumer {consumer!r} gave rank {rank} but there is no world_size")
-        if ws is not None and (not isinstance(rank, int) or not 0 <= rank < ws):
-            raise MasterError(
-                f"consumer {consumer!r} must register with a rank in 0..{ws - 1} "
-                f"(world_size={ws}), got {rank!r}"
-            )
+        self.config.check_rank(consumer, rank)
         known = self._consumers.get(consumer)
         if known is not None and known.rank != rank:
             raise MasterError(
@@ -234,25 +215,33 @@ class Dispatcher:
         ``consumer_timeout``; both count as failed attempts (a task that kills its reader must
         end up quarantined, not loop forever). Call it periodically."""
         applied: list[Update] = []
-        timeout = self.config.consumer_timeout
         for name, c in sorted(self._consumers.items()):
-            if now - c.last_seen > timeout:
+            if now - c.last_seen > self.config.consumer_timeout:
                 for lease_id in sorted(c.leases):
-                    lease = self._leases[lease_id]
-                    why = (
-                        f"consumer {name!r} silent since t={c.last_seen} (holding lease {lease_id})"
+                    self._take_back(
+                        applied,
+                        lease_id,
+                        f"consumer {name!r} silent since "
+                        f"t={c.last_seen} (holding lease {lease_id})",
+                        now,
                     )
-                    applied.append(LeaseExpired(now, lease_id, why, self._exhausted(lease)))
-                    self.apply(applied[-1])
                 applied.append(ConsumerLeft(now, name, "timeout"))
                 self.apply(applied[-1])
         for lease_id, lease in sorted(self._leases.items()):
             if now > lease.deadline:
-                why = f"lease {lease_id} held by {lease.consumer!r} expired at t={lease.deadline}"
-                applied.append(LeaseExpired(now, lease_id, why, self._exhausted(lease)))
-                self.apply(applied[-1])
+                self._take_back(
+                    applied,
+                    lease_id,
+                    f"lease {lease_id} held by {lease.consumer!r} expired at t={lease.deadline}",
+                    now,
+                )
         self._commit(now)
         return applied
+
+    def _take_back(self, applied: list[Update], lease_id: int, why: str, now: float) -> None:
+        exhausted = self._exhausted(self._leases[lease_id])
+        applied.append(LeaseExpired(now, lease_id, why, exhausted))
+        self.apply(applied[-1])
 
     # ------------------------------------------------------------------- apply
 
@@ -293,7 +282,7 @@ class Dispatcher:
             raise MasterError(f"{u}: consumer is registered with rank {known.rank}")
         self._emit(u)
         if known is None:
-            self._consumers[u.consumer] = _Consumer(u.rank, u.now)
+            self._consumers[u.consumer] = ConsumerState(u.rank, u.now)
         else:
             known.last_seen = u.now
 
@@ -398,7 +387,7 @@ class Dispatcher:
         if self.sink is not None:
             self.sink.commit(now)
 
-    def _consumer(self, consumer: str) -> _Consumer:
+    def _consumer(self, consumer: str) -> ConsumerState:
         c = self._consumers.get(consumer)
         if c is None:
             raise MasterError(
@@ -459,7 +448,7 @@ class Dispatcher:
     def _forget(self, lease_id: int, why: str) -> None:
         self._gone[lease_id] = why
         while len(self._gone) > GONE_MEMORY:
-            del self._gone[next(iter(self._gone))]
+            self._gone.popitem(last=False)
 
     def _maybe_close(self, ep: OpenEpoch) -> None:
         if not ep.finished:

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MasterError
 from .tasks import DDP_POLICIES, Task
 
 # Settings that shape the task schedule: a journal or state_dict only fits a dispatcher that
@@ -52,6 +52,19 @@ class DispatcherConfig:
             raise ConfigError(f"ddp_policy must be one of {DDP_POLICIES}, got {self.ddp_policy!r}")
         if not isinstance(self.shuffle, bool):
             raise ConfigError(f"shuffle must be True or False, got {self.shuffle!r}")
+
+    def check_rank(self, consumer: str, rank: int | None) -> None:
+        """MasterError unless ``consumer`` is a usable id and ``rank`` fits the mode."""
+        if not isinstance(consumer, str) or not consumer:
+            raise MasterError(f"a consumer id must be a non-empty string, got {consumer!r}")
+        ws = self.world_size
+        if ws is None and rank is not None:
+            raise MasterError(f"consumer {consumer!r} gave rank {rank} but there is no world_size")
+        if ws is not None and (not isinstance(rank, int) or not 0 <= rank < ws):
+            raise MasterError(
+                f"consumer {consumer!r} must register with a rank in 0..{ws - 1} "
+                f"(world_size={ws}), got {rank!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -7,6 +7,8 @@ that disagree."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
@@ -25,6 +27,15 @@ if TYPE_CHECKING:
     from .dispatcher import Dispatcher
 
 STATE_FORMAT = 1
+
+
+@dataclass
+class ConsumerState:
+    """What the dispatcher knows of a registered consumer."""
+
+    rank: int | None
+    last_seen: float
+    leases: set[int] = field(default_factory=set)
 
 
 def schedule_key(table: TaskTable, config: DispatcherConfig) -> dict[str, Any]:
@@ -96,15 +107,13 @@ def load_state(d: Dispatcher, state: dict[str, Any]) -> None:
 
 
 def _load(d: Dispatcher, state: dict[str, Any]) -> None:
-    from .dispatcher import _Consumer
-
     d._reset()
     d._incarnation = int(state["incarnation"])
     d._next_lease_id = int(state["next_lease_id"])
     d._epochs_started = int(state["epochs_started"])
     d._closed = [EpochProgress.from_dict(p) for p in state["closed_epochs"]]
     for c in state["consumers"]:
-        d._consumers[str(c["consumer"])] = _Consumer(c["rank"], float(c["last_seen"]))
+        d._consumers[str(c["consumer"])] = ConsumerState(c["rank"], float(c["last_seen"]))
     leased: dict[int, list[int]] = {}
     for x in state["leases"]:
         leased.setdefault(int(x["epoch"]), []).append(int(x["unit"]))
@@ -119,7 +128,7 @@ def _load(d: Dispatcher, state: dict[str, Any]) -> None:
         lease = _lease(d, x)
         d._lapsed[lease.lease_id] = lease
         d._lapsed_by_unit[(lease.epoch, lease.unit)] = lease.lease_id
-    d._gone = {int(i): str(why) for i, why in state["gone"]}
+    d._gone = OrderedDict((int(i), str(why)) for i, why in state["gone"])
     d._counters.update({k: int(v) for k, v in state["counters"].items()})
 
 

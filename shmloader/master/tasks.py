@@ -9,6 +9,7 @@ plan of a million tasks must not become a million Python objects.
 from __future__ import annotations
 
 import hashlib
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -136,8 +137,13 @@ class EpochSchedule:
     def lengths(self) -> np.ndarray:
         return self.stop - self.start
 
+    @cached_property
+    def _bounds(self) -> list[int]:
+        return [int(b) for b in self.bounds]
+
     def queue_of(self, unit: int) -> int:
-        return int(np.searchsorted(self.bounds, unit, side="right")) - 1
+        # bisect on a list: numpy's per-call overhead dominates for one scalar
+        return bisect_right(self._bounds, unit) - 1
 
     def dropped_records(self) -> int:
         return sum(stop - start for _, start, stop in self.dropped)
