@@ -349,3 +349,17 @@ def test_update_records_reject_bad_json_with_clear_messages() -> None:
         decode_update(b'{"type": "Nope"}')
     with pytest.raises(CorruptRecordError, match=r"LeaseRenewed record has fields \['now'\]"):
         decode_update(b'{"type": "LeaseRenewed", "now": 1.0}')
+
+
+def test_a_damaged_state_dict_is_a_config_error_and_leaves_a_clean_dispatcher() -> None:
+    d = make(epochs=2)
+    _drive(d)
+    state = json.loads(json.dumps(d.state_dict()))
+    state["open_epochs"][0]["cursor"] = [999]
+    fresh = make(epochs=2)
+    with pytest.raises(ConfigError, match="damaged or incomplete"):
+        fresh.load_state_dict(state)
+    assert fresh.progress().epochs_started == 0
+    del state["schedule"]
+    with pytest.raises(ConfigError, match="another task schedule"):
+        fresh.load_state_dict(state)

@@ -4,6 +4,7 @@ See DESIGN.md, part 'master', and docs/master.md for the dispatcher's rules.
 """
 
 from .dispatcher import Dispatcher, UpdateSink
+from .journal import FSYNC_POLICIES, Journal, Recovery
 from .progress import (
     ConsumerProgress,
     DispatcherConfig,
@@ -15,14 +16,17 @@ from .progress import (
 from .tasks import EpochSchedule, Task, TaskTable, build_schedule, task_order
 
 __all__ = [
+    "FSYNC_POLICIES",
     "ConsumerProgress",
     "Dispatcher",
     "DispatcherConfig",
     "EpochProgress",
     "EpochSchedule",
+    "Journal",
     "Lease",
     "Progress",
     "QuarantinedTask",
+    "Recovery",
     "Task",
     "TaskTable",
     "UpdateSink",

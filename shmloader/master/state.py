@@ -11,7 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MasterError
 from .epochs import OpenEpoch
 from .progress import (
     SCHEDULE_FIELDS,
@@ -98,10 +98,11 @@ def load_state(d: Dispatcher, state: dict[str, Any]) -> None:
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         found = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise ConfigError(f"not a dispatcher state_dict of format {STATE_FORMAT} (got {found!r})")
-    check_schedule_key(schedule_key(d.table, d.config), state["schedule"], "the state_dict")
+    key = state.get("schedule") or {}
+    check_schedule_key(schedule_key(d.table, d.config), key, "the state_dict")
     try:
         _load(d, state)
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError, MasterError) as exc:
         d._reset()
         raise ConfigError(f"the state_dict is damaged or incomplete: {exc!r}") from exc
 
