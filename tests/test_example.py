@@ -10,6 +10,7 @@ import struct
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -379,3 +380,46 @@ def test_decoders_pickle_and_work_in_a_spawned_process() -> None:
         out = pool.apply(_decode_in_child, (decoder, payload))
     np.testing.assert_array_equal(out["x"], [3.0, 4.0])
     np.testing.assert_array_equal(out["y"], [7])
+
+
+# --- As the decode function of a record source ---
+
+
+def test_schema_and_use_in_record_file_source(tmp_path: Any) -> None:
+    from shmloader.formats.tfrecord import write_records
+    from shmloader.sources.records import RecordFileSource
+
+    spec = {
+        "x": FixedLenFeature((2, 2), "float32"),
+        "y": FixedLenFeature((), "int64"),
+        "s": FixedLenFeature((), "bytes"),
+        "ids": VarLenFeature("int64"),
+    }
+    assert ExampleDecoder(spec).schema == pa.schema(
+        [
+            pa.field("x", pa.fixed_shape_tensor(pa.float32(), (2, 2)), nullable=False),
+            pa.field("y", pa.int64(), nullable=False),
+            pa.field("s", pa.binary(), nullable=False),
+            pa.field("ids", pa.list_(pa.int64()), nullable=False),
+        ]
+    )
+    bytes_schema = ExampleDecoder({"a": FixedLenFeature(2, "bytes"), "b": VarLenFeature("bytes")})
+    assert bytes_schema.schema.types == [pa.list_(pa.binary()), pa.list_(pa.binary())]
+    path = tmp_path / "data.tfrecord"
+    write_records(
+        path,
+        (
+            encode_example(
+                {"x": np.full((2, 2), i, np.float32), "y": i, "s": f"s{i}", "ids": list(range(i))}
+            )
+            for i in range(5)
+        ),
+    )
+    for decoder in (ExampleDecoder(spec), ExampleBatchDecoder(spec)):
+        key = "decode" if isinstance(decoder, ExampleDecoder) else "decode_batch"
+        source = RecordFileSource(str(path), schema=decoder.schema, **{key: decoder})
+        (shard,) = source.plan()
+        batch = source.read(shard, 1, 4).to_pydict()
+        assert batch["y"] == [1, 2, 3] and batch["s"] == [b"s1", b"s2", b"s3"]
+        assert batch["ids"] == [[0], [0, 1], [0, 1, 2]]
+        assert batch["x"][0] == [1.0] * 4

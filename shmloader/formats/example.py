@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
+import pyarrow as pa
 from google.protobuf.message import DecodeError as ProtoDecodeError
 
 from .._proto import example_pb2 as pb
@@ -119,7 +120,8 @@ def _column_value(col: Column, feat: Any, index: int | None = None) -> Any:
     elif oneof != _ONEOF[col.kind]:
         found_kind = _KIND_OF[oneof]
         found = len(_raw_values(col, feat, found_kind, index))
-        raise _error(col, f"a {found_kind} list of {found} values", index)
+        article = "an" if found_kind == "int64" else "a"
+        raise _error(col, f"{article} {found_kind} list of {found} values", index)
     else:
         values = _raw_values(col, feat, col.kind, index)
     if col.shape is None:
@@ -143,12 +145,34 @@ class _DecoderBase:
         self.strict = bool(strict)
         self._names = frozenset(c.name for c in self.columns)
 
+    @property
+    def schema(self) -> pa.Schema:
+        """The Arrow schema of the decoded columns, for ``RecordFileSource(schema=...)``.
+
+        Sources infer a schema from the first record, which cannot know that a
+        variable-length feature varies; this one says so (``list<...>``). Fixed numeric
+        features with a shape are tensor columns (``fixed_shape_tensor``), scalars primitive
+        columns, bytes ``binary`` (a fixed bytes feature with a shape: ``list<binary>``).
+        """
+        return pa.schema([pa.field(c.name, _arrow_type(c), nullable=False) for c in self.columns])
+
     def __reduce__(self) -> tuple[Any, ...]:
         # Sent to spawned readers: the spec travels, the compiled plan is rebuilt there.
         return (_rebuild, (type(self), self.spec, self.strict))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec!r}, strict={self.strict})"
+
+
+def _arrow_type(col: Column) -> pa.DataType:
+    value = {"int64": pa.int64(), "float32": pa.float32(), "bytes": pa.binary()}[col.kind]
+    if col.shape is None:
+        return pa.list_(value)
+    if col.shape == ():
+        return value
+    if col.kind == "bytes":
+        return pa.list_(value)
+    return pa.fixed_shape_tensor(value, col.shape)
 
 
 def _rebuild(cls: type[_DecoderBase], spec: dict[str, Feature], strict: bool) -> _DecoderBase:
@@ -202,28 +226,28 @@ def _decode_column(col: Column, fmaps: list[Any]) -> object:
     if bad.size:
         row = rows[int(bad[0])]
         raise _error(col, f"{int(counts[bad[0]])} {col.kind} values", row)
+    shape = (len(fmaps), *col.shape)
+    if not other:
+        return values.reshape(shape)  # the common case: no copy beyond the join
     out = np.empty((len(fmaps), col.size), dtype=_NUMPY[col.kind])
     if rows:
-        block = values.reshape(len(rows), col.size)
-        if len(rows) == len(fmaps):
-            out[:] = block
-        else:
-            out[rows] = block
+        out[rows] = values.reshape(len(rows), col.size)
     for i, value in other.items():
         out[i] = np.reshape(value, -1)
-    return out.reshape((len(fmaps), *col.shape))
+    return out.reshape(shape)
 
 
 def _decode_runs(col: Column, runs: list[bytes], rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """All runs' values as one array, and how many values each run holds."""
     lengths = np.fromiter(map(len, runs), dtype=np.int64, count=len(runs))
-    data = b"".join(runs)
     if col.kind == "float32":
+        data: bytes | bytearray = bytearray().join(runs)  # one copy, and numpy may write it
         try:
             return wire.floats_from_bytes(data), lengths // 4
         except wire.MalformedList as exc:
             row = rows[int(np.flatnonzero(lengths % 4)[0])]
             raise DecodeError(f"feature {col.name!r}: {exc}", index=row) from exc
+    data = b"".join(runs)
     ends = wire.varint_ends(data)
     offsets = np.concatenate(([0], np.cumsum(lengths)))
     # A run must end on a varint's last byte, or its tail would merge into the next run.
