@@ -83,7 +83,7 @@ class Dispatcher:
     def _reset(self) -> None:
         self._incarnation = 0
         self._next_lease_id = 1
-        self._epochs_started = 0
+        self._epochs_started = self.config.first_epoch
         self._open: dict[int, OpenEpoch] = {}
         self._closed: list[EpochProgress] = []
         self._consumers: dict[str, ConsumerState] = {}
@@ -100,7 +100,7 @@ class Dispatcher:
     @property
     def finished(self) -> bool:
         planned = self.config.epochs
-        return planned is not None and len(self._closed) >= planned
+        return planned is not None and len(self._closed) >= planned - self.config.first_epoch
 
     def get_lease(self, lease_id: int) -> Lease:
         """The active lease ``lease_id``; LeaseError saying why when it is not active."""

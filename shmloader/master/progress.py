@@ -35,11 +35,18 @@ class DispatcherConfig:
     max_retries: int = 3
     world_size: int | None = None
     ddp_policy: str = "pad"
+    # Epochs before this one count as done: a job resumed from a checkpoint starts here.
+    first_epoch: int = 0
 
     def __post_init__(self) -> None:
         _check_int("records_per_task", self.records_per_task, 1)
+        _check_int("first_epoch", self.first_epoch, 0)
         if self.epochs is not None:
             _check_int("epochs", self.epochs, 1, "or None for unbounded")
+        if self.epochs is not None and self.first_epoch >= self.epochs:
+            raise ConfigError(
+                f"first_epoch {self.first_epoch} is past the last epoch (epochs={self.epochs})"
+            )
         _check_int("seed", self.seed, 0)
         _check_int("max_retries", self.max_retries, 0)
         if self.world_size is not None:
