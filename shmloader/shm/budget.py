@@ -70,7 +70,7 @@ _sealed_sizes: dict[str, dict[str, int]] = {}
 
 
 def usage(dataset_path: str) -> int:
-    """Bytes of all files but the lock; exact only under :func:`locked`."""
+    """Bytes of segments, sealed or being written; exact only under :func:`locked`."""
     try:
         entries = list(os.scandir(dataset_path))
     except FileNotFoundError as exc:
@@ -80,7 +80,9 @@ def usage(dataset_path: str) -> int:
     sealed: dict[str, int] = {}
     total = 0
     for entry in entries:
-        if entry.name == LOCK_NAME:
+        # Only segments (sealed or being written) hold budget; other files (the lock, the
+        # dataset's gather ledger folder) are bookkeeping.
+        if not entry.name.startswith(SEGMENT_PREFIX) and parse_temp_name(entry.name) is None:
             continue
         size = known.get(entry.name)
         if size is None:

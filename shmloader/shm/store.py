@@ -203,6 +203,18 @@ class StoreHandle:
                 errno.ENOENT, f"segment {name} is not in the store (released twice?)", path
             ) from exc
 
+    def rename(self, name: str, new_name: str) -> None:
+        """Give a sealed segment another segment name (the trainer numbers them by slot).
+
+        Done under the budget lock so that a concurrent ``usage`` scan never misses the file.
+        """
+        self.drop(name)
+        src, dst = self._segment_path(name), self._segment_path(new_name)
+        with _budget.locked(self.path):
+            if os.path.exists(dst):
+                raise FileExistsError(errno.EEXIST, f"segment {new_name} exists already", dst)
+            os.rename(src, dst)
+
     def in_use(self) -> int:
         """Bytes held by sealed and unsealed segments now (exact: taken under the lock)."""
         with _budget.locked(self.path):
