@@ -1,8 +1,11 @@
-"""The master: a pure dispatcher (tasks, epochs, leases) and its write-ahead journal.
+"""The master: a pure dispatcher (tasks, epochs, leases), its write-ahead journal, and the
+gRPC layer that serves it (:class:`Master`) and talks to it (:class:`MasterClient`).
 
 See DESIGN.md, part 'master', and docs/master.md for the dispatcher's rules.
 """
 
+from ._convert import ConsumerInfo, EpochInfo, LeaseInfo, LeaseReply
+from .client import MasterClient, RenewError
 from .dispatcher import Dispatcher, UpdateSink
 from .journal import FSYNC_POLICIES, Journal, Recovery
 from .progress import (
@@ -13,20 +16,28 @@ from .progress import (
     Progress,
     QuarantinedTask,
 )
+from .server import Master
 from .tasks import EpochSchedule, Task, TaskTable, build_schedule, task_order
 
 __all__ = [
     "FSYNC_POLICIES",
+    "ConsumerInfo",
     "ConsumerProgress",
     "Dispatcher",
     "DispatcherConfig",
+    "EpochInfo",
     "EpochProgress",
     "EpochSchedule",
     "Journal",
     "Lease",
+    "LeaseInfo",
+    "LeaseReply",
+    "Master",
+    "MasterClient",
     "Progress",
     "QuarantinedTask",
     "Recovery",
+    "RenewError",
     "Task",
     "TaskTable",
     "UpdateSink",

@@ -1,0 +1,141 @@
+"""``shmloader master``: serve one job's tasks to trainers on many nodes.
+
+Plans the dataset (the format is chosen from the file names), serves until SIGINT or SIGTERM,
+then stops gracefully and prints where the job stands. The first line printed is
+``shmloader master listening on HOST:PORT``, flushed at once, so scripts can wait for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+from ..errors import ShmloaderError
+from ..master.progress import Progress
+from ..master.server import Master
+from ..sources.factory import source_for_paths
+
+TOKEN_ENV = "SHMLOADER_TOKEN"
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "master",
+        help="serve a dataset's tasks over gRPC to trainers on other nodes",
+        description=(
+            "Plan SOURCE (files, globs or a Hugging Face save_to_disk folder; the format comes "
+            "from the extension) and lease its tasks to consumers until SIGINT/SIGTERM. "
+            "With --journal the state survives a crash: restart with the same arguments."
+        ),
+    )
+    p.add_argument("sources", nargs="+", metavar="SOURCE", help="data files, globs or folders")
+    p.add_argument("--records-per-task", type=int, required=True, metavar="N")
+    p.add_argument("--epochs", type=int, default=1, metavar="E", help="0: unbounded (default 1)")
+    p.add_argument(
+        "--shuffle",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="seeded shuffle of the task order per epoch (default: on)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="0: any free port (default)")
+    p.add_argument("--journal", metavar="DIR", help="write-ahead journal directory (local disk)")
+    p.add_argument("--fsync", choices=("always", "batch", "never"), default="batch")
+    p.add_argument("--token", help=f"shared secret clients must send (default: ${TOKEN_ENV})")
+    p.add_argument("--tls-cert", metavar="FILE", help="certificate chain (PEM)")
+    p.add_argument("--tls-key", metavar="FILE", help="private key (PEM)")
+    p.add_argument("--world-size", type=int, metavar="N", help="DDP: equal shares for N ranks")
+    p.add_argument("--ddp-policy", choices=("pad", "drop"), default="pad")
+    p.add_argument("--lease-timeout", type=float, default=60.0, metavar="S")
+    p.add_argument("--consumer-timeout", type=float, default=60.0, metavar="S")
+    p.add_argument("--max-retries", type=int, default=3)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if (args.tls_cert is None) != (args.tls_key is None):
+        print("shmloader master: give both --tls-cert and --tls-key, or neither", file=sys.stderr)
+        return 2
+    if args.epochs < 0:
+        print("shmloader master: --epochs must be >= 0 (0: unbounded)", file=sys.stderr)
+        return 2
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    try:
+        tls = None
+        if args.tls_cert is not None:
+            with open(args.tls_key, "rb") as key, open(args.tls_cert, "rb") as cert:
+                tls = (key.read(), cert.read())
+        master = Master(
+            source_for_paths(args.sources),
+            records_per_task=args.records_per_task,
+            epochs=args.epochs or None,
+            shuffle=args.shuffle,
+            seed=args.seed,
+            world_size=args.world_size,
+            ddp_policy=args.ddp_policy,
+            lease_timeout=args.lease_timeout,
+            consumer_timeout=args.consumer_timeout,
+            max_retries=args.max_retries,
+            journal=args.journal,
+            fsync=args.fsync,
+            host=args.host,
+            port=args.port,
+            token=token,
+            tls=tls,
+        )
+        master.start()
+    except (ShmloaderError, OSError) as exc:
+        print(f"shmloader master: {exc}", file=sys.stderr)
+        return 1
+    if args.host not in _LOOPBACK and (token is None or tls is None):
+        missing = " and ".join(w for w, v in (("--token", token), ("TLS", tls)) if v is None)
+        print(
+            f"shmloader master: warning: listening beyond loopback without {missing}",
+            file=sys.stderr,
+        )
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        print(f"shmloader master listening on {master.address}", flush=True)
+        while not stop.wait(3600):
+            pass
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        master.stop()
+    print(summary(master.progress()), flush=True)
+    return 0
+
+
+def summary(p: Progress) -> str:
+    """Final words: epochs, records done and lost, and the counters."""
+    planned = "unbounded" if p.epochs_planned is None else str(p.epochs_planned)
+    lines = [
+        f"stopped: {p.epochs_finished} of {planned} epoch(s) finished, {p.num_tasks} tasks, "
+        f"{p.total_records} records per epoch"
+    ]
+    for e in p.epochs:
+        state = "finished" if e.finished else "open"
+        lines.append(
+            f"  epoch {e.epoch} ({state}): {e.done_records}/{e.total_records} records done, "
+            f"{e.leased_records} leased, {e.quarantined_records} quarantined, "
+            f"{e.dropped_records} dropped"
+        )
+        lines.extend(
+            f"    quarantined task {q.task.task_id} ({q.task.path} [{q.task.start}, "
+            f"{q.task.stop})): {q.error}"
+            for q in e.quarantined
+        )
+    lines.append("  " + ", ".join(f"{k} {v}" for k, v in sorted(p.counters.items())))
+    return "\n".join(lines)

@@ -1,0 +1,354 @@
+"""``MasterClient``: the consumer side of the master's gRPC protocol.
+
+What it adds to plain stubs, so that readers and trainers need no gRPC code of their own:
+
+* a deadline (``timeout``) on every call, and retries with exponential backoff for up to
+  ``retry_for`` seconds while the master is UNAVAILABLE (restarting, not up yet), and on
+  DEADLINE_EXCEEDED for calls that are safe to repeat;
+* errors as ours: FAILED_PRECONDITION / NOT_FOUND of lease calls (renew, complete, fail)
+  become :class:`LeaseError`, everything else :class:`MasterError`, with the master's words;
+* a master that restarted without its journal (or declared a consumer dead) answers
+  "unknown consumer": the client registers that consumer again, with the rank it registered
+  with, and retries the call once, so user code does not notice;
+* an optional heartbeat thread per consumer that keeps going across master restarts.
+
+One client may be used from many threads. gRPC channels do not survive ``fork``: create the
+client inside the process that uses it (it refuses to work in a forked child).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from .._proto import master_pb2 as pb
+from .._proto import master_pb2_grpc as pb_grpc
+from ..errors import ConfigError, LeaseError, MasterError
+from ._convert import (
+    ConsumerInfo,
+    EpochInfo,
+    LeaseInfo,
+    LeaseReply,
+    lease_from_msg,
+    progress_from_msg,
+    register_from_msg,
+)
+from .progress import Progress
+from .service import MAX_ERROR_CHARS, REASON_KEY, UNKNOWN_CONSUMER
+
+log = logging.getLogger(__name__)
+
+_FIRST_BACKOFF = 0.05
+_MAX_BACKOFF = 2.0
+_CHANNEL_OPTIONS = [
+    # Reconnect quickly after a master restart (gRPC's default backoff grows to 2 minutes).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    # Progress reports of long jobs with many quarantined tasks can exceed the 4 MiB default.
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    # Our own retry loop decides what is safe to repeat.
+    ("grpc.enable_retries", 0),
+]
+
+
+class RenewError(LeaseError):
+    """Some leases of a renew were not active; the others were renewed.
+
+    ``renewed`` maps lease id -> new deadline, ``not_active`` lease id -> the master's reason.
+    """
+
+    def __init__(self, renewed: dict[int, float], not_active: dict[int, str]) -> None:
+        self.renewed = renewed
+        self.not_active = not_active
+        super().__init__("; ".join(not_active.values()))
+
+
+class MasterClient:
+    """Talks to a master at ``address`` (``host:port``); see the module docstring.
+
+    ``root_certificates`` (PEM) switches to TLS; ``token`` is sent with every call.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        root_certificates: bytes | None = None,
+        timeout: float = 10.0,
+        retry_for: float = 30.0,
+    ) -> None:
+        if not isinstance(address, str) or not address:
+            raise ConfigError(f"address must be 'host:port', got {address!r}")
+        if not timeout > 0 or not retry_for >= 0:
+            raise ConfigError(f"timeout must be > 0 and retry_for >= 0, got {timeout}, {retry_for}")
+        self.address = address
+        self.timeout = float(timeout)
+        self.retry_for = float(retry_for)
+        if root_certificates is None:
+            self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        else:
+            creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+            self._channel = grpc.secure_channel(address, creds, options=_CHANNEL_OPTIONS)
+        self._stub = pb_grpc.MasterStub(self._channel)
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._ranks: dict[str, int | None] = {}  # consumers registered through this client
+        self._infos: dict[str, ConsumerInfo] = {}
+        self._heartbeats: dict[str, tuple[threading.Thread, threading.Event]] = {}
+        self._closing = threading.Event()
+
+    # ------------------------------------------------------------------ consumers
+
+    def register(self, consumer: str, rank: int | None = None) -> ConsumerInfo:
+        """Join the job (again: harmless). The client remembers ``rank`` to re-register."""
+        request = pb.RegisterRequest(consumer=consumer, rank=rank)
+        info = register_from_msg(self._call("Register", request, idempotent=True))
+        with self._lock:
+            self._ranks[consumer] = rank
+            self._infos[consumer] = info
+        return info
+
+    def heartbeat(self, consumer: str) -> None:
+        self._call("Heartbeat", pb.ConsumerRequest(consumer=consumer), True, consumer=consumer)
+
+    def leave(self, consumer: str) -> None:
+        """Unregister (leases go back to the queue at once); a no-op if the master does not
+        know the consumer (any more). Also stops the consumer's heartbeat thread."""
+        self._stop_heartbeat(consumer)
+        with self._lock:
+            self._ranks.pop(consumer, None)
+            self._infos.pop(consumer, None)
+        try:
+            self._invoke("Leave", pb.ConsumerRequest(consumer=consumer), idempotent=True)
+        except grpc.RpcError as exc:
+            if _reason(exc) != UNKNOWN_CONSUMER:
+                raise self._error("Leave", exc) from exc
+
+    # --------------------------------------------------------------------- leases
+
+    def lease(self, consumer: str, max_tasks: int = 1) -> LeaseReply:
+        """Up to ``max_tasks`` leases; none when nothing is available right now."""
+        request = pb.LeaseRequest(consumer=consumer, max_tasks=max_tasks)
+        reply = self._call("Lease", request, False, consumer=consumer)
+        return LeaseReply([lease_from_msg(m) for m in reply.leases], reply.finished)
+
+    def renew(self, lease_ids: Sequence[int]) -> dict[int, float]:
+        """Extend leases; returns their new deadlines. :class:`RenewError` (a LeaseError)
+        if some were not active: the others are renewed and listed in it."""
+        if not lease_ids:
+            return {}
+        reply = self._call("Renew", pb.RenewRequest(lease_ids=lease_ids), True, lease=True)
+        renewed = dict(reply.deadlines)
+        if reply.not_active:
+            raise RenewError(renewed, {p.lease_id: p.error for p in reply.not_active})
+        return renewed
+
+    def complete(self, lease_id: int) -> None:
+        self._call("Complete", pb.CompleteRequest(lease_id=lease_id), False, lease=True)
+
+    def fail(self, lease_id: int, error: str) -> None:
+        """Report that the lease's task could not be read; long messages are shortened."""
+        if len(error) > MAX_ERROR_CHARS:
+            cut = f" ... [cut: {len(error)} characters in all]"
+            error = error[: MAX_ERROR_CHARS - len(cut)] + cut
+        self._call("Fail", pb.FailRequest(lease_id=lease_id, error=error), False, lease=True)
+
+    # -------------------------------------------------------------------- queries
+
+    def epoch_info(self, consumer: str, epoch: int) -> EpochInfo:
+        """Units and records of ``consumer``'s queue in ``epoch`` (also before it starts)."""
+        request = pb.EpochInfoRequest(consumer=consumer, epoch=epoch)
+        reply = self._call("EpochInfo", request, True, consumer=consumer)
+        return EpochInfo(reply.epoch, reply.num_tasks, reply.num_records)
+
+    def progress(self) -> Progress:
+        return progress_from_msg(self._call("Progress", pb.Empty(), True))
+
+    # ------------------------------------------------------------------ heartbeat
+
+    def start_heartbeat(self, consumer: str, interval: float | None = None) -> None:
+        """Heartbeat ``consumer`` from a daemon thread until :meth:`leave` or :meth:`close`.
+
+        ``interval`` defaults to a quarter of the master's ``consumer_timeout`` (known once
+        the consumer registered through this client), else 1 s. Failures are logged and the
+        thread keeps trying, so it carries on after the master comes back.
+        """
+        with self._lock:
+            if consumer in self._heartbeats:
+                return
+            if interval is None:
+                info = self._infos.get(consumer)
+                interval = info.consumer_timeout / 4 if info is not None else 1.0
+            if not interval > 0:
+                raise ConfigError(f"interval must be > 0 seconds, got {interval}")
+            stop = threading.Event()
+            thread = threading.Thread(
+                target=self._beat,
+                args=(consumer, interval, stop),
+                name=f"shmloader-heartbeat-{consumer}",
+                daemon=True,
+            )
+            self._heartbeats[consumer] = (thread, stop)
+        thread.start()
+
+    def _beat(self, consumer: str, interval: float, stop: threading.Event) -> None:
+        while not stop.wait(interval) and not self._closing.is_set():
+            try:
+                self.heartbeat(consumer)
+            except MasterError as exc:
+                if self._closing.is_set() or stop.is_set():
+                    return
+                log.warning("heartbeat of consumer %r failed (will retry): %s", consumer, exc)
+
+    def _stop_heartbeat(self, consumer: str) -> None:
+        with self._lock:
+            entry = self._heartbeats.pop(consumer, None)
+        if entry is not None:
+            entry[1].set()
+            if entry[0] is not threading.current_thread():
+                entry[0].join(self.timeout)
+
+    def close(self) -> None:
+        """Stop heartbeat threads and close the channel (in-flight calls are cancelled)."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        with self._lock:
+            beats = list(self._heartbeats.values())
+            self._heartbeats.clear()
+        for _, stop in beats:
+            stop.set()
+        if os.getpid() == self._pid:
+            self._channel.close()
+        for thread, _ in beats:
+            thread.join(self.timeout)
+
+    def __enter__(self) -> MasterClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"MasterClient({self.address!r})"
+
+    # ------------------------------------------------------------------- plumbing
+
+    def _call(
+        self,
+        method: str,
+        request: Any,
+        idempotent: bool,
+        *,
+        consumer: str | None = None,
+        lease: bool = False,
+    ) -> Any:
+        """One RPC with retries; re-register ``consumer`` and retry once if it is unknown."""
+        try:
+            return self._invoke(method, request, idempotent)
+        except grpc.RpcError as exc:
+            if consumer is None or _reason(exc) != UNKNOWN_CONSUMER:
+                raise self._error(method, exc, lease) from exc
+            with self._lock:
+                known = consumer in self._ranks
+                rank = self._ranks.get(consumer)
+            if not known:
+                raise self._error(method, exc, lease) from exc
+            log.info("master forgot consumer %r; registering it again", consumer)
+        self.register(consumer, rank)
+        try:
+            return self._invoke(method, request, idempotent)
+        except grpc.RpcError as exc:
+            raise self._error(method, exc, lease) from exc
+
+    def _invoke(self, method: str, request: Any, idempotent: bool) -> Any:
+        """Call until an answer, retrying UNAVAILABLE (and DEADLINE_EXCEEDED when
+        ``idempotent``) with exponential backoff for up to ``retry_for`` seconds."""
+        stub: Callable[..., Any] = getattr(self._stub, method)
+        give_up = time.monotonic() + self.retry_for
+        delay = _FIRST_BACKOFF
+        while True:
+            self._check_usable()
+            try:
+                return stub(request, timeout=self.timeout, metadata=self._metadata)
+            except grpc.RpcError as exc:
+                code = _code(exc)
+                again = code == grpc.StatusCode.UNAVAILABLE or (
+                    idempotent and code == grpc.StatusCode.DEADLINE_EXCEEDED
+                )
+                if not again or time.monotonic() + delay > give_up:
+                    raise
+            except ValueError as exc:  # grpc: "Cannot invoke RPC on closed channel!"
+                self._check_usable()
+                raise MasterError(f"{method} to the master at {self.address}: {exc}") from exc
+            if self._closing.wait(delay):
+                self._check_usable()
+            delay = min(delay * 2, _MAX_BACKOFF)
+
+    def _check_usable(self) -> None:
+        if os.getpid() != self._pid:
+            raise MasterError(
+                "this MasterClient was created in another process; gRPC channels do not "
+                "survive fork: create a MasterClient in each process"
+            )
+        if self._closing.is_set():
+            raise MasterError(f"the MasterClient for {self.address} is closed")
+
+    def _error(self, method: str, exc: grpc.RpcError, lease: bool = False) -> MasterError:
+        code = _code(exc)
+        details = getattr(exc, "details", lambda: None)() or str(exc)
+        if lease and code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+            return LeaseError(details)
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return MasterError(
+                f"the master at {self.address} is unreachable (retried for {self.retry_for}s): "
+                f"{details}"
+            )
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return MasterError(
+                f"{method}: the master at {self.address} did not answer within {self.timeout}s"
+            )
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return MasterError(f"the master at {self.address} refused the token: {details}")
+        name = code.name if code is not None else "UNKNOWN"
+        return MasterError(f"{method} refused by the master at {self.address} ({name}): {details}")
+
+
+def _code(exc: grpc.RpcError) -> grpc.StatusCode | None:
+    code = getattr(exc, "code", None)
+    return code() if callable(code) else None
+
+
+def _reason(exc: grpc.RpcError) -> str | None:
+    trailing = getattr(exc, "trailing_metadata", None)
+    for key, value in (trailing() if callable(trailing) else None) or ():
+        if key == REASON_KEY:
+            return str(value)
+    return None
+
+
+__all__ = [
+    "ConsumerInfo",
+    "EpochInfo",
+    "LeaseInfo",
+    "LeaseReply",
+    "MasterClient",
+    "RenewError",
+]

@@ -1,0 +1,287 @@
+"""``Master``: the dispatcher served over gRPC, embedded in a process or standalone.
+
+One object owns the dispatcher (or the journal that recovers it), the gRPC server, the lock
+every request takes, and a timer thread that calls ``expire`` about once a second (which also
+lets the journal's "batch" fsync policy act while the job is idle). It binds loopback unless
+told otherwise; with ``token`` every call must carry ``authorization: Bearer <token>``, with
+``tls`` the channel is encrypted. The standard ``grpc.health.v1`` service reports SERVING
+until shutdown starts.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from .._proto import master_pb2_grpc as pb_grpc
+from ..errors import ConfigError, MasterError
+from ..sources.base import Shard, Source
+from .dispatcher import Dispatcher
+from .journal import FSYNC_POLICIES, Journal
+from .progress import DispatcherConfig, Progress
+from .service import MAX_REQUEST_BYTES, MasterService
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "shmloader.master.Master"
+_WORKERS = 16
+T = TypeVar("T")
+
+
+class Master:
+    """Tasks, epochs and leases of one job, served over gRPC; see docs/master.md.
+
+    ``source_or_plan`` is a Source (its ``plan()`` is called once, here) or a list of Shards.
+    With ``journal=DIR`` the state is journaled there and recovered on the next start with the
+    same plan and schedule settings. ``tls`` is ``(private key PEM, certificate chain PEM)``.
+    """
+
+    def __init__(
+        self,
+        source_or_plan: Source | Sequence[Shard],
+        *,
+        records_per_task: int,
+        epochs: int | None = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        world_size: int | None = None,
+        ddp_policy: str = "pad",
+        lease_timeout: float = 60.0,
+        consumer_timeout: float = 60.0,
+        max_retries: int = 3,
+        journal: str | os.PathLike[str] | None = None,
+        fsync: str = "batch",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        tls: tuple[bytes, bytes] | None = None,
+    ) -> None:
+        self.plan = _plan_of(source_or_plan)
+        self.config = DispatcherConfig(
+            records_per_task=records_per_task,
+            epochs=epochs,
+            shuffle=shuffle,
+            seed=seed,
+            lease_timeout=lease_timeout,
+            consumer_timeout=consumer_timeout,
+            max_retries=max_retries,
+            world_size=world_size,
+            ddp_policy=ddp_policy,
+        )
+        if fsync not in FSYNC_POLICIES:
+            raise ConfigError(f"fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")
+        if not isinstance(host, str) or not host:
+            raise ConfigError(f"host must be a non-empty string, got {host!r}")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ConfigError(f"port must be an int in 0..65535 (0: any free port), got {port!r}")
+        if token is not None and (not isinstance(token, str) or not token):
+            raise ConfigError("token must be a non-empty string or None")
+        if tls is not None and not (
+            isinstance(tls, tuple) and len(tls) == 2 and all(isinstance(x, bytes) for x in tls)
+        ):
+            raise ConfigError("tls must be (private key PEM bytes, certificate chain PEM bytes)")
+        self.journal_dir = None if journal is None else os.fspath(journal)
+        self.fsync = fsync
+        self.host = host
+        self.port = port
+        self._token = token
+        self._tls = tls
+        self._lock = threading.Lock()
+        self._journal: Journal | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._server: grpc.Server | None = None
+        self._health: health.HealthServicer | None = None
+        self._ticker: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._stopped = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> Master:
+        """Recover or create the dispatcher, bind, serve, and start the expiry timer."""
+        if self._server is not None or self._stopped:
+            raise MasterError("this Master was started already; create a new one to serve again")
+        if self.journal_dir is not None:
+            self._journal = Journal.open(
+                self.journal_dir, self.plan, self.config, time.time(), fsync=self.fsync
+            )
+            self._dispatcher = self._journal.dispatcher
+        else:
+            self._dispatcher = Dispatcher(self.plan, self.config)
+        try:
+            self._serve(MasterService(self._dispatcher, self._lock))
+        except BaseException:
+            self._close_journal()
+            raise
+        return self
+
+    def _serve(self, service: MasterService) -> None:
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="shmloader-master"),
+            interceptors=[_TokenCheck(self._token)] if self._token is not None else None,
+            options=[
+                # Never share a port with another live server (gRPC allows it by default).
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+            ],
+        )
+        pb_grpc.add_MasterServicer_to_server(service, server)
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        target = f"{_bracket(self.host)}:{self.port}"
+        try:
+            if self._tls is None:
+                port = server.add_insecure_port(target)
+            else:
+                creds = grpc.ssl_server_credentials([self._tls])
+                port = server.add_secure_port(target, creds)
+        except RuntimeError as exc:
+            raise MasterError(f"cannot listen on {target}: {exc}") from exc
+        if port == 0:
+            raise MasterError(f"cannot listen on {target} (in use, or not an address here)")
+        self.port = port
+        server.start()
+        self._server = server
+        for name in ("", SERVICE_NAME):
+            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        interval = min(1.0, self.config.lease_timeout / 4, self.config.consumer_timeout / 4)
+        self._ticker = threading.Thread(
+            target=self._tick,
+            args=(service, max(interval, 0.05)),
+            name="shmloader-master-expiry",
+            daemon=True,
+        )
+        self._ticker.start()
+        log.info("shmloader master listening on %s", self.address)
+
+    def _tick(self, service: MasterService, interval: float) -> None:
+        while not self._stopping.wait(interval):
+            try:
+                service.expire()
+            except Exception:
+                # The next tick tries again; a journal that cannot be written also fails the
+                # requests, which tell their callers.
+                log.exception("master: expiring leases failed")
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """Stop serving (in-flight calls get ``grace`` seconds), then close the journal."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._health is not None:
+            self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            self._server.stop(grace).wait()
+        self._stopping.set()
+        if self._ticker is not None:
+            self._ticker.join()
+        self._close_journal()
+
+    def _close_journal(self) -> None:
+        with self._lock:
+            if self._journal is not None:
+                self._journal.close()
+
+    def __enter__(self) -> Master:
+        """Starts the master unless it runs already (``with Master(...).start() as m`` works)."""
+        return self if self._server is not None else self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -------------------------------------------------------------------- queries
+
+    @property
+    def address(self) -> str:
+        """``host:port`` to give clients (the bound port once started)."""
+        return f"{_bracket(self.host)}:{self.port}"
+
+    @property
+    def journal(self) -> Journal | None:
+        return self._journal
+
+    def progress(self) -> Progress:
+        """The dispatcher's progress report, read in-process under the lock."""
+        return self.dispatcher_call(lambda d: d.progress())
+
+    def dispatcher_call(self, fn: Callable[[Dispatcher], T]) -> T:
+        """Run ``fn(dispatcher)`` under the lock every request takes."""
+        if self._dispatcher is None:
+            raise MasterError("the master has not been started")
+        with self._lock:
+            return fn(self._dispatcher)
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stopped else "serving" if self._server else "not started"
+        return f"Master({self.address}, {len(self.plan)} shards, {state})"
+
+
+def _plan_of(source_or_plan: Source | Sequence[Shard]) -> list[Shard]:
+    plan_fn = getattr(source_or_plan, "plan", None)
+    plan = list(plan_fn() if callable(plan_fn) else source_or_plan)  # type: ignore[arg-type]
+    for i, shard in enumerate(plan):
+        if not isinstance(shard, Shard):
+            raise ConfigError(f"plan entry {i} is a {type(shard).__name__}, not a Shard")
+    return plan
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+class _TokenCheck(grpc.ServerInterceptor):
+    """Refuse (UNAUTHENTICATED) any call without ``authorization: Bearer <token>``.
+
+    Compared with ``hmac.compare_digest`` so the time taken says nothing about the token.
+    """
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    def intercept_service(
+        self, continuation: Callable[[Any], Any], details: grpc.HandlerCallDetails
+    ) -> Any:
+        handler = continuation(details)
+        if handler is None:
+            return None
+        given = ""
+        for key, value in details.invocation_metadata or ():
+            if key == "authorization":
+                given = value if isinstance(value, str) else ""
+        if hmac.compare_digest(given.encode(), self._expected):
+            return handler
+        return _refusal(handler)
+
+
+def _deny(request: Any, context: grpc.ServicerContext) -> Any:
+    context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
+
+
+def _refusal(handler: Any) -> Any:
+    """A handler of the same kind as ``handler`` that refuses the call."""
+    serde = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(_deny, **serde)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(_deny, **serde)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(_deny, **serde)
+    return grpc.stream_stream_rpc_method_handler(_deny, **serde)

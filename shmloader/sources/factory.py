@@ -1,0 +1,108 @@
+"""Pick a source class from file names, so a command line can take plain paths.
+
+``shmloader master data/*.tfrecord`` must plan without being told the format. Classes are
+imported only when chosen, so a format's optional machinery costs nothing unless used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from .._fs import _GLOB_CHARS, expand_paths, resolve
+from ..errors import ConfigError
+from ..formats.index import INDEX_SUFFIX
+from .base import Source
+
+# kind -> (module in shmloader.sources, class name)
+_CLASSES = {
+    "records": ("records", "RecordFileSource"),
+    "parquet": ("parquet", "ParquetSource"),
+    "arrow": ("arrow", "ArrowSource"),
+    "csv": ("csv", "CSVSource"),
+    "jsonl": ("jsonl", "JSONLSource"),
+    "webdataset": ("webdataset", "WebDatasetSource"),
+}
+# File name endings (lower case) -> kind; compressed record files keep their kind.
+_ENDINGS = {
+    **{
+        f"{ext}{comp}": "records"
+        for ext in (".tfrecord", ".tfrecords", ".rec")
+        for comp in ("", ".gz", ".zlib", ".zz")
+    },
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".arrow": "arrow",
+    ".feather": "arrow",
+    ".ipc": "arrow",
+    ".csv": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".tar": "webdataset",
+}
+
+
+def kind_of(path: str) -> str:
+    """The source kind a file name stands for; ConfigError for an unknown ending."""
+    name = path.rstrip("/").lower()
+    for ending, kind in sorted(_ENDINGS.items(), key=lambda e: -len(e[0])):
+        if name.endswith(ending):
+            return kind
+    known = ", ".join(sorted(_ENDINGS))
+    raise ConfigError(f"{path}: cannot tell the format from the file name; known endings: {known}")
+
+
+def source_for_paths(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], **options: Any
+) -> Source:
+    """A source for ``paths`` (globs, files, Hugging Face ``save_to_disk`` folders), chosen by
+    extension: .tfrecord/.tfrecords/.rec (optionally .gz/.zlib) -> RecordFileSource,
+    .parquet -> ParquetSource, .arrow/.feather or a folder -> ArrowSource, .csv -> CSVSource,
+    .jsonl/.ndjson -> JSONLSource, .tar -> WebDatasetSource. ``options`` go to the class.
+
+    Sidecar index files matched by a glob are ignored; files of different kinds are a
+    ConfigError (one source reads one format).
+    """
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not items:
+        raise ConfigError("no paths given")
+    found: dict[str, str] = {}  # kind -> an example path
+    files: list[str] = []
+    for item in items:
+        p = os.fspath(item)
+        if not any(c in p for c in _GLOB_CHARS) and _is_dir(p):
+            found.setdefault("arrow", p)
+            continue
+        for f in expand_paths(p):
+            if not f.endswith(INDEX_SUFFIX):
+                found.setdefault(kind_of(f), f)
+                files.append(f)
+    if len(found) > 1:
+        kinds = "; ".join(f"{k} ({example})" for k, example in sorted(found.items()))
+        raise ConfigError(f"the paths mix formats: {kinds}; give files of one format")
+    if not found:
+        raise ConfigError(f"{items}: only index files ({INDEX_SUFFIX}) match, no data")
+    (kind,) = found
+    module, name = _CLASSES[kind]
+    cls = getattr(importlib.import_module(f"shmloader.sources.{module}"), name)
+    # ArrowSource expands folders itself; the others get the expanded, sidecar-free files.
+    target: Any = [os.fspath(i) for i in items] if kind == "arrow" else files
+    try:
+        inspect.signature(cls).bind(target, **options)
+    except TypeError as exc:
+        raise ConfigError(f"{name} does not take these options {sorted(options)}: {exc}") from exc
+    source: Source = cls(target, **options)
+    return source
+
+
+def _is_dir(path: str) -> bool:
+    fs, inner = resolve(path)
+    return bool(fs.get_file_info(inner).type == pafs.FileType.Directory)
+
+
+__all__ = ["kind_of", "source_for_paths"]

@@ -1,0 +1,118 @@
+"""`shmloader master` end to end, its argument errors, and source_for_paths which it plans with."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+
+from shmloader.cli.main import main
+from shmloader.errors import ConfigError
+from shmloader.formats.tfrecord import write_records
+from shmloader.master.client import MasterClient
+from shmloader.sources import ArrowSource, ParquetSource, RecordFileSource
+from shmloader.sources.factory import kind_of, source_for_paths
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def records(tmp_path: Path) -> Path:
+    folder = tmp_path / "rec"
+    folder.mkdir()
+    for name, n in (("a", 5), ("b", 4)):
+        write_records(str(folder / f"{name}.tfrecord"), [os.urandom(8) for _ in range(n)])
+    return folder
+
+
+def test_serves_until_sigint_then_prints_progress(records: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SHMLOADER_TOKEN": "tok"}
+    cmd = [sys.executable, "-m", "shmloader", "master", str(records / "*")]
+    cmd += ["--records-per-task", "2", "--epochs", "2", "--no-shuffle", "--world-size", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("shmloader master listening on 127.0.0.1:"), proc.stderr
+        with MasterClient(line.split()[-1], token="tok", timeout=5, retry_for=5) as c:
+            info = c.register("r1", rank=1)
+            # Sidecar indexes matched by the glob are not data: 2 files, 3 + 2 tasks.
+            assert (info.num_tasks, info.total_records, info.world_size) == (5, 9, 2)
+            assert [os.path.basename(p) for p in info.paths] == ["a.tfrecord", "b.tfrecord"]
+            assert c.epoch_info("r1", 1).num_records == 5  # pad: ceil(9 / 2)
+            for x in c.lease("r1", 2).leases:
+                c.complete(x.lease_id)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "stopped: 0 of 2 epoch(s) finished, 5 tasks, 9 records per epoch" in out
+    assert "epoch 0 (open): 4/10 records done" in out and "completed 2" in out
+
+
+def test_argument_errors(records: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    files = str(records / "*.tfrecord")
+    assert main(["master", files, "--records-per-task", "2", "--tls-cert", "x"]) == 2
+    assert "--tls-key" in capsys.readouterr().err
+    assert main(["master", files, "--records-per-task", "2", "--epochs", "-1"]) == 2
+    capsys.readouterr()
+    assert main(["master", files, "--records-per-task", "0"]) == 1
+    assert "records_per_task" in capsys.readouterr().err
+    (tmp_path / "x.parquet").write_bytes(b"")
+    mixed = [str(records / "a.tfrecord"), str(tmp_path / "x.parquet")]
+    assert main(["master", *mixed, "--records-per-task", "2"]) == 1
+    assert "mix formats" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["master", files])  # --records-per-task is required
+
+
+def test_source_for_paths_picks_by_extension(records: Path, tmp_path: Path) -> None:
+    rec = source_for_paths(str(records / "*"))
+    assert isinstance(rec, RecordFileSource) and len(rec.plan()) == 2
+    table = pa.table({"x": list(range(6))})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=4)
+    par = source_for_paths([tmp_path / "t.parquet"], columns=["x"])
+    assert isinstance(par, ParquetSource) and par.plan()[0].num_records == 6
+    feather.write_feather(table, str(tmp_path / "t.arrow"))
+    arr = source_for_paths(str(tmp_path / "t.arrow"))
+    assert isinstance(arr, ArrowSource) and arr.plan()[0].num_records == 6
+
+    with pytest.raises(ConfigError, match="does not take"):
+        source_for_paths(str(tmp_path / "t.parquet"), decode=len)
+    with pytest.raises(ConfigError, match="mix formats"):
+        source_for_paths([str(tmp_path / "t.parquet"), str(tmp_path / "t.arrow")])
+    with pytest.raises(ConfigError, match="cannot tell the format"):
+        kind_of("data.bin")
+    with pytest.raises(ConfigError, match="no paths"):
+        source_for_paths([])
+    assert kind_of("x/Y.TFRecord.GZ") == "records" and kind_of("s.ndjson") == "jsonl"
+    assert kind_of("s-000.tar") == "webdataset" and kind_of("t.feather") == "arrow"
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "text", "suffix"),
+    [
+        ("csv", "CSVSource", "a,b\n1,2\n3,4\n", ".csv"),
+        ("jsonl", "JSONLSource", '{"a": 1}\n{"a": 2}\n', ".jsonl"),
+    ],
+)
+def test_text_formats_when_their_sources_exist(
+    tmp_path: Path, module: str, name: str, text: str, suffix: str
+) -> None:
+    if importlib.util.find_spec(f"shmloader.sources.{module}") is None:
+        pytest.skip(f"shmloader.sources.{module} is not there yet")
+    path = tmp_path / f"t{suffix}"
+    path.write_text(text)
+    source = source_for_paths(str(path))
+    assert type(source).__name__ == name and source.plan()[0].num_records == 2
