@@ -141,10 +141,19 @@ def test_damaged_and_truncated_archives(tmp_path: Path) -> None:
     raw_bad = bytearray(raw)
     with tarfile.open(p) as tar:
         header = tar.getmembers()[2].offset
-    raw_bad[header + 10] ^= 0xFF  # inside a header's name: checksum no longer matches
+    raw_bad[header + 10] ^= 0x01  # a digit of the name: another valid key, wrong checksum
     bad.write_bytes(bytes(raw_bad))
     with pytest.raises(CorruptRecordError, match="checksum") as info:
         WebDatasetSource(str(bad)).plan()
+    assert info.value.offset == header
+    # Damage after indexing, with size and mtime kept: the read still checks every header.
+    src = WebDatasetSource(str(p))
+    shard = src.plan()[0]
+    st = p.stat()
+    p.write_bytes(bytes(raw_bad))
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(CorruptRecordError, match="checksum") as info:
+        WebDatasetSource(str(p)).read(shard, 0, 6)
     assert info.value.offset == header
     cut = tmp_path / "cut.tar"
     cut.write_bytes(bytes(raw[: 512 * 9 + 100]))
