@@ -109,7 +109,7 @@ class CSVSource(IndexedSource):
                 "convert` and read the result with RecordFileSource",
                 path=path,
                 offset=offset,
-                index=line - 1 if self.header else line,
+                index=(line - 1 if self.header else line) if line or not self.header else None,
             )
 
         starts = scan_lines(path, blank=b"\r", quote=_QUOTE, odd_quotes=odd_quotes)
