@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from shmloader.errors import LeaseError
+from shmloader.errors import LeaseError, MasterError
 from shmloader.formats.tfrecord import write_records
 from shmloader.master.client import MasterClient
 from shmloader.master.server import Master
@@ -155,3 +155,18 @@ def test_master_killed_mid_epoch_restarts_on_its_journal(
     out, err = second.communicate(timeout=20)
     assert second.returncode == 0, err
     assert "stopped: 1 of 1 epoch(s) finished" in out
+
+
+def test_a_client_refuses_to_work_in_a_forked_child() -> None:
+    with Master([Shard("a", 3)], records_per_task=1) as m, MasterClient(m.address) as c:
+        c.register("parent")
+        pid = os.fork()
+        if pid == 0:  # the child: only our check runs, no gRPC call is attempted
+            try:
+                c.progress()
+            except MasterError as exc:
+                os._exit(0 if "create a MasterClient in each process" in str(exc) else 2)
+            os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert c.progress().num_tasks == 3  # the parent's channel is unharmed
