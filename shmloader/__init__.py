@@ -30,11 +30,45 @@ _EXPORTS: dict[str, str] = {
     "MasterError": "shmloader.errors",
     "LeaseError": "shmloader.errors",
     "TaskQuarantinedError": "shmloader.errors",
+    "StoreClosedError": "shmloader.errors",
+    # record files and tf.train.Example
+    "write_records": "shmloader.formats.tfrecord",
+    "read_records": "shmloader.formats.tfrecord",
+    "RecordWriter": "shmloader.formats.tfrecord",
+    "RecordFile": "shmloader.formats.tfrecord",
+    "FixedLenFeature": "shmloader.formats.example",
+    "VarLenFeature": "shmloader.formats.example",
+    "decode_example": "shmloader.formats.example",
+    "encode_example": "shmloader.formats.example",
+    "ExampleDecoder": "shmloader.formats.example",
+    "ExampleBatchDecoder": "shmloader.formats.example",
     # sources
     "Shard": "shmloader.sources.base",
     "Source": "shmloader.sources.base",
     "ReadResult": "shmloader.sources.base",
     "SkippedRecord": "shmloader.sources.base",
+    "RecordFileSource": "shmloader.sources.records",
+    "ParquetSource": "shmloader.sources.parquet",
+    "ArrowSource": "shmloader.sources.arrow",
+    "CSVSource": "shmloader.sources.csv",
+    "JSONLSource": "shmloader.sources.jsonl",
+    "WebDatasetSource": "shmloader.sources.webdataset",
+    "source_for_paths": "shmloader.sources.factory",
+    # master
+    "Master": "shmloader.master.server",
+    "MasterClient": "shmloader.master.client",
+    "Dispatcher": "shmloader.master.dispatcher",
+    "DispatcherConfig": "shmloader.master.progress",
+    "Journal": "shmloader.master.journal",
+    "Progress": "shmloader.master.progress",
+    # shared memory
+    "SegmentStore": "shmloader.shm.store",
+    "parse_size": "shmloader.shm.sizes",
+    # dataset
+    "SharedTaskDataset": "shmloader.dataset.dataset",
+    "DataLoader": "shmloader.dataset.loader",
+    "TaskSampler": "shmloader.dataset.sampler",
+    "Stats": "shmloader.stats.stats",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

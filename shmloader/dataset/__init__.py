@@ -1,1 +1,7 @@
-"""See DESIGN.md, part 'dataset'."""
+"""The trainer-facing part: ``SharedTaskDataset``, its sampler, collate and ``DataLoader``."""
+
+from .dataset import SharedTaskDataset, collate
+from .loader import DataLoader
+from .sampler import TaskSampler
+
+__all__ = ["DataLoader", "SharedTaskDataset", "TaskSampler", "collate"]

@@ -4,6 +4,8 @@ gRPC layer that serves it (:class:`Master`) and talks to it (:class:`MasterClien
 See DESIGN.md, part 'master', and docs/master.md for the dispatcher's rules.
 """
 
+# Before anything imports grpc (see the module).
+from . import _grpc_env  # noqa: F401  # isort: skip
 from ._convert import ConsumerInfo, EpochInfo, LeaseInfo, LeaseReply
 from .client import MasterClient, RenewError
 from .dispatcher import Dispatcher, UpdateSink

@@ -65,6 +65,7 @@ class Master:
         port: int = 0,
         token: str | None = None,
         tls: tuple[bytes, bytes] | None = None,
+        first_epoch: int = 0,
     ) -> None:
         self.plan = _plan_of(source_or_plan)
         self.config = DispatcherConfig(
@@ -77,6 +78,7 @@ class Master:
             max_retries=max_retries,
             world_size=world_size,
             ddp_policy=ddp_policy,
+            first_epoch=first_epoch,
         )
         if fsync not in FSYNC_POLICIES:
             raise ConfigError(f"fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")

@@ -1,0 +1,224 @@
+"""``SharedTaskDataset``: a map-style torch Dataset over rows that readers put in shared memory.
+
+The dataset object lives in the trainer; DataLoader workers get only its :class:`Gatherer`
+(a store handle and column names). ``__getitems__`` turns a list of sample indices from
+:meth:`sampler` into a batch with one copy per byte; the sampler decides which rows exist.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch.utils.data
+
+from ..errors import ConfigError, ShmloaderError
+from ..shm.sizes import parse_size
+from ..shm.store import SegmentStore
+from ..sources.base import Source
+from .runtime import Runtime, RuntimeConfig
+from .sampler import DEFAULT_SHUFFLE_WINDOW, TaskSampler
+from .worker import Gatherer
+
+
+def collate(batch: Any) -> Any:
+    """The collate function to give a DataLoader: ``__getitems__`` has already built the batch."""
+    return batch
+
+
+class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
+    """Rows of ``source``, read by ``num_readers`` processes into shared memory.
+
+    See docs/dataset.md for every argument; in short: the master splits the source into tasks
+    of ``records_per_task`` records and hands them out per epoch (``epochs=None``: unbounded),
+    shuffled from ``seed`` when ``shuffle``; ``shm_budget`` bounds the shared memory the
+    readers may fill; ``master="host:port"`` uses a standalone master instead of an embedded
+    one; ``rank``/``world_size`` give each DDP rank the same number of rows per epoch.
+    """
+
+    collate = staticmethod(collate)
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        num_readers: int = 2,
+        records_per_task: int = 4096,
+        shuffle: bool = True,
+        seed: int = 0,
+        shm_budget: int | str = "1GiB",
+        epochs: int | None = None,
+        shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
+        master: str | None = None,
+        token: str | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        ddp_policy: str = "pad",
+        lease_timeout: float = 30.0,
+        max_retries: int = 3,
+        shm_dir: str | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> None:
+        if not hasattr(source, "plan") or not hasattr(source, "read_result"):
+            raise ConfigError(f"source must be a shmloader source, got {type(source).__name__}")
+        if num_readers < 1:
+            raise ConfigError(f"num_readers must be at least 1, got {num_readers}")
+        if (rank is None) != (world_size is None):
+            raise ConfigError("give both rank and world_size (DDP), or neither")
+        self.source = source
+        self.num_readers = num_readers
+        self.records_per_task = records_per_task
+        self.shuffle = shuffle
+        self.seed = seed
+        self.shm_budget = parse_size(shm_budget, what="shm_budget")
+        self.epochs = epochs
+        self.shuffle_window = shuffle_window
+        self.master = master
+        self.token = token
+        self.rank = rank
+        self.world_size = world_size
+        self.ddp_policy = ddp_policy
+        self.lease_timeout = lease_timeout
+        self.max_retries = max_retries
+        self.shm_dir = shm_dir
+        self._columns = list(columns) if columns is not None else None
+        self._complete_on_delivery = False
+        self._exclude: dict[tuple[int, int], np.ndarray] = {}
+        self._skip_tasks: set[tuple[int, int]] = set()
+        self._start_epoch = 0
+        self._runtime: Runtime | None = None
+        self._sampler: TaskSampler | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._owner_pid = os.getpid()
+        # The store exists from the start (cheap: a folder in /dev/shm), so DataLoader workers
+        # forked before the first batch already know where segments will be; the master and
+        # the readers start on first use.
+        self._store: SegmentStore | None = SegmentStore.create(self.shm_budget, base_dir=shm_dir)
+        self._gatherer: Gatherer | None = Gatherer(self._store.handle(), self._columns or [])
+
+    # -- trainer side --------------------------------------------------------------------
+    def start(self) -> SharedTaskDataset:
+        """Start the master, readers and store now (else: on first use)."""
+        self._ensure_started()
+        return self
+
+    def _ensure_started(self) -> Runtime:
+        with self._lock:
+            if self._closed:
+                raise ShmloaderError("this SharedTaskDataset is closed")
+            if self._owner_pid != os.getpid():
+                raise ShmloaderError(
+                    "this is a DataLoader worker's copy of the dataset: only __getitems__ works "
+                    "here; sampling, stats and state belong to the training process"
+                )
+            if self._runtime is None:
+                assert self._store is not None
+                self._runtime = Runtime(self._runtime_config(), self._store)
+            return self._runtime
+
+    def _runtime_config(self) -> RuntimeConfig:
+        return RuntimeConfig(
+            source=self.source,
+            num_readers=self.num_readers,
+            records_per_task=self.records_per_task,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            epochs=self.epochs,
+            master=self.master,
+            token=self.token,
+            rank=self.rank,
+            world_size=self.world_size,
+            ddp_policy=self.ddp_policy,
+            lease_timeout=self.lease_timeout,
+            max_retries=self.max_retries,
+            complete_on_delivery=self._complete_on_delivery,
+            exclude=dict(self._exclude),
+            skip_tasks=frozenset(self._skip_tasks),
+            start_epoch=self._start_epoch,
+        )
+
+    def sampler(self) -> TaskSampler:
+        """The sampler to give the DataLoader (one per dataset: it owns the epoch's order)."""
+        if self._sampler is None:
+            self._sampler = TaskSampler(
+                lambda: self._ensure_started().plane,
+                shuffle=self.shuffle,
+                seed=self.seed,
+                window=self.shuffle_window,
+            )
+        return self._sampler
+
+    def __len__(self) -> int:
+        """Rows of the next (or current) epoch, as planned."""
+        return len(self.sampler())
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        batch = self.__getitems__([index])
+        return {k: (v[0] if isinstance(v, (list, torch.Tensor)) else v) for k, v in batch.items()}
+
+    def __getitems__(self, indices: Sequence[int]) -> dict[str, Any]:
+        gatherer = self._gatherer
+        if gatherer is None:
+            raise ShmloaderError("this SharedTaskDataset is closed")
+        if not gatherer.columns:
+            gatherer.columns = self._discover_columns(gatherer, indices)
+        return gatherer.gather(indices)
+
+    @staticmethod
+    def _discover_columns(gatherer: Gatherer, indices: Sequence[int]) -> list[str]:
+        from .gather import split_indices
+
+        slots, _ = split_indices(indices[:1])
+        return list(gatherer.views(int(slots[0])))
+
+    def stats(self) -> Any:
+        from ..stats.stats import collect_stats
+
+        return collect_stats(self)
+
+    def close(self) -> None:
+        """Stop readers and the embedded master, remove every shared-memory segment."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            runtime, self._runtime = self._runtime, None
+        # A forked worker inherits the runtime but owns none of it: only the trainer closes.
+        if self._owner_pid != os.getpid():
+            return
+        if runtime is not None:
+            runtime.close()
+        if self._store is not None:
+            self._store.close()
+
+    def __enter__(self) -> SharedTaskDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_store", None) is not None:
+            self.close()
+
+    # -- worker side: only the gatherer travels -------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled for a spawned DataLoader worker: only what gathering needs travels.
+        return {"_gatherer": self._gatherer}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._gatherer = state["_gatherer"]
+        self._runtime = None
+        self._sampler = None
+        self._closed = False
+        self._lock = threading.Lock()
+        self._owner_pid = -1  # a worker copy: never starts or closes anything
+        self._store = None
+
+    @property
+    def runtime(self) -> Runtime:
+        return self._ensure_started()

@@ -1,0 +1,94 @@
+"""``shmloader.DataLoader``: a torch DataLoader that also knows what the loop consumed.
+
+It wires the dataset's sampler and collate in, and watches batches as the loop receives them:
+a task is completed at the master only once every one of its rows reached the loop (not when
+a worker gathered it), and :meth:`state_dict` records exactly the rows delivered so far, so a
+resumed run delivers the rest of the epoch, each row once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch.utils.data
+
+from ..errors import ConfigError
+from .dataset import SharedTaskDataset
+from .state import loader_state, restore_state
+
+
+class _RecordingBatchSampler(torch.utils.data.Sampler[list[int]]):
+    """Groups the sampler's indices into batches and remembers them in order."""
+
+    def __init__(self, sampler: torch.utils.data.Sampler[int], batch_size: int, drop_last: bool):
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.issued: deque[np.ndarray] = deque()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self.issued.clear()
+        batch: list[int] = []
+        for index in self.sampler:
+            batch.append(index)
+            if len(batch) == self.batch_size:
+                self.issued.append(np.asarray(batch, dtype=np.int64))
+                yield batch
+                batch = []
+        if batch and not self.drop_last:
+            self.issued.append(np.asarray(batch, dtype=np.int64))
+            yield batch
+
+    def __len__(self) -> int:
+        n = len(self.sampler)  # type: ignore[arg-type]
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
+    """A ``torch.utils.data.DataLoader`` over a :class:`SharedTaskDataset`.
+
+    Takes the usual keyword arguments (``num_workers``, ``pin_memory``, ``persistent_workers``,
+    ``prefetch_factor``, ``multiprocessing_context``, ...) except ``sampler``,
+    ``batch_sampler``, ``shuffle`` and ``collate_fn``, which the dataset provides.
+    """
+
+    def __init__(
+        self,
+        dataset: SharedTaskDataset,
+        batch_size: int = 1,
+        *,
+        drop_last: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(dataset, SharedTaskDataset):
+            raise ConfigError("shmloader.DataLoader takes a SharedTaskDataset")
+        for name in ("sampler", "batch_sampler", "shuffle", "collate_fn"):
+            if kwargs.get(name) not in (None, False):
+                raise ConfigError(f"shmloader.DataLoader sets {name} itself; do not pass it")
+            kwargs.pop(name, None)
+        if kwargs.get("in_order") is False:
+            raise ConfigError("shmloader.DataLoader needs in_order=True to know what was delivered")
+        dataset._complete_on_delivery = True
+        if dataset._runtime is not None:
+            dataset._runtime.plane.set_complete_on_delivery(True)
+        self._recorder = _RecordingBatchSampler(dataset.sampler(), batch_size, drop_last)
+        super().__init__(
+            dataset, batch_sampler=self._recorder, collate_fn=dataset.collate, **kwargs
+        )
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
+        plane = self.dataset.runtime.plane  # type: ignore[attr-defined]
+        for batch in super().__iter__():
+            plane.delivered(self._recorder.issued.popleft())
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loop is: the epoch and the rows of it already delivered (JSON-able)."""
+        return loader_state(self.dataset)  # type: ignore[arg-type]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``; call before iterating (the readers start from it)."""
+        restore_state(self.dataset, state)  # type: ignore[arg-type]

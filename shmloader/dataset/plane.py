@@ -1,0 +1,267 @@
+"""The trainer's side of the data plane: slots, consumption, release and completion.
+
+Readers announce finished tasks; the plane numbers each one with a *slot* (the segment is
+renamed after it, so a DataLoader worker can open it from the sample index alone), hands it
+to the sampler, learns from the gather ledger which rows have been copied out, releases a
+segment once all its rows are, and completes the task at the master when its rows are
+consumed: when gathered, or, under ``shmloader.DataLoader``, when the loop received them.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import LeaseError, ShmloaderError
+from .gather import encode_indices, split_indices
+from .ledger import LedgerReader
+from .ready import ReadyTask, ReadyTasks
+
+
+def slot_name(slot: int) -> str:
+    """The segment name of a slot: a valid store segment name derived from the number alone."""
+    return f"seg-{slot:032x}"
+
+
+class LeaseOps(Protocol):
+    """The master calls the plane makes (a client, or the dispatcher behind a lock in tests)."""
+
+    def complete(self, lease_id: int) -> None: ...
+
+    def epoch_tasks(self, epoch: int) -> int:
+        """How many tasks this consumer gets in ``epoch``."""
+        ...
+
+    def epoch_records(self, epoch: int) -> int: ...
+
+
+class SegmentOps(Protocol):
+    def rename(self, name: str, new_name: str) -> None: ...
+
+    def release(self, name: str, *, missing_ok: bool = False) -> None: ...
+
+
+@dataclass
+class SlotState:
+    task: ReadyTask
+    slot: int
+    emit: np.ndarray | None = None  # rows to deliver (set when admitted)
+    gathered: np.ndarray | None = None  # bool per row
+    delivered: np.ndarray | None = None  # bool per row
+    released: bool = False
+    completed: bool = False
+    has_segment: bool = True
+
+
+@dataclass
+class EpochState:
+    admitted: set[int] = field(default_factory=set)  # seqs
+    slots: list[int] = field(default_factory=list)
+    iterated: bool = False  # the sampler yielded everything
+    completed: set[int] = field(default_factory=set)  # seqs consumed
+
+
+class DataPlane:
+    """Implements the sampler's ``Feed``; all methods are thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        master: LeaseOps,
+        segments: SegmentOps,
+        ledger: LedgerReader,
+        complete_on_delivery: bool = False,
+        starved: Callable[[], bool] | None = None,
+        exclude: Callable[[int, int], np.ndarray | None] | None = None,
+        start_epoch: int = 0,
+    ) -> None:
+        self.ready = ReadyTasks()
+        self._master = master
+        self._segments = segments
+        self._ledger = ledger
+        self._complete_on_delivery = complete_on_delivery
+        self._starved = starved or (lambda: False)
+        self._exclude = exclude or (lambda epoch, task_id: None)
+        self._lock = threading.RLock()
+        self._next_slot = 0
+        self._slots: dict[int, SlotState] = {}
+        self._epochs: dict[int, EpochState] = {}
+        self._iter_epoch = start_epoch
+        self._announced: set[tuple[int, int]] = set()
+        self.consumed_records = 0
+        self.duplicates = 0
+
+    # -- readers' side -------------------------------------------------------------------
+    def announce(
+        self, *, epoch: int, seq: int, task_id: int, lease_id: int, segment: str, num_rows: int
+    ) -> None:
+        """A reader sealed ``segment`` for a task: make it ready for the sampler.
+
+        A task announced twice (its lease lapsed while we held it and another reader read it
+        again) is delivered once: the second copy is dropped and its lease completed.
+        """
+        with self._lock:
+            if (epoch, seq) in self._announced:
+                self.duplicates += 1
+                self._segments.release(segment, missing_ok=True)
+                self._complete(lease_id)
+                return
+            self._announced.add((epoch, seq))
+        self.ready.put(ReadyTask(epoch, seq, task_id, segment, num_rows, lease_id))
+
+    def _complete(self, lease_id: int) -> None:
+        try:
+            self._master.complete(lease_id)
+        except LeaseError as exc:
+            # Completed late after it lapsed and was re-leased: the master counts it once.
+            print(f"shmloader: completing lease {lease_id}: {exc}", file=sys.stderr)
+
+    # -- sampler's side (Feed) -----------------------------------------------------------
+    def _epoch(self, epoch: int) -> EpochState:
+        return self._epochs.setdefault(epoch, EpochState())
+
+    def epoch_to_iterate(self) -> int:
+        with self._lock:
+            return self._iter_epoch
+
+    def epoch_rows(self, epoch: int) -> int:
+        return self._master.epoch_records(epoch)
+
+    def remaining_seqs(self, epoch: int) -> list[int]:
+        total = self._master.epoch_tasks(epoch)
+        with self._lock:
+            admitted = self._epoch(epoch).admitted
+            return [s for s in range(total) if s not in admitted]
+
+    def admit(self, task: ReadyTask) -> np.ndarray:
+        """Number the task's segment with the next slot and start tracking its rows.
+
+        Slots are given here, in the sampler's (seeded, timing-free) order, not on arrival:
+        a batch lists its rows grouped by slot, so batches are the same from run to run.
+        """
+        rows = np.arange(task.num_rows, dtype=np.int64)
+        done = self._exclude(task.epoch, task.seq)
+        if done is not None and len(done):
+            rows = np.setdiff1d(rows, done)
+        with self._lock:
+            slot = self._next_slot
+            self._next_slot += 1
+            if task.segment:  # "": a task consumed before a resume, not read again
+                self._segments.rename(task.segment, slot_name(slot))
+            state = SlotState(task, slot, has_segment=bool(task.segment))
+            self._slots[slot] = state
+            state.emit = rows
+            state.gathered = np.zeros(task.num_rows, dtype=bool)
+            state.delivered = np.zeros(task.num_rows, dtype=bool)
+            ep = self._epoch(task.epoch)
+            ep.admitted.add(task.seq)
+            ep.slots.append(slot)
+            if len(rows) == 0:
+                self._settle(state)
+        return encode_indices(slot, rows)
+
+    def reclaim(self, epoch: int) -> np.ndarray:
+        """Rows of admitted tasks that were never gathered: an earlier pass was abandoned."""
+        self.poll()
+        parts = []
+        with self._lock:
+            for slot in self._epoch(epoch).slots:
+                state = self._slots.get(slot)
+                if state is None or state.released or state.emit is None:
+                    continue
+                assert state.gathered is not None
+                rows = state.emit[~state.gathered[state.emit]]
+                if len(rows):
+                    parts.append(encode_indices(slot, rows))
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+    def starved(self) -> bool:
+        return self._starved()
+
+    def finish_epoch(self, epoch: int) -> None:
+        with self._lock:
+            self._epoch(epoch).iterated = True
+            self._iter_epoch = max(self._iter_epoch, epoch + 1)
+
+    # -- consumption ---------------------------------------------------------------------
+    def poll(self) -> None:
+        """Apply what the ledger says was gathered; release and complete what is finished."""
+        gathered = self._ledger.poll()
+        if len(gathered):
+            self._mark(gathered, delivered=False)
+
+    def delivered(self, indices: np.ndarray) -> None:
+        """The training loop received these samples (``shmloader.DataLoader`` only)."""
+        self._mark(np.asarray(indices, dtype=np.int64), delivered=True)
+
+    def _mark(self, indices: np.ndarray, *, delivered: bool) -> None:
+        slots, rows = split_indices(indices)
+        with self._lock:
+            for slot in np.unique(slots).tolist():
+                state = self._slots.get(slot)
+                if state is None and slot < self._next_slot:
+                    continue  # settled already (a row gathered twice after an abandoned pass)
+                if state is None or state.gathered is None or state.delivered is None:
+                    raise ShmloaderError(f"sample index names slot {slot}, which is not admitted")
+                target = state.delivered if delivered else state.gathered
+                target[rows[slots == slot]] = True
+                self._settle(state)
+
+    def _settle(self, state: SlotState) -> None:
+        assert state.emit is not None and state.gathered is not None
+        assert state.delivered is not None
+        if not state.released and state.gathered[state.emit].all():
+            if state.has_segment:
+                self._segments.release(slot_name(state.slot), missing_ok=True)
+            state.released = True
+        consumed = state.delivered if self._complete_on_delivery else state.gathered
+        if not state.completed and consumed[state.emit].all():
+            self._complete(state.task.lease_id)
+            state.completed = True
+            self.consumed_records += len(state.emit)
+            self._epoch(state.task.epoch).completed.add(state.task.seq)
+        if state.released and state.completed:
+            del self._slots[state.slot]
+
+    def set_complete_on_delivery(self, value: bool) -> None:
+        with self._lock:
+            self._complete_on_delivery = value
+
+    def position(self) -> tuple[int, list[int], dict[int, list[int]]]:
+        """(epoch, consumed task positions, delivered rows of partly consumed tasks by position):
+        the first epoch not wholly consumed, for checkpoints."""
+        with self._lock:
+            epoch = min(
+                (e for e, st in self._epochs.items() if len(st.completed) < self._tasks(e)),
+                default=self._iter_epoch,
+            )
+            st = self._epoch(epoch)
+            partial: dict[int, list[int]] = {}
+            for slot in st.slots:
+                state = self._slots.get(slot)
+                if state is None or state.completed or state.delivered is None:
+                    continue
+                consumed = state.delivered if self._complete_on_delivery else state.gathered
+                assert consumed is not None
+                rows = np.flatnonzero(consumed)
+                if len(rows):
+                    partial[state.task.seq] = rows.tolist()
+            return epoch, sorted(st.completed), partial
+
+    def _tasks(self, epoch: int) -> int:
+        return self._master.epoch_tasks(epoch)
+
+    def held_leases(self) -> list[int]:
+        """Leases of announced tasks not yet completed: the trainer keeps renewing them."""
+        with self._lock:
+            held = [s.task.lease_id for s in self._slots.values() if not s.completed]
+        return held + [t.lease_id for t in self.ready.pending()]
+
+    def live_segments(self) -> list[str]:
+        with self._lock:
+            return [slot_name(s) for s, st in self._slots.items() if not st.released]

@@ -1,0 +1,97 @@
+"""Where tasks that readers finished meet the sampler: a thread-safe board of ready tasks.
+
+The reader pool's receiver thread pins tasks up as readers announce them; the sampler takes them
+off in the master's order. Errors that must stop training (a reader pool that cannot recover, a
+quarantined task) are pinned up too, and re-raised in the training loop rather than lost in a
+background thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ..errors import ShmloaderError
+
+
+@dataclass(frozen=True)
+class ReadyTask:
+    """A task whose rows are in the sealed ``segment`` ("" when none are left to read)."""
+
+    epoch: int
+    seq: int  # position in this consumer's task order for the epoch
+    task_id: int
+    segment: str
+    num_rows: int
+    lease_id: int
+
+
+class ReadyTasks:
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._ready: dict[tuple[int, int], ReadyTask] = {}
+        self._error: BaseException | None = None
+        self._closed = False
+
+    def put(self, task: ReadyTask) -> None:
+        with self._cond:
+            self._ready[(task.epoch, task.seq)] = task
+            self._cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        """Make every waiting and future ``take`` raise ``error``."""
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def pending(self) -> list[ReadyTask]:
+        with self._cond:
+            return list(self._ready.values())
+
+    def take(
+        self,
+        epoch: int,
+        seqs: Iterable[int],
+        *,
+        starved: Callable[[], bool] | None = None,
+        poll: float = 0.05,
+        patience: float = 1.0,
+    ) -> list[ReadyTask]:
+        """Wait for the tasks ``seqs`` of ``epoch`` and return them in ``seqs`` order.
+
+        If ``starved()`` stays true for ``patience`` seconds (readers blocked on the shared-memory
+        budget, so the missing tasks cannot arrive until some are consumed), return the ready
+        subset instead of deadlocking; it is never empty.
+        """
+        wanted = list(seqs)
+        starved_since: float | None = None
+        with self._cond:
+            while True:
+                self._raise_if_stopped()
+                have = [s for s in wanted if (epoch, s) in self._ready]
+                if len(have) == len(wanted):
+                    break
+                if have and starved is not None and starved():
+                    now = time.monotonic()
+                    starved_since = starved_since or now
+                    if now - starved_since >= patience:
+                        wanted = have
+                        break
+                else:
+                    starved_since = None
+                self._cond.wait(poll)
+            return [self._ready.pop((epoch, s)) for s in wanted]
+
+    def _raise_if_stopped(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise ShmloaderError("the dataset was closed while the sampler waited for data")

@@ -1,0 +1,234 @@
+"""The trainer-side machinery of a dataset: store, master, client, reader pool, data plane.
+
+Started lazily (on first iteration, or ``SharedTaskDataset.start()``) so that constructing a
+dataset is cheap and ``load_state_dict`` can still choose where the master starts. One
+maintenance thread applies the gather ledger (releasing segments, completing tasks) and keeps
+the leases of announced tasks alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import LeaseError, MasterError, TaskQuarantinedError
+from ..reader.messages import Failed, Message, Ready
+from ..reader.pool import ReaderInfo, ReaderPool
+from ..reader.process import ReaderConfig
+from ..shm.store import SegmentStore
+from ..sources.base import SkippedRecord, Source
+from .ledger import LedgerReader, ledger_dir
+from .plane import DataPlane
+
+POLL_SECONDS = 0.005
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    source: Source
+    num_readers: int
+    records_per_task: int
+    shuffle: bool
+    seed: int
+    epochs: int | None
+    master: str | None
+    token: str | None
+    rank: int | None
+    world_size: int | None
+    ddp_policy: str
+    lease_timeout: float
+    max_retries: int
+    complete_on_delivery: bool
+    exclude: dict[tuple[int, int], np.ndarray]
+    skip_tasks: frozenset[tuple[int, int]]
+    start_epoch: int
+
+
+class _MasterOps:
+    """The plane's view of the master: this consumer's calls."""
+
+    def __init__(self, client: Any, consumer: str) -> None:
+        self._client = client
+        self._consumer = consumer
+        self._info: dict[int, Any] = {}
+
+    def complete(self, lease_id: int) -> None:
+        self._client.complete(lease_id)
+
+    def _epoch(self, epoch: int) -> Any:
+        if epoch not in self._info:
+            self._info[epoch] = self._client.epoch_info(self._consumer, epoch)
+        return self._info[epoch]
+
+    def epoch_tasks(self, epoch: int) -> int:
+        return int(self._epoch(epoch).num_tasks)
+
+    def epoch_records(self, epoch: int) -> int:
+        return int(self._epoch(epoch).num_records)
+
+
+class Runtime:
+    def __init__(self, config: RuntimeConfig, store: SegmentStore) -> None:
+        from ..master.client import MasterClient
+
+        self.config = config
+        self.skipped: list[SkippedRecord] = []
+        self.failures: list[Failed] = []
+        self._largest_segment = 0
+        self._closed = False
+        self._stop = threading.Event()
+        self.store = store  # owned (and closed) by the dataset
+        self.embedded: Any = None
+        self.client: Any = None
+        self.pool: ReaderPool | None = None
+        try:
+            address = config.master or self._start_embedded()
+            self.address = address
+            self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            self.client = MasterClient(address, token=config.token)
+            info = self.client.register(self.consumer, config.rank)
+            self.lease_timeout = float(info.lease_timeout)
+            self.client.start_heartbeat(self.consumer)
+            handle = self.store.handle()
+            self.plane = DataPlane(
+                master=_MasterOps(self.client, self.consumer),
+                segments=handle,
+                ledger=LedgerReader(ledger_dir(handle.path)),
+                complete_on_delivery=config.complete_on_delivery,
+                starved=self._starved,
+                exclude=lambda epoch, task: config.exclude.get((epoch, task)),
+                start_epoch=config.start_epoch,
+            )
+            allowed = frozenset(info.paths)
+            self.pool = ReaderPool(
+                lambda i: ReaderConfig(
+                    index=i,
+                    master_address=address,
+                    consumer=self.consumer,
+                    source=config.source,
+                    store=handle,
+                    allowed_paths=allowed,
+                    lease_timeout=self.lease_timeout,
+                    token=config.token,
+                    skip_tasks=config.skip_tasks,
+                ),
+                config.num_readers,
+                self._on_message,
+                on_error=self.plane.ready.fail,
+            ).start()
+            self._thread = threading.Thread(
+                target=self._maintain, name="shmloader-maintenance", daemon=True
+            )
+            self._thread.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_embedded(self) -> str:
+        from ..master.server import Master
+
+        c = self.config
+        self.embedded = Master(
+            c.source,
+            records_per_task=c.records_per_task,
+            epochs=c.epochs,
+            shuffle=c.shuffle,
+            seed=c.seed,
+            world_size=c.world_size,
+            ddp_policy=c.ddp_policy,
+            lease_timeout=c.lease_timeout,
+            consumer_timeout=max(c.lease_timeout, 10.0),
+            max_retries=c.max_retries,
+            token=c.token,
+            first_epoch=c.start_epoch,
+        ).start()
+        return str(self.embedded.address)
+
+    # -- reader messages (pool thread) ---------------------------------------------------
+    def _on_message(self, info: ReaderInfo, message: Message) -> None:
+        if isinstance(message, Ready):
+            self._largest_segment = max(self._largest_segment, message.nbytes)
+            self.skipped.extend(message.skipped)
+            self.plane.announce(
+                epoch=message.epoch,
+                seq=message.seq,
+                task_id=message.task_id,
+                lease_id=message.lease_id,
+                segment=message.segment,
+                num_rows=message.num_rows,
+            )
+        elif isinstance(message, Failed):
+            self.failures.append(message)
+            print(
+                f"shmloader: reader {info.index} failed task {message.task_id} "
+                f"(epoch {message.epoch}): {message.error}",
+                file=sys.stderr,
+            )
+            self._check_quarantine()
+
+    def _check_quarantine(self) -> None:
+        lost = self.client.progress().quarantined
+        if lost:
+            q = lost[0]
+            self.plane.ready.fail(
+                TaskQuarantinedError(
+                    f"task {q.task.task_id} ({q.task.path}, records {q.task.start}..{q.task.stop})"
+                    f" of epoch {q.epoch} failed on every retry and was quarantined; its records "
+                    f"are lost for this epoch. Last error: {q.error}"
+                )
+            )
+
+    def _starved(self) -> bool:
+        if self._largest_segment == 0:
+            return False
+        budget = self.store.handle().budget
+        return self.store.handle().in_use() + self._largest_segment > budget
+
+    # -- maintenance thread --------------------------------------------------------------
+    def _maintain(self) -> None:
+        renew_every = self.lease_timeout / 3
+        next_renew = 0.0
+        import time
+
+        try:
+            while not self._stop.wait(POLL_SECONDS):
+                self.plane.poll()
+                now = time.monotonic()
+                if now >= next_renew:
+                    for lease_id in self.plane.held_leases():
+                        # One at a time: a lease completed meanwhile must not stop the rest.
+                        with contextlib.suppress(LeaseError):
+                            self.client.renew([lease_id])
+                    next_renew = now + renew_every
+        except BaseException as exc:
+            if not self._stop.is_set():
+                self.plane.ready.fail(exc if isinstance(exc, Exception) else MasterError(str(exc)))
+
+    # -- shutdown ------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        plane = getattr(self, "plane", None)
+        if plane is not None:
+            plane.ready.close()
+        thread = getattr(self, "_thread", None)
+        if thread is not None:
+            thread.join(5.0)
+        if self.pool is not None:
+            self.pool.stop()
+        if self.client is not None:
+            with contextlib.suppress(MasterError):
+                self.client.leave(self.consumer)
+            self.client.close()
+        if self.embedded is not None:
+            self.embedded.stop()

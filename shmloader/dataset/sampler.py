@@ -1,0 +1,108 @@
+"""The sampler: yields indices of rows that are ready in shared memory, shuffled per window.
+
+Shuffling is two-level, like most streaming loaders: the master shuffles the *task* order of
+each epoch, and the sampler shuffles *rows* across a window of ``shuffle_window`` consecutive
+tasks (block shuffle). Blocks are formed from the master's task order, not from the order in
+which readers happen to finish, and each block's permutation is seeded from
+``(seed, epoch, first task of the block)``; so for a fixed configuration the order is the same
+on every run, however the readers race. A block's segments are all released once it has been
+consumed, which bounds shared memory to about two windows (one being consumed, one filling).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+import numpy as np
+import torch.utils.data
+
+from ..errors import ConfigError
+from .ready import ReadyTask, ReadyTasks
+
+DEFAULT_SHUFFLE_WINDOW = 8
+
+
+class Feed(Protocol):
+    """What the sampler needs from the dataset's data plane (kept narrow for testing)."""
+
+    ready: ReadyTasks
+
+    def epoch_to_iterate(self) -> int:
+        """The unfinished epoch, or the next one."""
+        ...
+
+    def remaining_seqs(self, epoch: int) -> list[int]:
+        """Task positions of ``epoch`` not yet admitted, in order."""
+        ...
+
+    def reclaim(self, epoch: int) -> np.ndarray:
+        """Indices emitted earlier in ``epoch`` but never consumed (an abandoned pass)."""
+        ...
+
+    def admit(self, task: ReadyTask) -> np.ndarray:
+        """Start tracking ``task``; returns the indices of its rows still to deliver."""
+        ...
+
+    def starved(self) -> bool:
+        """True when readers wait for shared-memory budget (more tasks cannot arrive)."""
+        ...
+
+    def epoch_rows(self, epoch: int) -> int:
+        """Rows this consumer delivers in ``epoch`` (planned; skipped bad records excepted)."""
+        ...
+
+    def finish_epoch(self, epoch: int) -> None: ...
+
+
+def block_permutation(seed: int, epoch: int, first_seq: int, n: int) -> np.ndarray:
+    """The seeded permutation of a block: a function of its place only, never of timing."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, first_seq])))
+    return rng.permutation(n)
+
+
+class TaskSampler(torch.utils.data.Sampler[int]):
+    """Indices for ``SharedTaskDataset.__getitems__``; each ``iter()`` is one (rest of an) epoch.
+
+    A pass that is left early (``break``) is continued by the next ``iter()``: rows are
+    delivered once per epoch, so the next pass finishes the epoch before a new one starts.
+    """
+
+    def __init__(
+        self,
+        feed: Callable[[], Feed],
+        *,
+        shuffle: bool,
+        seed: int,
+        window: int = DEFAULT_SHUFFLE_WINDOW,
+    ) -> None:
+        if window < 1:
+            raise ConfigError(f"shuffle_window must be >= 1, got {window}")
+        self._get_feed = feed  # called late: the dataset starts on first use
+        self.shuffle = shuffle
+        self.seed = seed
+        self.window = window
+
+    def __len__(self) -> int:
+        feed = self._get_feed()
+        return feed.epoch_rows(feed.epoch_to_iterate())
+
+    def __iter__(self) -> Iterator[int]:
+        feed = self._get_feed()
+        epoch = feed.epoch_to_iterate()
+        leftover = feed.reclaim(epoch)
+        if len(leftover):
+            yield from leftover.tolist()
+        pending = feed.remaining_seqs(epoch)
+        while pending:
+            block, pending = pending[: self.window], pending[self.window :]
+            tasks = feed.ready.take(epoch, block, starved=feed.starved)
+            if len(tasks) < len(block):
+                got = {t.seq for t in tasks}
+                pending = [s for s in block if s not in got] + pending
+            parts = [feed.admit(t) for t in tasks]
+            indices = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+            if self.shuffle and len(indices) > 1:
+                indices = indices[block_permutation(self.seed, epoch, tasks[0].seq, len(indices))]
+            yield from indices.tolist()
+        feed.finish_epoch(epoch)

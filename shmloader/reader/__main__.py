@@ -1,0 +1,5 @@
+import sys
+
+from shmloader.reader.process import main
+
+sys.exit(main())

@@ -1,0 +1,53 @@
+"""Messages from a reader process to its pool: small values only, never sample data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..sources.base import SkippedRecord
+
+
+@dataclass(frozen=True)
+class Started:
+    """The reader holds ``lease_id`` and is reading it (its segment is not sealed yet)."""
+
+    lease_id: int
+    epoch: int
+    task_id: int
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Task rows sealed in ``segment``; the lease is now the trainer's to renew and complete."""
+
+    lease_id: int
+    epoch: int
+    seq: int
+    task_id: int
+    path: str
+    start: int
+    stop: int
+    segment: str
+    num_rows: int
+    nbytes: int
+    read_seconds: float
+    skipped: tuple[SkippedRecord, ...]
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Reading the task raised; the lease was reported failed to the master."""
+
+    lease_id: int
+    epoch: int
+    task_id: int
+    path: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The master has no more work ever (all epochs done); the reader exits."""
+
+
+Message = Started | Ready | Failed | Finished

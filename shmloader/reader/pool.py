@@ -1,0 +1,204 @@
+"""The reader pool: starts reader processes, relays their messages, restarts the dead.
+
+One pipe per reader (no shared queue lock that a SIGKILLed reader could leave held), and one
+thread in the trainer that waits on all pipes and process sentinels at once. A reader that
+dies is replaced; the segment it was writing is removed; the task it held comes back from the
+master when its lease expires, so nothing is lost and nothing is delivered twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing.spawn
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from ..errors import ShmloaderError
+from .messages import Failed, Finished, Message, Ready, Started
+from .process import ReaderConfig
+
+
+@dataclass
+class ReaderInfo:
+    """What the pool knows of one reader slot (stats read this)."""
+
+    index: int
+    pid: int = 0
+    restarts: int = 0
+    tasks: int = 0
+    records: int = 0
+    bytes: int = 0
+    failures: int = 0
+    busy_seconds: float = 0.0
+    current_lease: int | None = None
+    finished: bool = False
+    exit_codes: list[int] = field(default_factory=list)
+
+
+class _Proc:
+    def __init__(self, popen: subprocess.Popen[bytes], conn: Connection) -> None:
+        self.popen = popen
+        self.conn = conn
+
+
+class ReaderPool:
+    """Runs ``num_readers`` readers; ``on_message(info, message)`` is called on its thread."""
+
+    def __init__(
+        self,
+        make_config: Callable[[int], ReaderConfig],
+        num_readers: int,
+        on_message: Callable[[ReaderInfo, Message], None],
+        *,
+        on_reader_death: Callable[[ReaderInfo, int], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
+        max_restarts: int = 10,
+    ) -> None:
+        if num_readers < 1:
+            raise ShmloaderError(f"num_readers must be at least 1, got {num_readers}")
+        self._make_config = make_config
+        self._on_message = on_message
+        self._on_death = on_reader_death
+        self._on_error = on_error
+        self._max_restarts = max_restarts
+        self.readers = [ReaderInfo(i) for i in range(num_readers)]
+        self._procs: dict[int, _Proc] = {}
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        # What spawn would send, used only if the source refers into the training script.
+        self._prep = multiprocessing.spawn.get_preparation_data("shmloader-reader")
+        self._prep.pop("authkey", None)  # never pickled, and readers need none
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> ReaderPool:
+        for info in self.readers:
+            self._spawn(info)
+        self._thread = threading.Thread(target=self._loop, name="shmloader-readers", daemon=True)
+        self._thread.start()
+        return self
+
+    def _spawn(self, info: ReaderInfo) -> None:
+        ours, theirs = socket.socketpair()
+        try:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "shmloader.reader", str(theirs.fileno()), str(os.getpid())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            theirs.close()
+        conn = Connection(ours.detach())
+        conn.send((self._prep, pickle.dumps(self._make_config(info.index))))
+        info.pid = popen.pid
+        info.current_lease = None
+        self._procs[info.index] = _Proc(popen, conn)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask readers to stop, then make sure they have; idempotent."""
+        self._stopping.set()
+        for proc in list(self._procs.values()):
+            with contextlib.suppress(OSError):
+                proc.conn.send("stop")
+        deadline = time.monotonic() + timeout
+        for proc in list(self._procs.values()):
+            try:
+                proc.popen.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        for proc in self._procs.values():
+            proc.conn.close()
+        self._procs.clear()
+
+    # -- the relay thread ----------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._step()
+        except BaseException as exc:
+            if self._stopping.is_set():
+                return
+            if self._on_error is None:
+                raise
+            self._on_error(exc)
+
+    def _step(self) -> None:
+        by_conn = {p.conn: i for i, p in self._procs.items()}
+        by_sentinel = {p.popen.pid: i for i, p in self._procs.items()}
+        if not self._procs:
+            time.sleep(0.05)
+            return
+        ready = wait(list(by_conn), timeout=0.1)
+        for conn in ready:
+            assert isinstance(conn, Connection)
+            index = by_conn[conn]
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                self._reader_gone(index)
+                continue
+            self._handle(self.readers[index], message)
+        for index in list(by_sentinel.values()):
+            proc = self._procs.get(index)
+            if proc is not None and proc.popen.poll() is not None and proc.conn not in ready:
+                self._reader_gone(index)
+
+    def _handle(self, info: ReaderInfo, message: Message) -> None:
+        if isinstance(message, Started):
+            info.current_lease = message.lease_id
+        elif isinstance(message, Ready):
+            info.current_lease = None
+            info.tasks += 1
+            info.records += message.num_rows
+            info.bytes += message.nbytes
+            info.busy_seconds += message.read_seconds
+        elif isinstance(message, Failed):
+            info.current_lease = None
+            info.failures += 1
+        elif isinstance(message, Finished):
+            info.finished = True
+        self._on_message(info, message)
+
+    def _reader_gone(self, index: int) -> None:
+        proc = self._procs.pop(index, None)
+        if proc is None:
+            return
+        # Drain what it said before dying (a Ready must not be lost).
+        with contextlib.suppress(EOFError, OSError):
+            while proc.conn.poll():
+                self._handle(self.readers[index], proc.conn.recv())
+        code = proc.popen.wait()
+        proc.conn.close()
+        info = self.readers[index]
+        info.exit_codes.append(code)
+        if self._stopping.is_set() or info.finished:
+            return
+        if self._on_death is not None:
+            self._on_death(info, code)
+        if info.restarts >= self._max_restarts:
+            raise ShmloaderError(
+                f"reader {index} died {info.restarts + 1} times (last exit code {code}); "
+                "giving up — see the readers' error output above"
+            )
+        info.restarts += 1
+        self._spawn(info)
+
+    def pids(self) -> list[int]:
+        return [p.popen.pid for p in self._procs.values()]
+
+    def alive(self) -> int:
+        return sum(1 for p in self._procs.values() if p.popen.poll() is None)
+
+    def __getstate__(self) -> Any:
+        raise TypeError("a ReaderPool belongs to the trainer process and cannot be pickled")

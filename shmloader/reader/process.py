@@ -1,0 +1,214 @@
+"""The reader process loop: lease, read, decode, write a segment, announce; renew; report.
+
+A reader is started as ``python -m shmloader.reader`` rather than through
+``multiprocessing``'s spawn, which would re-import the training script (and torch) in every
+reader: here a reader imports only pyarrow, grpc and the source, and starts in a fraction of a
+second. Only when the source refers to functions defined in the training script itself
+(``__main__``) does the reader load that script, the way spawn would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..errors import ConfigError, StoreClosedError
+from ..sources.base import Shard, SkippedRecord, Source
+from .messages import Failed, Finished, Ready, Started
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class ReaderConfig:
+    """Everything a reader needs; pickled once to the new process."""
+
+    index: int
+    master_address: str
+    consumer: str
+    source: Source
+    store: Any  # shmloader.shm.store.StoreHandle
+    allowed_paths: frozenset[str]
+    lease_timeout: float
+    token: str | None = None
+    idle_poll: float = 0.05
+    # (epoch, seq) consumed before a resume: announced empty, not read again
+    skip_tasks: frozenset[tuple[int, int]] = frozenset()
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to SIGKILL us when the trainer dies; a fallback check covers other systems."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(0)
+
+
+class _Renewer:
+    """Keeps one lease alive from a thread while the (possibly slow) read runs."""
+
+    def __init__(self, client: Any, lease_id: int, interval: float) -> None:
+        self._client = client
+        self._lease_id = lease_id
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lease-renewer", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._client.renew([self._lease_id])
+            except Exception as exc:  # renewal is best effort: expiry re-queues the task
+                print(
+                    f"shmloader reader: renewing lease {self._lease_id} failed: {exc}",
+                    file=sys.stderr,
+                )
+
+    def __enter__(self) -> _Renewer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class Reader:
+    """One reader's loop; ``run`` returns when the master is finished or the pool says stop."""
+
+    def __init__(self, config: ReaderConfig, conn: Connection, parent: int) -> None:
+        from ..master.client import MasterClient
+
+        self.config = config
+        self.conn = conn
+        self.parent = parent
+        self.client = MasterClient(config.master_address, token=config.token)
+        self._stop = False
+
+    def should_stop(self) -> bool:
+        if self._stop:
+            return True
+        if os.getppid() != self.parent:
+            self._stop = True
+        elif self.conn.poll():
+            self.conn.recv()  # the only message a pool sends is "stop"
+            self._stop = True
+        return self._stop
+
+    def run(self) -> None:
+        delay = self.config.idle_poll
+        try:
+            while not self.should_stop():
+                reply = self.client.lease(self.config.consumer, 1)
+                if not reply.leases:
+                    if reply.finished:
+                        self.conn.send(Finished())
+                        return
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.5)
+                    continue
+                delay = self.config.idle_poll
+                for lease in reply.leases:
+                    self._serve(lease)
+        except StoreClosedError:
+            return  # the trainer is closing the dataset
+        finally:
+            self.client.close()
+
+    def _serve(self, lease: Any) -> None:
+        self.conn.send(Started(lease.lease_id, lease.epoch, lease.task_id))
+        began = time.monotonic()
+        try:
+            if lease.path not in self.config.allowed_paths:
+                raise ConfigError(f"{lease.path}: not a file of the planned dataset; not opened")
+            if (lease.epoch, lease.seq) in self.config.skip_tasks:
+                self._announce(lease, began, "", 0, 0, ())
+                return
+            shard = Shard(lease.path, lease.stop)
+            with _Renewer(self.client, lease.lease_id, self.config.lease_timeout / 3):
+                result = self.config.source.read_result(shard, lease.start, lease.stop)
+                info = self.config.store.write(result.batch, should_stop=self.should_stop)
+        except StoreClosedError:
+            raise
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            self.client.fail(lease.lease_id, error)
+            self.conn.send(Failed(lease.lease_id, lease.epoch, lease.task_id, lease.path, error))
+            return
+        if info is None:  # stopped while waiting for budget: the lease lapses on its own
+            return
+        self._announce(lease, began, info.name, info.num_rows, info.nbytes, result.skipped)
+
+    def _announce(
+        self,
+        lease: Any,
+        began: float,
+        segment: str,
+        num_rows: int,
+        nbytes: int,
+        skipped: tuple[SkippedRecord, ...],
+    ) -> None:
+        self.conn.send(
+            Ready(
+                lease_id=lease.lease_id,
+                epoch=lease.epoch,
+                seq=lease.seq,
+                task_id=lease.task_id,
+                path=lease.path,
+                start=lease.start,
+                stop=lease.stop,
+                segment=segment,
+                num_rows=num_rows,
+                nbytes=nbytes,
+                read_seconds=time.monotonic() - began,
+                skipped=skipped,
+            )
+        )
+
+
+def _load_config(prep: dict[str, Any], blob: bytes) -> ReaderConfig:
+    """Unpickle the config; load the training script only if the source refers into it."""
+    try:
+        config: ReaderConfig = pickle.loads(blob)
+        return config
+    except (AttributeError, ModuleNotFoundError, ImportError):
+        import multiprocessing.spawn
+
+        multiprocessing.spawn.prepare(prep)
+        config = pickle.loads(blob)
+        return config
+
+
+@contextlib.contextmanager
+def _connection(fd: int) -> Iterator[Connection]:
+    conn = Connection(fd)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m shmloader.reader FD PARENT_PID``."""
+    args = sys.argv[1:] if argv is None else argv
+    fd, parent = int(args[0]), int(args[1])
+    _die_with_parent(parent)
+    # The trainer's Ctrl-C reaches the whole process group; the trainer stops us itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with _connection(fd) as conn:
+        prep, blob = conn.recv()
+        config = _load_config(prep, blob)
+        Reader(config, conn, parent).run()
+    return 0

@@ -1,0 +1,137 @@
+"""``Stats``: one snapshot of what a dataset is doing and what it costs.
+
+Memory is measured with psutil per process (RSS, USS, and PSS, which splits shared pages among
+the processes mapping them: the honest figure for "how much does this job use", since shared
+memory segments are mapped by several processes at once).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import psutil
+
+from ..shm.space import space
+
+if TYPE_CHECKING:
+    from ..dataset.dataset import SharedTaskDataset
+
+
+@dataclass(frozen=True)
+class Memory:
+    rss: int
+    uss: int
+    pss: int
+
+
+@dataclass(frozen=True)
+class ProcessStats:
+    pid: int
+    role: str  # "trainer", "reader", "worker"
+    memory: Memory | None
+
+
+@dataclass(frozen=True)
+class ReaderStats:
+    index: int
+    pid: int
+    restarts: int
+    tasks: int
+    records: int
+    bytes: int
+    failures: int
+    busy_seconds: float
+    memory: Memory | None
+
+
+@dataclass(frozen=True)
+class Stats:
+    readers: list[ReaderStats]
+    processes: list[ProcessStats]
+    shm_in_use: int
+    shm_budget: int
+    shm_free: int
+    records_consumed: int
+    records_skipped: int
+    task_failures: int
+    duplicate_tasks: int
+    epochs_started: int
+    epochs_finished: int
+    quarantined_tasks: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_pss(self) -> int:
+        """PSS of the trainer, its DataLoader workers and its readers together."""
+        return sum(p.memory.pss for p in self.processes if p.memory is not None)
+
+    def __str__(self) -> str:
+        mib = 1 << 20
+        lines = [
+            f"shm: {self.shm_in_use / mib:.1f} MiB in use of {self.shm_budget / mib:.1f} MiB "
+            f"budget ({self.shm_free / mib:.0f} MiB free on the filesystem)",
+            f"records consumed: {self.records_consumed}, skipped: {self.records_skipped}, "
+            f"task failures: {self.task_failures}, quarantined: {self.quarantined_tasks}",
+            f"epochs started/finished at the master: {self.epochs_started}/{self.epochs_finished}",
+            f"memory (PSS) of trainer + workers + readers: {self.total_pss / mib:.1f} MiB",
+        ]
+        for r in self.readers:
+            pss = f"{r.memory.pss / mib:.1f} MiB" if r.memory else "-"
+            lines.append(
+                f"  reader {r.index} pid {r.pid}: {r.tasks} tasks, {r.records} records, "
+                f"busy {r.busy_seconds:.1f} s, restarts {r.restarts}, PSS {pss}"
+            )
+        lines.extend(self.notes)
+        return "\n".join(lines)
+
+
+def memory_of(pid: int) -> Memory | None:
+    try:
+        info = psutil.Process(pid).memory_full_info()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+    return Memory(rss=info.rss, uss=info.uss, pss=getattr(info, "pss", info.uss))
+
+
+def collect_stats(ds: SharedTaskDataset) -> Stats:
+    runtime = ds.runtime
+    pool = runtime.pool
+    reader_infos = pool.readers if pool is not None else []
+    readers = [
+        ReaderStats(
+            index=r.index,
+            pid=r.pid,
+            restarts=r.restarts,
+            tasks=r.tasks,
+            records=r.records,
+            bytes=r.bytes,
+            failures=r.failures,
+            busy_seconds=r.busy_seconds,
+            memory=memory_of(r.pid),
+        )
+        for r in reader_infos
+    ]
+    reader_pids = {r.pid for r in reader_infos}
+    me = os.getpid()
+    processes = [ProcessStats(me, "trainer", memory_of(me))]
+    for child in psutil.Process(me).children(recursive=False):
+        role = "reader" if child.pid in reader_pids else "worker"
+        processes.append(ProcessStats(child.pid, role, memory_of(child.pid)))
+    handle = runtime.store.handle()
+    progress = runtime.client.progress()
+    return Stats(
+        readers=readers,
+        processes=processes,
+        shm_in_use=handle.in_use(),
+        shm_budget=handle.budget,
+        shm_free=space(handle.base_dir).free,
+        records_consumed=runtime.plane.consumed_records,
+        records_skipped=len(runtime.skipped),
+        task_failures=len(runtime.failures),
+        duplicate_tasks=runtime.plane.duplicates,
+        epochs_started=progress.epochs_started,
+        epochs_finished=progress.epochs_finished,
+        quarantined_tasks=len(progress.quarantined),
+    )

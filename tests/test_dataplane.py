@@ -1,0 +1,195 @@
+"""The trainer-side data plane without processes: a real dispatcher, a real segment store, the
+real sampler, plane, ledger and gatherer; "readers" are played by the test in one thread, so the
+order in which tasks arrive can be chosen (and scrambled) at will."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from shmloader.dataset.ledger import LedgerReader, ledger_dir
+from shmloader.dataset.plane import DataPlane
+from shmloader.dataset.sampler import TaskSampler
+from shmloader.dataset.worker import Gatherer
+from shmloader.master.dispatcher import Dispatcher
+from shmloader.master.progress import DispatcherConfig
+from shmloader.master.tasks import build_schedule
+from shmloader.shm.store import SegmentStore
+from shmloader.sources.base import Shard
+
+SHARDS = [Shard("/data/a", 23), Shard("/data/b", 7), Shard("/data/c", 40)]
+OFFSETS = {"/data/a": 0, "/data/b": 23, "/data/c": 30}
+TOTAL = 70
+
+
+class DispatcherOps:
+    """The plane's master calls, served by an in-process dispatcher."""
+
+    def __init__(self, d: Dispatcher, consumer: str) -> None:
+        self.d = d
+        self.consumer = consumer
+
+    def complete(self, lease_id: int) -> None:
+        self.d.complete(lease_id, time.time())
+
+    def _queue(self, epoch: int) -> tuple[int, int]:
+        c = self.d.config
+        s = build_schedule(
+            self.d.table,
+            epoch,
+            seed=c.seed,
+            shuffle=c.shuffle,
+            world_size=c.world_size,
+            policy=c.ddp_policy,
+        )
+        return int(s.bounds[1] - s.bounds[0]), int(s.lengths()[s.bounds[0] : s.bounds[1]].sum())
+
+    def epoch_tasks(self, epoch: int) -> int:
+        return self._queue(epoch)[0]
+
+    def epoch_records(self, epoch: int) -> int:
+        return self._queue(epoch)[1]
+
+
+def make(tmp_path, *, shuffle=True, seed=3, epochs=2, window=2, budget="64MiB"):
+    d = Dispatcher(
+        SHARDS, DispatcherConfig(records_per_task=8, epochs=epochs, shuffle=shuffle, seed=seed)
+    )
+    d.register("c", time.time())
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    store = SegmentStore.create(budget, base_dir=str(tmp_path))
+    handle = store.handle()
+    plane = DataPlane(
+        master=DispatcherOps(d, "c"), segments=handle, ledger=LedgerReader(ledger_dir(handle.path))
+    )
+    sampler = TaskSampler(lambda: plane, shuffle=shuffle, seed=seed, window=window)
+    return d, store, plane, sampler
+
+
+def read_all(d, store, plane, order_seed):
+    """Lease every available task, write its segment, announce in a scrambled order."""
+    leases = d.lease("c", 1000, time.time())
+    random.Random(order_seed).shuffle(leases)
+    handle = store.handle()
+    for lease in leases:
+        first = OFFSETS[lease.task.path] + lease.task.start
+        ids = np.arange(first, first + lease.task.num_records, dtype=np.int64)
+        info = handle.write(pa.record_batch({"id": ids, "x": ids.astype(np.float32) * 2}))
+        seq = lease.unit  # elastic mode: one queue, starting at 0
+        plane.announce(
+            epoch=lease.epoch,
+            seq=seq,
+            task_id=lease.task.task_id,
+            lease_id=lease.lease_id,
+            segment=info.name,
+            num_rows=info.num_rows,
+        )
+
+
+def run_epoch(d, store, plane, sampler, order_seed, batch=16):
+    read_all(d, store, plane, order_seed)
+    gatherer = Gatherer(store.handle(), ["id", "x"])
+    seen = []
+    indices = list(iter(sampler))
+    for i in range(0, len(indices), batch):
+        out = gatherer.gather(indices[i : i + batch])
+        assert np.array_equal(out["x"].numpy(), out["id"].numpy().astype(np.float32) * 2)
+        seen.extend(out["id"].tolist())
+    plane.poll()
+    return indices, seen
+
+
+def test_every_record_once_per_epoch_and_segments_released(tmp_path):
+    d, store, plane, sampler = make(tmp_path)
+    with store:
+        for epoch in range(2):
+            assert len(sampler) == TOTAL
+            _, seen = run_epoch(d, store, plane, sampler, order_seed=epoch)
+            assert sorted(seen) == list(range(TOTAL))
+        # (the dispatcher opens epoch 1 while epoch 0 is read, so check at the end)
+        assert plane.live_segments() == []
+        assert store.handle().in_use() == 0
+        assert d.finished
+        assert plane.consumed_records == 2 * TOTAL
+
+
+def test_order_depends_on_seed_not_on_arrival(tmp_path):
+    runs = []
+    for order_seed in (1, 2):
+        d, store, plane, sampler = make(tmp_path / str(order_seed), epochs=1)
+        with store:
+            _, seen = run_epoch(d, store, plane, sampler, order_seed)
+        runs.append(seen)
+    assert runs[0] == runs[1]
+    d, store, plane, sampler = make(tmp_path / "other", epochs=1, seed=4)
+    with store:
+        _, other = run_epoch(d, store, plane, sampler, 1)
+    assert other != runs[0] and sorted(other) == sorted(runs[0])
+
+
+def test_no_shuffle_keeps_plan_order(tmp_path):
+    d, store, plane, sampler = make(tmp_path, shuffle=False, epochs=1)
+    with store:
+        _, seen = run_epoch(d, store, plane, sampler, order_seed=5)
+    assert seen == list(range(TOTAL))
+
+
+def test_abandoned_pass_is_finished_by_the_next_one(tmp_path):
+    d, store, plane, sampler = make(tmp_path, epochs=2, window=1)
+    with store:
+        read_all(d, store, plane, 0)
+        gatherer = Gatherer(store.handle(), ["id"])
+        it = iter(sampler)
+        first = [next(it) for _ in range(12)]
+        got = gatherer.gather(first[:5])["id"].tolist()  # 7 yielded rows never gathered
+        del it
+        rest = list(iter(sampler))  # same epoch, continued
+        got += gatherer.gather(rest)["id"].tolist()
+        plane.poll()
+        assert sorted(got) == list(range(TOTAL))
+        assert plane.epoch_to_iterate() == 1
+
+
+def test_duplicate_announcement_is_dropped(tmp_path):
+    d, store, plane, _ = make(tmp_path, epochs=1)
+    with store:
+        lease = d.lease("c", 1, time.time())[0]
+        handle = store.handle()
+        batch = pa.record_batch({"id": np.arange(lease.task.num_records)})
+        for _ in range(2):
+            info = handle.write(batch)
+            plane.announce(
+                epoch=0,
+                seq=lease.unit,
+                task_id=lease.task.task_id,
+                lease_id=lease.lease_id,
+                segment=info.name,
+                num_rows=info.num_rows,
+            )
+        assert plane.duplicates == 1
+        assert len(handle.segments()) == 1
+
+
+def test_gather_rejects_empty_batch(tmp_path):
+    _, store, _, _ = make(tmp_path)
+    with store, pytest.raises(Exception, match="empty batch"):
+        Gatherer(store.handle(), ["id"]).gather([])
+
+
+def test_position_for_checkpoints(tmp_path):
+    d, store, plane, sampler = make(tmp_path, epochs=1, window=1)
+    with store:
+        read_all(d, store, plane, 0)
+        gatherer = Gatherer(store.handle(), ["id"])
+        it = iter(sampler)
+        taken = [next(it) for _ in range(12)]
+        gatherer.gather(taken)
+        plane.poll()
+        epoch, done, partial = plane.position()
+        assert epoch == 0
+        assert len(done) == 1  # the first task (8 rows) is consumed
+        assert sum(len(v) for v in partial.values()) == 4
