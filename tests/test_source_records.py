@@ -263,3 +263,17 @@ def test_configuration_errors(files: list[tuple[str, list[int]]], tmp_path: Path
     source = RecordFileSource(path)
     with pytest.raises(ConfigError, match="not one of this source's files"):
         source.read(Shard(files[1][0], 37), 0, 1)
+
+
+def test_decoder_schema_is_used_without_guessing(tmp_path):
+    """Variable-length features differ per record: the decoder's declared schema must win."""
+    from shmloader.formats.example import ExampleDecoder, VarLenFeature, encode_example
+
+    path = str(tmp_path / "v.tfrecord")
+    lengths = [1, 3, 0, 2]
+    write_records(path, [encode_example({"v": np.arange(n, dtype=np.int64)}) for n in lengths])
+    decoder = ExampleDecoder({"v": VarLenFeature("int64")})
+    source = RecordFileSource(path, decode=decoder)
+    assert source.schema == decoder.schema
+    batch = source.read(source.plan()[0], 0, 4)
+    assert [len(v) for v in batch.column("v").to_pylist()] == lengths

@@ -81,6 +81,11 @@ class RecordFileSource(BaseSource):
         self.index_dir = index_dir
         if schema is None and decode is None and decode_batch is None:
             schema = RAW_SCHEMA
+        if schema is None:
+            # Decoders that know their output (ExampleDecoder, ExampleBatchDecoder) say so: no
+            # guess from one record, which would get variable-length features wrong.
+            declared = getattr(decode if decode is not None else decode_batch, "schema", None)
+            schema = declared if isinstance(declared, pa.Schema) else None
         self._schema = schema
         if schema is not None:
             BatchBuilder(schema)  # unsupported column types fail here, not in a reader
