@@ -180,6 +180,8 @@ class Reader:
 
 def _load_config(prep: dict[str, Any], blob: bytes) -> ReaderConfig:
     """Unpickle the config; load the training script only if the source refers into it."""
+    # The trainer's import path (its script's folder, PYTHONPATH edits) without running it.
+    sys.path[:] = [p for p in prep.get("sys_path", sys.path)]
     try:
         config: ReaderConfig = pickle.loads(blob)
         return config
