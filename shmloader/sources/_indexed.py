@@ -49,6 +49,8 @@ class IndexedSource(BaseSource):
 
     kind: str = ""  # the index kind, set by subclasses
 
+    _LOCAL = ("_offsets", "_builder", "_known")
+
     def __init__(
         self,
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
@@ -79,16 +81,6 @@ class IndexedSource(BaseSource):
         self._offsets: OrderedDict[str, np.ndarray] = OrderedDict()
         self._builder: BatchBuilder | None = None
         self._known = frozenset(self.paths)
-
-    def __getstate__(self) -> dict[str, object]:
-        state = super().__getstate__()
-        for key in ("_offsets", "_builder", "_known"):
-            state.pop(key, None)
-        return state
-
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.__dict__.update(state)
-        self._init_local()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({len(self.paths)} files, on_error={self.on_error!r})"

@@ -65,10 +65,19 @@ class Source(Protocol):
 
 
 class BaseSource:
-    """Shared plumbing: plan caching, range checks and ``read`` in terms of ``read_result``."""
+    """Shared plumbing: plan caching, range checks and ``read`` in terms of ``read_result``.
+
+    Per-process caches (open files, builders) are named in ``_LOCAL``: they are left out when
+    the source is pickled into a reader and rebuilt there by ``_init_local``.
+    """
+
+    _LOCAL: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self._plan: list[Shard] | None = None
+
+    def _init_local(self) -> None:
+        """Create the per-process caches named in ``_LOCAL``."""
 
     def plan(self) -> list[Shard]:
         if self._plan is None:
@@ -89,8 +98,15 @@ class BaseSource:
         raise NotImplementedError
 
     def __getstate__(self) -> dict[str, object]:
-        # The plan is cheap to send and saves readers from re-listing an object store.
-        return dict(self.__dict__)
+        # The plan travels: it is cheap to send and saves readers re-listing an object store.
+        state = dict(self.__dict__)
+        for key in self._LOCAL:
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._init_local()
 
 
 def check_range(shard: Shard, start: int, stop: int) -> None:

@@ -49,6 +49,8 @@ class RecordFileSource(BaseSource):
     a DataError naming file, record and byte offset.
     """
 
+    _LOCAL = ("_files", "_builder", "_known")
+
     def __init__(
         self,
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
@@ -95,16 +97,6 @@ class RecordFileSource(BaseSource):
         self._files: OrderedDict[str, RecordFile] = OrderedDict()
         self._builder: BatchBuilder | None = None
         self._known = frozenset(self.paths)
-
-    def __getstate__(self) -> dict[str, object]:
-        state = super().__getstate__()
-        for key in ("_files", "_builder", "_known"):
-            state.pop(key, None)
-        return state
-
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.__dict__.update(state)
-        self._init_local()
 
     def __repr__(self) -> str:
         return f"RecordFileSource({len(self.paths)} files, on_error={self.on_error!r})"
