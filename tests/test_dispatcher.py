@@ -93,6 +93,19 @@ def test_unbounded_epochs_never_finish() -> None:
     assert not d.finished and d.progress().epochs_finished == 5
 
 
+def test_first_epoch_resumes_at_a_later_epoch_with_its_own_order() -> None:
+    d = make(epochs=3, first_epoch=2, shuffle=True, seed=5)
+    d.register("c", 0.0)
+    leases = d.lease("c", 7, 0.0)
+    assert {x.epoch for x in leases} == {2}
+    assert ids(leases) == task_order(7, seed=5, epoch=2, shuffle=True).tolist()
+    for x in leases:
+        d.complete(x.lease_id, 0.0)
+    assert d.lease("c", 7, 0.0) == [] and d.finished
+    with pytest.raises(ConfigError, match="first_epoch 3 is past the last epoch"):
+        make(epochs=3, first_epoch=3)
+
+
 def test_completing_twice_or_an_unknown_lease_raises_and_counts_once() -> None:
     d = make()
     d.register("c", 0.0)
