@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import LeaseError, MasterError, TaskQuarantinedError
+from ..errors import ConfigError, LeaseError, MasterError, TaskQuarantinedError
 from ..reader.messages import Failed, Message, Ready
 from ..reader.pool import ReaderInfo, ReaderPool
 from ..reader.process import ReaderConfig
@@ -95,6 +95,8 @@ class Runtime:
             self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             self.client = MasterClient(address, token=config.token)
             info = self.client.register(self.consumer, config.rank)
+            if info.world_size is None:
+                self._check_only_consumer()
             self.lease_timeout = float(info.lease_timeout)
             self.client.start_heartbeat(self.consumer)
             handle = self.store.handle()
@@ -131,6 +133,24 @@ class Runtime:
         except BaseException:
             self.close()
             raise
+
+    def _check_only_consumer(self) -> None:
+        """In elastic mode one master feeds one trainer: the sampler expects every task.
+
+        A second trainer would wait for tasks the first one took; refuse instead of hanging.
+        """
+        others = [
+            c.consumer for c in self.client.progress().consumers if c.consumer != self.consumer
+        ]
+        if others:
+            with contextlib.suppress(MasterError):
+                self.client.leave(self.consumer)
+            raise ConfigError(
+                f"the master at {self.address} already serves trainer {others[0]!r}; without "
+                "world_size a master feeds one trainer. Give every trainer rank= and world_size= "
+                "(DDP equal shares), or wait until the other trainer left or timed out "
+                f"(consumer_timeout) if it died"
+            )
 
     def _start_embedded(self) -> str:
         from ..master.server import Master

@@ -1,0 +1,38 @@
+"""Without world_size a master feeds one trainer; a second one is refused, never left hanging."""
+
+from __future__ import annotations
+
+import pytest
+
+import shmloader
+from shmloader.errors import ConfigError
+
+
+def test_second_trainer_on_an_elastic_master_is_refused(tmp_path):
+    path = str(tmp_path / "r.tfrecord")
+    shmloader.write_records(path, [bytes([i]) for i in range(50)])
+    source = shmloader.RecordFileSource(path)
+    with shmloader.Master(source, records_per_task=10, epochs=1) as master:
+        first = shmloader.SharedTaskDataset(
+            source, num_readers=1, master=master.address, shm_budget="8MiB", shm_dir=str(tmp_path)
+        )
+        second = shmloader.SharedTaskDataset(
+            source, num_readers=1, master=master.address, shm_budget="8MiB", shm_dir=str(tmp_path)
+        )
+        try:
+            first.start()
+            with pytest.raises(ConfigError, match="already serves trainer"):
+                second.start()
+            rows = [r for batch in torch_loader(first) for r in batch["record"]]
+            assert sorted(rows) == [bytes([i]) for i in range(50)]
+        finally:
+            second.close()
+            first.close()
+
+
+def torch_loader(ds):
+    import torch.utils.data
+
+    return torch.utils.data.DataLoader(
+        ds, batch_size=8, sampler=ds.sampler(), collate_fn=ds.collate
+    )
