@@ -16,15 +16,21 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from .._fs import expand_paths
-from ..errors import ConfigError, DataError, DecodeError
+from ..errors import ConfigError
 from ..formats.index import INDEX_SUFFIX, cached_offsets
+from ._decoding import (
+    INFER_ATTEMPTS,
+    At,
+    decode_to_batch,
+    infer_schema_from,
+    record_failure,
+)
 from .base import BaseSource, Shard, SkippedRecord, check_on_error
 from .columns import BatchBuilder, infer_schema
 
@@ -32,16 +38,6 @@ Decode = Callable[[dict[str, Any]], Mapping[str, Any]]
 Parse = Callable[[Any], Any]
 
 _CACHED_FILES = 16  # offset arrays kept per process
-INFER_ATTEMPTS = 1000  # records that may fail (on_error="skip") while inferring a schema
-
-
-@dataclass(frozen=True, slots=True)
-class At:
-    """Where a record is: its index in the file, its byte offset, and extra words (a key)."""
-
-    index: int
-    offset: int
-    note: str = ""
 
 
 class IndexedSource(BaseSource):
@@ -145,25 +141,13 @@ class IndexedSource(BaseSource):
         return raw
 
     def _infer_schema(self) -> pa.Schema:
-        """From the first record that parses and decodes, in plan order. Records that fail
-        are passed over even with ``on_error="raise"``: reading their range reports them."""
-        failures: list[str] = []
-        for path, at, raw in self._first_records():
-            try:
-                record = self._parse(path, raw)
-                if self.decode is not None:
-                    record = self.decode(record)
-                return infer_schema(record)
-            except Exception as exc:
-                failures.append(f"{path}, record {at.index}, byte offset {at.offset}: {exc!r}")
-            if len(failures) >= INFER_ATTEMPTS:
-                break
-        if not failures:
-            raise ConfigError("cannot infer a schema: the files hold no records; pass schema=")
-        raise DecodeError(
-            f"cannot infer a schema: the first {len(failures)} records all failed; "
-            f"first failure: {failures[0]}; pass schema= or fix the data"
-        )
+        """From the first record that parses and decodes, in plan order (see
+        :func:`~shmloader.sources._decoding.infer_schema_from`)."""
+        return infer_schema_from(self._first_records(), self._schema_of)
+
+    def _schema_of(self, path: str, raw: Any) -> pa.Schema:
+        record = self._parse(path, raw)
+        return infer_schema(self.decode(record) if self.decode is not None else record)
 
     def builder(self) -> BatchBuilder:
         if self._builder is None:
@@ -175,54 +159,17 @@ class IndexedSource(BaseSource):
         self, path: str, raws: Sequence[Any], where: Sequence[At], skipped: list[SkippedRecord]
     ) -> pa.RecordBatch:
         """Parse, decode and convert records; failures raise (named) or go to ``skipped``."""
-        decode = self.decode
-        raising = self.on_error == "raise"
-        records: list[Any] = []
-        kept: list[At] = []
-        failures: list[tuple[At, Exception]] = []
-        for raw, at in zip(raws, where, strict=True):
-            try:
-                record = self._parse(path, raw)
-                if decode is not None:
-                    record = decode(record)
-            except Exception as exc:
-                failures.append((at, exc))
-                if raising:
-                    break  # converting the records before it may still find an earlier one
-                continue
-            records.append(record)
-            kept.append(at)
-        builder = self.builder()
-        if raising:
-            try:
-                batch = builder.from_records(records)
-            except DecodeError as exc:
-                raise _locate(exc, path, kept) from exc
-            for at, error in failures:
-                self.failed(path, at, error, skipped)
-            return batch
-        for at, error in failures:
-            self.failed(path, at, error, skipped)
-        batch, bad = builder.from_records_skipping(records)
-        for pos, err in bad.items():
-            at = kept[pos]
-            skipped.append(SkippedRecord(path, at.index, at.offset, err.reason + at.note))
-        return batch
+        return decode_to_batch(
+            self.builder(),
+            path,
+            raws,
+            where,
+            parse=self._parse,
+            decode=self.decode,
+            on_error=self.on_error,
+            skipped=skipped,
+        )
 
     def failed(self, path: str, at: At, exc: Exception, skipped: list[SkippedRecord]) -> None:
-        """A record failed to parse or decode: raise a DecodeError naming it, or skip it."""
-        if isinstance(exc, DataError):
-            reason, cls = exc.reason, type(exc)
-        else:
-            reason, cls = f"decode failed: {type(exc).__name__}: {exc}", DecodeError
-        if self.on_error == "raise":
-            raise cls(reason + at.note, path=path, index=at.index, offset=at.offset) from exc
-        skipped.append(SkippedRecord(path, at.index, at.offset, reason + at.note))
-
-
-def _locate(exc: DecodeError, path: str, where: Sequence[At]) -> DecodeError:
-    """A conversion error (index = position in the converted list) named by file and record."""
-    if exc.index is None or not 0 <= exc.index < len(where):
-        return type(exc)(exc.reason, path=path)
-    at = where[exc.index]
-    return type(exc)(exc.reason + at.note, path=path, index=at.index, offset=at.offset)
+        """A record failed to parse or decode: raise a DataError naming it, or skip it."""
+        record_failure(path, at, exc, self.on_error, skipped)

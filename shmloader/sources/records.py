@@ -16,15 +16,24 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from .._fs import expand_paths
-from ..errors import ConfigError, CorruptRecordError, DecodeError
+from ..errors import ConfigError, CorruptRecordError
 from ..formats.index import INDEX_SUFFIX
 from ..formats.tfrecord import RecordFile
+from ._decoding import (
+    INFER_ATTEMPTS,
+    At,
+    Locations,
+    decode_columns_to_batch,
+    decode_to_batch,
+    infer_schema_from,
+    record_failure,
+)
 from .base import BaseSource, ReadResult, Shard, SkippedRecord, check_on_error
 from .columns import BatchBuilder, infer_schema, infer_schema_from_columns
 
@@ -33,7 +42,6 @@ DecodeBatch = Callable[[list[bytes]], Mapping[str, Any]]
 
 RAW_SCHEMA = pa.schema([pa.field("record", pa.binary())])
 _OPEN_FILES = 16  # RecordFiles (with their loaded offsets) kept per process
-_INFER_ATTEMPTS = 1000  # undecodable records tolerated (on_error="skip") while inferring
 
 
 class RecordFileSource(BaseSource):
@@ -130,131 +138,59 @@ class RecordFileSource(BaseSource):
     def _read(self, shard: Shard, start: int, stop: int) -> ReadResult:
         path = shard.path
         payloads: list[bytes] = []
-        where: list[tuple[int, int]] = []  # (record index, byte offset) of each payload
+        indexes: list[int] = []  # record index and byte offset of each payload
+        offsets: list[int] = []
         skipped: list[SkippedRecord] = []
         for idx, off, payload in self._file(path).read_range(start, stop, on_error=self.on_error):
             if isinstance(payload, CorruptRecordError):
-                skipped.append(SkippedRecord(path, idx, off, payload.reason))
+                record_failure(path, At(idx, off), payload, self.on_error, skipped)
             else:
                 payloads.append(payload)
-                where.append((idx, off))
+                indexes.append(idx)
+                offsets.append(off)
+        where = Locations(indexes, offsets)
         builder = self._builder_for_schema()
+        on_error = self.on_error
         if self.decode is not None:
-            batch = self._decode_each(builder, path, payloads, where, skipped)
+            batch = decode_to_batch(
+                builder,
+                path,
+                payloads,
+                where,
+                parse=None,
+                decode=self.decode,
+                on_error=on_error,
+                skipped=skipped,
+            )
         elif self.decode_batch is not None:
-            batch = self._decode_batched(builder, path, payloads, where, skipped)
+            batch = decode_columns_to_batch(
+                builder,
+                path,
+                payloads,
+                where,
+                decode_batch=self.decode_batch,
+                on_error=on_error,
+                skipped=skipped,
+            )
         else:
             batch = builder.from_columns({"record": payloads}, len(payloads))
         skipped.sort(key=lambda s: s.index)
         return ReadResult(batch, tuple(skipped))
 
-    def _decode_each(
-        self,
-        builder: BatchBuilder,
-        path: str,
-        payloads: list[bytes],
-        where: list[tuple[int, int]],
-        skipped: list[SkippedRecord],
-    ) -> pa.RecordBatch:
-        decode = self.decode
-        assert decode is not None
-        decoded: list[Any] = []
-        kept: list[tuple[int, int]] = []  # where[] of the records that decoded
-        for pos, payload in enumerate(payloads):
-            try:
-                record = decode(payload)
-            except Exception as exc:
-                self._failed(path, where[pos], exc, skipped)
-                continue
-            decoded.append(record)
-            kept.append(where[pos])
-        if self.on_error == "raise":
-            try:
-                return builder.from_records(decoded)
-            except DecodeError as exc:
-                raise _locate(exc, path, kept) from exc
-        batch, bad = builder.from_records_skipping(decoded)
-        for pos, err in bad.items():
-            idx, off = kept[pos]
-            skipped.append(SkippedRecord(path, idx, off, err.reason))
-        return batch
-
-    def _decode_batched(
-        self,
-        builder: BatchBuilder,
-        path: str,
-        payloads: list[bytes],
-        where: list[tuple[int, int]],
-        skipped: list[SkippedRecord],
-    ) -> pa.RecordBatch:
-        decode_batch = self.decode_batch
-        assert decode_batch is not None
-        if not payloads:
-            return builder.empty()
-        try:
-            return builder.from_columns(decode_batch(payloads), len(payloads))
-        except Exception as exc:
-            whole = exc
-        # Retry record by record: isolates the bad ones (skip) or names the first (raise).
-        batches = []
-        for pos, payload in enumerate(payloads):
-            try:
-                batches.append(builder.from_columns(decode_batch([payload]), 1))
-            except Exception as exc:
-                self._failed(path, where[pos], exc, skipped)
-        if self.on_error == "raise":
-            first, last = where[0][0], where[-1][0]
-            raise DecodeError(
-                f"decode_batch failed on records [{first}, {last}] but on none of them alone: "
-                f"{type(whole).__name__}: {whole}",
-                path=path,
-                index=first,
-                offset=where[0][1],
-            ) from whole
-        return pa.concat_batches(batches) if batches else builder.empty()
-
-    def _failed(
-        self, path: str, at: tuple[int, int], exc: Exception, skipped: list[SkippedRecord]
-    ) -> None:
-        """A record's decode raised: raise a DecodeError naming it, or record the skip."""
-        idx, off = at
-        if isinstance(exc, DecodeError):  # ours (e.g. a schema mismatch) already says what
-            cls, reason = type(exc), exc.reason
-        else:
-            cls, reason = DecodeError, f"decode failed: {type(exc).__name__}: {exc}"
-        if self.on_error == "raise":
-            raise cls(reason, path=path, index=idx, offset=off) from exc
-        skipped.append(SkippedRecord(path, idx, off, reason))
-
     def _infer_schema(self) -> pa.Schema:
-        """From the first record that decodes, in plan order. Records that fail are passed
-        over even with ``on_error="raise"``: reading their own range reports them properly."""
-        failures: list[str] = []
+        """From the first record that decodes, in plan order (see :func:`infer_schema_from`)."""
+        return infer_schema_from(self._first_payloads(), self._schema_of)
+
+    def _first_payloads(self) -> Iterator[tuple[str, At, bytes | CorruptRecordError]]:
         for shard in self.plan():
-            stop = min(shard.num_records, _INFER_ATTEMPTS)
+            stop = min(shard.num_records, INFER_ATTEMPTS)
             for idx, off, payload in self._file(shard.path).read_range(0, stop, on_error="skip"):
-                try:
-                    if isinstance(payload, CorruptRecordError):
-                        raise payload
-                    if self.decode is not None:
-                        return infer_schema(self.decode(payload))
-                    assert self.decode_batch is not None
-                    return infer_schema_from_columns(self.decode_batch([payload]), 1)
-                except Exception as exc:
-                    failures.append(f"{shard.path}, record {idx}, byte offset {off}: {exc!r}")
-                if len(failures) >= _INFER_ATTEMPTS:
-                    break
-        if not failures:
-            raise ConfigError("cannot infer a schema: the files hold no records; pass schema=")
-        raise DecodeError(
-            f"cannot infer a schema: the first {len(failures)} records all failed to decode; "
-            f"first failure: {failures[0]}"
-        )
+                yield shard.path, At(idx, off), payload
 
-
-def _locate(exc: DecodeError, path: str, where: list[tuple[int, int]]) -> DecodeError:
-    """A conversion error (index = position in the decoded list) named by file and record."""
-    if exc.index is None or not 0 <= exc.index < len(where):
-        return type(exc)(exc.reason, path=path)
-    idx, off = where[exc.index]
-    return type(exc)(exc.reason, path=path, index=idx, offset=off)
+    def _schema_of(self, path: str, payload: bytes | CorruptRecordError) -> pa.Schema:
+        if isinstance(payload, CorruptRecordError):
+            raise payload
+        if self.decode is not None:
+            return infer_schema(self.decode(payload))
+        assert self.decode_batch is not None
+        return infer_schema_from_columns(self.decode_batch([payload]), 1)

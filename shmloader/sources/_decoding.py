@@ -1,0 +1,205 @@
+"""Decoded records -> one batch, with every failure located: what all record sources share.
+
+:class:`~shmloader.sources.records.RecordFileSource` and the indexed sources (CSV, JSON Lines,
+WebDataset) read a range as a list of items (payloads, lines, samples) plus where each item
+sits in its file (:class:`At`). Everything after that is the same for all of them, so it lives
+here once, and a failure reads the same whichever source hit it:
+
+* a record whose parse or decode raises becomes a :class:`DecodeError` (or the
+  :class:`DataError` it raised) naming file, record and byte offset, or a
+  :class:`SkippedRecord` under ``on_error="skip"`` (:func:`record_failure`);
+* conversion by :class:`BatchBuilder` reports positions in the list it was given;
+  :func:`locate` turns those back into file, record and offset;
+* the schema, when not given, comes from the first record that decodes, in plan order, with
+  the first failures quoted if none does (:func:`infer_schema_from`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, overload
+
+import pyarrow as pa
+
+from ..errors import ConfigError, DataError, DecodeError
+from .base import SkippedRecord
+from .columns import BatchBuilder
+
+INFER_ATTEMPTS = 1000  # records that may fail to decode while inferring a schema
+
+
+@dataclass(frozen=True, slots=True)
+class At:
+    """Where a record is: its index in the file, its byte offset, and extra words (a key)."""
+
+    index: int
+    offset: int
+    note: str = ""
+
+
+class Locations(Sequence[At]):
+    """Record indexes and offsets kept in two plain lists, an :class:`At` made only on access.
+
+    For the vectorised paths, where building an object per record would cost more than the
+    decode itself; the objects are needed only to name a record that failed.
+    """
+
+    __slots__ = ("indexes", "offsets")
+
+    def __init__(self, indexes: list[int], offsets: list[int]) -> None:
+        self.indexes = indexes
+        self.offsets = offsets
+
+    def __len__(self) -> int:
+        return len(self.indexes)
+
+    @overload
+    def __getitem__(self, pos: int) -> At: ...
+
+    @overload
+    def __getitem__(self, pos: slice) -> Locations: ...
+
+    def __getitem__(self, pos: int | slice) -> At | Locations:
+        if isinstance(pos, slice):
+            return Locations(self.indexes[pos], self.offsets[pos])
+        return At(self.indexes[pos], self.offsets[pos])
+
+
+def record_failure(
+    path: str, at: At, exc: Exception, on_error: str, skipped: list[SkippedRecord]
+) -> None:
+    """A record failed to parse or decode: raise an error naming it, or add it to ``skipped``.
+
+    A :class:`DataError` of ours (a schema mismatch, a corrupt frame) already says what is
+    wrong and keeps its class; anything else is the user's code failing, kept as the cause.
+    """
+    if isinstance(exc, DataError):
+        cls, reason = type(exc), exc.reason
+    else:
+        cls, reason = DecodeError, f"decode failed: {type(exc).__name__}: {exc}"
+    if on_error == "raise":
+        raise cls(reason + at.note, path=path, index=at.index, offset=at.offset) from exc
+    skipped.append(SkippedRecord(path, at.index, at.offset, reason + at.note))
+
+
+def locate(exc: DecodeError, path: str, at: At | None) -> DecodeError:
+    """A conversion error as the same class, naming the file and, where known, the record."""
+    if at is None:
+        return type(exc)(exc.reason, path=path)
+    return type(exc)(exc.reason + at.note, path=path, index=at.index, offset=at.offset)
+
+
+def decode_to_batch(
+    builder: BatchBuilder,
+    path: str,
+    items: Sequence[Any],
+    where: Sequence[At],
+    *,
+    parse: Callable[[str, Any], Any] | None,
+    decode: Callable[[Any], Any] | None,
+    on_error: str,
+    skipped: list[SkippedRecord],
+) -> pa.RecordBatch:
+    """Items through ``parse(path, item)`` then ``decode`` (either may be None), one call each
+    per record, then one conversion of all that succeeded; failures raise (named) or go to
+    ``skipped``.
+
+    Under ``"raise"`` the records before the first failing one are still converted, so that a
+    record that decodes but does not fit the schema is reported if it comes first.
+    """
+    raising = on_error == "raise"
+    records: list[Any] = []
+    kept: list[int] = []  # positions in ``items`` of the records that decoded
+    failures: list[tuple[int, Exception]] = []
+    for pos, item in enumerate(items):
+        try:
+            if parse is not None:
+                item = parse(path, item)
+            if decode is not None:
+                item = decode(item)
+        except Exception as exc:
+            failures.append((pos, exc))
+            if raising:
+                break
+            continue
+        records.append(item)
+        kept.append(pos)
+    if raising:
+        try:
+            batch = builder.from_records(records)
+        except DecodeError as exc:
+            found = exc.index
+            at = where[kept[found]] if found is not None and 0 <= found < len(kept) else None
+            raise locate(exc, path, at) from exc
+    else:
+        batch, bad = builder.from_records_skipping(records)
+        for pos, err in bad.items():
+            at = where[kept[pos]]
+            skipped.append(SkippedRecord(path, at.index, at.offset, err.reason + at.note))
+    for pos, error in failures:
+        record_failure(path, where[pos], error, on_error, skipped)
+    return batch
+
+
+def decode_columns_to_batch(
+    builder: BatchBuilder,
+    path: str,
+    payloads: list[bytes],
+    where: Sequence[At],
+    *,
+    decode_batch: Callable[[list[bytes]], Any],
+    on_error: str,
+    skipped: list[SkippedRecord],
+) -> pa.RecordBatch:
+    """One ``decode_batch`` call and one conversion for the whole range (no per-record work).
+
+    Only when that fails are the records retried one by one, which isolates the bad ones
+    (``"skip"``) or names the first (``"raise"``).
+    """
+    if not payloads:
+        return builder.empty()
+    try:
+        return builder.from_columns(decode_batch(payloads), len(payloads))
+    except Exception as exc:
+        whole = exc
+    batches = []
+    for pos, payload in enumerate(payloads):
+        try:
+            batches.append(builder.from_columns(decode_batch([payload]), 1))
+        except Exception as exc:
+            record_failure(path, where[pos], exc, on_error, skipped)
+    if on_error == "raise":
+        first, last = where[0], where[-1]
+        raise DecodeError(
+            f"decode_batch failed on records [{first.index}, {last.index}] but on none of them "
+            f"alone: {type(whole).__name__}: {whole}",
+            path=path,
+            index=first.index,
+            offset=first.offset,
+        ) from whole
+    return pa.concat_batches(batches) if batches else builder.empty()
+
+
+def infer_schema_from(
+    candidates: Iterable[tuple[str, At, Any]], schema_of: Callable[[str, Any], pa.Schema]
+) -> pa.Schema:
+    """``schema_of(path, item)`` of the first candidate for which it does not raise.
+
+    Failures are passed over even with ``on_error="raise"``: reading their own range reports
+    them properly. After :data:`INFER_ATTEMPTS` of them the data is taken to be wrong.
+    """
+    failures: list[str] = []
+    for path, at, item in candidates:
+        try:
+            return schema_of(path, item)
+        except Exception as exc:
+            failures.append(f"{path}, record {at.index}, byte offset {at.offset}: {exc!r}")
+        if len(failures) >= INFER_ATTEMPTS:
+            break
+    if not failures:
+        raise ConfigError("cannot infer a schema: the files hold no records; pass schema=")
+    raise DecodeError(
+        f"cannot infer a schema: the first {len(failures)} records all failed to decode; "
+        f"first failure: {failures[0]}; pass schema= or fix the data"
+    )
