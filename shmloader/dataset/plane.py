@@ -166,7 +166,12 @@ class DataPlane:
         return encode_indices(slot, rows)
 
     def reclaim(self, epoch: int) -> np.ndarray:
-        """Rows of admitted tasks that were never gathered: an earlier pass was abandoned."""
+        """Rows of admitted tasks that were never consumed: an earlier pass was abandoned.
+
+        Consumed means gathered, or under ``complete_on_delivery`` delivered: rows that workers
+        gathered for an abandoned iterator but the loop never received are issued again (their
+        segment is kept until then, see ``_settle``).
+        """
         self.poll()
         parts = []
         with self._lock:
@@ -174,8 +179,9 @@ class DataPlane:
                 state = self._slots.get(slot)
                 if state is None or state.released or state.emit is None:
                     continue
-                assert state.gathered is not None
-                rows = state.emit[~state.gathered[state.emit]]
+                consumed = state.delivered if self._complete_on_delivery else state.gathered
+                assert consumed is not None
+                rows = state.emit[~consumed[state.emit]]
                 if len(rows):
                     parts.append(encode_indices(slot, rows))
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
@@ -215,7 +221,12 @@ class DataPlane:
     def _settle(self, state: SlotState) -> None:
         assert state.emit is not None and state.gathered is not None
         assert state.delivered is not None
-        if not state.released and state.gathered[state.emit].all():
+        # Under complete_on_delivery the segment stays until the loop has every row: rows
+        # gathered for an abandoned iterator are gathered again by the next pass.
+        unused = state.gathered[state.emit].all() and (
+            not self._complete_on_delivery or state.delivered[state.emit].all()
+        )
+        if not state.released and unused:
             if state.has_segment:
                 self._segments.release(slot_name(state.slot), missing_ok=True)
             state.released = True

@@ -8,12 +8,14 @@ the leases of announced tasks alive.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import socket
 import sys
 import threading
 import uuid
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +25,7 @@ from ..errors import ConfigError, LeaseError, MasterError, TaskQuarantinedError
 from ..reader.messages import Failed, Message, Ready
 from ..reader.pool import ReaderInfo, ReaderPool
 from ..reader.process import ReaderConfig
+from ..shm.budget import reap_dead_writers
 from ..shm.store import SegmentStore
 from ..sources.base import SkippedRecord, Source
 from .ledger import LedgerReader, ledger_dir
@@ -55,9 +58,10 @@ class RuntimeConfig:
 class _MasterOps:
     """The plane's view of the master: this consumer's calls."""
 
-    def __init__(self, client: Any, consumer: str) -> None:
+    def __init__(self, client: Any, consumer: str, epochs: int | None) -> None:
         self._client = client
         self._consumer = consumer
+        self._epochs = epochs  # the master's, counted from 0 (None: unbounded)
         self._info: dict[int, Any] = {}
 
     def complete(self, lease_id: int) -> None:
@@ -68,11 +72,34 @@ class _MasterOps:
             self._info[epoch] = self._client.epoch_info(self._consumer, epoch)
         return self._info[epoch]
 
+    def _past_the_end(self, epoch: int) -> bool:
+        # A pass after the last planned epoch is empty (len 0), not a master error.
+        return self._epochs is not None and epoch >= self._epochs
+
     def epoch_tasks(self, epoch: int) -> int:
-        return int(self._epoch(epoch).num_tasks)
+        return 0 if self._past_the_end(epoch) else int(self._epoch(epoch).num_tasks)
 
     def epoch_records(self, epoch: int) -> int:
-        return int(self._epoch(epoch).num_records)
+        return 0 if self._past_the_end(epoch) else int(self._epoch(epoch).num_records)
+
+
+def _close_at_exit(runtime: Runtime) -> None:
+    """Close ``runtime`` when the interpreter exits, while its threads still work.
+
+    Left to the dataset's ``__del__`` during finalization, closing hangs: by then the embedded
+    master's gRPC executor has shut down (concurrent.futures stops its pools in threading's
+    exit hooks, before ``atexit``), so readers' and our own calls to it never return. So the
+    close runs in the same phase, registered after (hence run before) those pools' hook.
+    """
+    ref = weakref.ref(runtime)
+
+    def close() -> None:
+        alive = ref()
+        if alive is not None:
+            alive.close()
+
+    register = getattr(threading, "_register_atexit", atexit.register)
+    register(close)
 
 
 class Runtime:
@@ -86,6 +113,8 @@ class Runtime:
         self._closed = False
         self._stop = threading.Event()
         self.store = store  # owned (and closed) by the dataset
+        self._pid = os.getpid()
+        _close_at_exit(self)
         self.embedded: Any = None
         self.client: Any = None
         self.pool: ReaderPool | None = None
@@ -101,7 +130,7 @@ class Runtime:
             self.client.start_heartbeat(self.consumer)
             handle = self.store.handle()
             self.plane = DataPlane(
-                master=_MasterOps(self.client, self.consumer),
+                master=_MasterOps(self.client, self.consumer, info.epochs),
                 segments=handle,
                 ledger=LedgerReader(ledger_dir(handle.path)),
                 complete_on_delivery=config.complete_on_delivery,
@@ -124,6 +153,7 @@ class Runtime:
                 ),
                 config.num_readers,
                 self._on_message,
+                on_reader_death=self._on_reader_death,
                 on_error=self.plane.ready.fail,
             ).start()
             self._thread = threading.Thread(
@@ -194,6 +224,11 @@ class Runtime:
             )
             self._check_quarantine()
 
+    def _on_reader_death(self, info: ReaderInfo, code: int) -> None:
+        # A reader killed mid-write leaves its reservation (tmp-<pid>-...): remove it now, or
+        # it would hold budget until some writer happened to wait long enough to reap it.
+        reap_dead_writers(self.store.path)
+
     def _check_quarantine(self) -> None:
         lost = self.client.progress().quarantined
         if lost:
@@ -234,7 +269,7 @@ class Runtime:
 
     # -- shutdown ------------------------------------------------------------------------
     def close(self) -> None:
-        if self._closed:
+        if self._closed or os.getpid() != self._pid:  # a forked child owns none of this
             return
         self._closed = True
         self._stop.set()
@@ -247,8 +282,9 @@ class Runtime:
         if self.pool is not None:
             self.pool.stop()
         if self.client is not None:
-            with contextlib.suppress(MasterError):
-                self.client.leave(self.consumer)
+            if self.embedded is None:  # an embedded master stops next: nobody to tell
+                with contextlib.suppress(MasterError):
+                    self.client.leave(self.consumer)
             self.client.close()
         if self.embedded is not None:
             self.embedded.stop()

@@ -1,0 +1,164 @@
+"""Shared helpers of the dataset tests: record files whose records carry int64 ids.
+
+Every record's id is unique across the dataset, so a test can check exactly which records
+reached the training loop (each once, none lost) by collecting the ``id`` column.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _decoders import GOOD, POISON, SCHEMA, decode, decode_slow, encode
+
+import shmloader
+from shmloader.shm.names import start_token
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
+
+
+def write_dataset(
+    directory: Path,
+    sizes: Sequence[int],
+    *,
+    poison: Iterable[int] = (),
+    first_id: int = 0,
+) -> list[int]:
+    """One record file per entry of ``sizes`` (``part-00000.tfrecord``, ...) with consecutive
+    ids from ``first_id``; records whose id is in ``poison`` fail to decode. Returns the ids."""
+    bad = set(poison)
+    directory.mkdir(parents=True, exist_ok=True)
+    next_id = first_id
+    for i, size in enumerate(sizes):
+        ids = range(next_id, next_id + size)
+        shmloader.write_records(
+            directory / f"part-{i:05d}.tfrecord",
+            (encode(r, POISON if r in bad else GOOD) for r in ids),
+        )
+        next_id += size
+    return list(range(first_id, next_id))
+
+
+def source(directory: Path, *, on_error: str = "raise", slow: bool = False) -> Any:
+    return shmloader.RecordFileSource(
+        str(directory / "*.tfrecord"),
+        decode=decode_slow if slow else decode,
+        schema=SCHEMA,
+        on_error=on_error,
+    )
+
+
+def dataset(directory: Path, shm_dir: Path, **kwargs: Any) -> Any:
+    """A small, fast dataset: short leases, small tasks, a tmp_path store. ``on_error`` and
+    ``slow`` (2 ms per record) go to the source, the rest to SharedTaskDataset."""
+    shm_dir.mkdir(parents=True, exist_ok=True)
+    options: dict[str, Any] = {
+        "num_readers": 2,
+        "records_per_task": 100,
+        "shuffle": True,
+        "seed": 7,
+        "shm_budget": "16MiB",
+        "epochs": 1,
+        "lease_timeout": 2.0,
+        "shm_dir": str(shm_dir),
+    }
+    src = source(
+        directory, on_error=kwargs.pop("on_error", "raise"), slow=kwargs.pop("slow", False)
+    )
+    options.update(kwargs)
+    return shmloader.SharedTaskDataset(src, **options)
+
+
+def ids_of(batch: dict[str, Any]) -> list[int]:
+    """The batch's record ids, after checking its columns are aligned."""
+    ids = batch["id"].numpy()
+    assert np.array_equal(batch["x"].numpy(), (2 * ids).astype(np.float32))
+    return [int(i) for i in ids]
+
+
+def subprocess_env() -> dict[str, str]:
+    """Environment for a trainer subprocess: imports shmloader (repo) and the test helpers."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(TESTS_DIR)])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def shm_entries(shm_dir: str | Path) -> list[str]:
+    """Our entries (names starting with "shmloader") in a store base directory."""
+    if not os.path.isdir(shm_dir):
+        return []
+    return sorted(n for n in os.listdir(shm_dir) if n.startswith("shmloader"))
+
+
+PYTHON = sys.executable
+
+
+class Trainer:
+    """``tests/_dataset_trainer.py`` running in a subprocess, and what it reported."""
+
+    def __init__(self, tmp_path: Path, name: str, **config: Any) -> None:
+        self.out = tmp_path / f"{name}.jsonl"
+        self.log = tmp_path / f"{name}.log"
+        config_path = tmp_path / f"{name}.json"
+        config["out"] = str(self.out)
+        config_path.write_text(json.dumps(config))
+        # A file, not a pipe: reader processes inherit it and may outlive the trainer.
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [PYTHON, str(TESTS_DIR / "_dataset_trainer.py"), str(config_path)],
+                cwd=str(REPO_ROOT),
+                env=subprocess_env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def lines(self) -> list[dict[str, Any]]:
+        if not self.out.exists():
+            return []
+        text = self.out.read_text()
+        return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
+
+    def wait_for(self, key: str, timeout: float = 30.0) -> dict[str, Any]:
+        """The first line with ``key``; fails if the process exits or times out first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.lines():
+                if key in line:
+                    return line
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        raise AssertionError(f"trainer never reported {key!r}; output:\n{self.output()}")
+
+    def finish(self, timeout: float = 60.0) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"trainer did not finish; output:\n{self.output()}") from None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def ids(self, pass_: int) -> list[int]:
+        return [i for line in self.lines() if line.get("pass") == pass_ for i in line["ids"]]
+
+
+def wait_gone(pids: Iterable[int], timeout: float = 10.0) -> list[int]:
+    """Wait for processes to end; returns those still running after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    left = list(pids)
+    while left and time.monotonic() < deadline:
+        left = [p for p in left if start_token(p) is not None]
+        time.sleep(0.02)
+    return left

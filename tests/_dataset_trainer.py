@@ -1,0 +1,74 @@
+"""A training loop in a process of its own, for tests that kill it, signal it or resume it.
+
+``python tests/_dataset_trainer.py CONFIG.json`` (with the repo and tests/ on PYTHONPATH).
+The config says which dataset and loader to build and what to do; the script appends JSON
+lines to ``config["out"]`` as it goes, so the test sees what was delivered even if the process
+dies: ``{"info": {...}}`` once the dataset has started (store path, reader pids),
+``{"pass": p, "ids": [...]}`` per batch, ``{"state": ...}`` when it saves a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _dataset_helpers import dataset, ids_of
+
+import shmloader
+
+
+def main(config_path: str) -> int:
+    with open(config_path) as f:
+        cfg: dict[str, Any] = json.load(f)
+    out = open(cfg["out"], "a", buffering=1)  # noqa: SIM115 - lines must reach the test at once
+
+    def emit(**line: Any) -> None:
+        out.write(json.dumps(line) + "\n")
+
+    ds = dataset(Path(cfg["data"]), Path(cfg["shm_dir"]), **cfg.get("dataset", {}))
+    dl = shmloader.DataLoader(ds, batch_size=cfg.get("batch_size", 64), **cfg.get("loader", {}))
+    if cfg.get("load_state"):
+        with open(cfg["load_state"]) as f:
+            dl.load_state_dict(json.load(f))
+    ds.start()
+    pool = ds.runtime.pool
+    assert pool is not None
+    emit(info={"store": ds._store.path, "readers": pool.pids(), "pid": os.getpid()})
+    stop_at = cfg.get("stop_at")  # [pass, batches]: stop after that many batches of that pass
+    for p in range(cfg.get("passes", 1)):
+        for b, batch in enumerate(dl):
+            emit(**{"pass": p, "ids": ids_of(batch)})
+            if stop_at is not None and [p, b + 1] == stop_at:
+                return stop(cfg, ds, dl, emit)
+    emit(done=True)
+    ds.close()
+    return 0
+
+
+def stop(cfg: dict[str, Any], ds: Any, dl: Any, emit: Any) -> int:
+    """What the trainer does at ``stop_at``, still inside the training loop."""
+    then = cfg.get("then", "close")
+    if cfg.get("save_state"):
+        state = dl.state_dict()
+        with open(cfg["save_state"], "w") as f:
+            json.dump(state, f)
+    emit(stopped=then)
+    if then == "close":
+        ds.close()
+        return 0
+    if then == "exit":  # no close: interpreter exit must clean up
+        return 0
+    if then == "raise":
+        raise RuntimeError("the training loop failed")
+    if then == "wait":  # for a signal from the test
+        while True:
+            time.sleep(0.05)
+    raise ValueError(f"unknown then={then!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

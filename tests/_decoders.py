@@ -1,0 +1,40 @@
+"""Decode functions for the dataset tests, in a module of their own.
+
+Reader processes unpickle the source, and with it these functions, by module path
+(``_decoders.decode``); keeping them out of the test modules means a reader imports only this
+small file, not pytest and the tests.
+
+A record's payload is ``struct "<qB"``: the record id (int64) and a flag; flag 1 marks a
+record whose decode raises ("poison").
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+PAYLOAD = struct.Struct("<qB")
+SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("x", pa.float32())])
+GOOD, POISON = 0, 1
+
+
+def encode(record_id: int, flag: int = GOOD) -> bytes:
+    return PAYLOAD.pack(record_id, flag)
+
+
+def decode(payload: bytes) -> dict[str, Any]:
+    """``id`` and ``x = 2 * id`` (so a test can check that columns stay aligned)."""
+    record_id, flag = PAYLOAD.unpack(payload)
+    if flag == POISON:
+        raise ValueError(f"poison record {record_id}")
+    return {"id": record_id, "x": np.float32(2 * record_id)}
+
+
+def decode_slow(payload: bytes) -> dict[str, Any]:
+    """As :func:`decode`, 2 ms per record: a reader spends most of its time inside a lease."""
+    time.sleep(0.002)
+    return decode(payload)

@@ -1,0 +1,75 @@
+"""DDP: ranks that share one standalone master get equal shares (the same number of batches per
+epoch, so collectives never hang) and together cover every record."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from _dataset_helpers import dataset, ids_of, source, write_dataset
+
+import shmloader
+
+SIZES = [700, 455]  # 1155 records: odd, so two ranks need one record of padding
+WORLD = 2
+EPOCHS = 2
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
+    directory = tmp_path_factory.mktemp("data")
+    return directory, write_dataset(directory, SIZES)
+
+
+@pytest.mark.parametrize("policy", ["pad", "drop"])
+def test_ranks_get_equal_batches_and_cover_every_record(
+    tmp_path: Path, data: tuple[Path, list[int]], policy: str
+) -> None:
+    directory, expected = data
+    with shmloader.Master(
+        source(directory),
+        records_per_task=100,
+        epochs=EPOCHS,
+        seed=3,
+        world_size=WORLD,
+        ddp_policy=policy,
+        lease_timeout=2.0,
+        consumer_timeout=10.0,
+    ) as master:
+        ranks = [
+            dataset(
+                directory,
+                tmp_path / f"rank{r}",
+                master=master.address,
+                rank=r,
+                world_size=WORLD,
+                ddp_policy=policy,
+                epochs=EPOCHS,
+                seed=3,
+            )
+            for r in range(WORLD)
+        ]
+        try:
+            loaders = [shmloader.DataLoader(ds, batch_size=64, num_workers=1) for ds in ranks]
+            for epoch in range(EPOCHS):
+                lengths = [len(dl) for dl in loaders]
+                per_rank = [[ids_of(b) for b in dl] for dl in loaders]
+                batches = [len(p) for p in per_rank]
+                assert batches[0] == batches[1] == lengths[0] == lengths[1], epoch
+                got = [[i for b in p for i in b] for p in per_rank]
+                share = (math.ceil if policy == "pad" else math.floor)(len(expected) / WORLD)
+                assert [len(g) for g in got] == [share] * WORLD
+                everything = Counter(got[0] + got[1])
+                if policy == "pad":
+                    assert set(everything) == set(expected)  # the union covers every record
+                    assert sum(n - 1 for n in everything.values()) == WORLD * share - len(expected)
+                else:
+                    assert set(everything) <= set(expected)
+                    assert max(everything.values()) == 1
+                    assert len(everything) == WORLD * share
+        finally:
+            for ds in ranks:
+                ds.close()
+        assert master.progress().finished

@@ -1,0 +1,129 @@
+"""Failures the training loop must survive or be told about: readers SIGKILLed mid-task,
+a task whose decode always raises (quarantine), a single bad record under on_error="skip"."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _dataset_helpers import dataset, ids_of, write_dataset
+
+import shmloader
+from shmloader.shm.names import start_token
+
+SIZES = [600, 450]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
+    directory = tmp_path_factory.mktemp("data")
+    return directory, write_dataset(directory, SIZES)
+
+
+def kill_a_reader_inside_a_lease(ds: Any, index: int) -> tuple[int, int]:
+    """SIGKILL reader ``index`` while it holds a lease it has not announced; returns
+    (pid, lease id). The reader is stopped first, so what it said is relayed before we look."""
+    info = ds.runtime.pool.readers[index]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        pid = info.pid
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.1)  # the pool relays anything the reader sent before it stopped
+        lease = info.current_lease
+        if lease is not None and info.pid == pid:
+            os.kill(pid, signal.SIGKILL)
+            return pid, lease
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.02)
+    raise AssertionError(f"reader {index} was never seen inside a lease")
+
+
+def plant_unsealed_segment(ds: Any, pid: int) -> Path:
+    """What a reader killed in the middle of ``write`` leaves: ``tmp-<pid>-<start>-<hex>``."""
+    token = start_token(pid)
+    assert token is not None
+    path = Path(ds.runtime.store.path) / f"tmp-{pid}-{token}-{'ab' * 8}"
+    path.write_bytes(b"\0" * 4096)
+    return path
+
+
+def test_sigkilled_readers_are_restarted_and_nothing_is_lost_or_doubled(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    directory, expected = data
+    with dataset(directory, tmp_path, epochs=2, slow=True, shuffle_window=2) as ds:
+        dl = shmloader.DataLoader(ds, batch_size=50, num_workers=1)
+        ds.start()
+        old_pids = [r.pid for r in ds.stats().readers]
+        killed: list[tuple[int, int]] = []
+        planted: list[Path] = []
+        got: list[int] = []
+        for i, batch in enumerate(dl):
+            got += ids_of(batch)
+            if i in (0, 1):  # each reader once, early (later they may have read everything)
+                index = len(killed)
+                pid = ds.runtime.pool.readers[index].pid
+                planted.append(plant_unsealed_segment(ds, pid))
+                killed.append(kill_a_reader_inside_a_lease(ds, index))
+        assert Counter(got) == Counter(expected)
+        # The next epoch is whole too (restarted readers serve it).
+        assert sorted(i for b in dl for i in ids_of(b)) == expected
+        stats = ds.stats()
+        assert [r.restarts for r in stats.readers] == [1, 1]
+        new_pids = [r.pid for r in stats.readers]
+        assert not set(new_pids) & set(old_pids)
+        assert all(start_token(p) is None for p in old_pids)
+        assert all(start_token(p) is not None for p in new_pids)
+        # The killed readers' leases came back through expiry, not through a duplicate.
+        progress = ds.runtime.client.progress()
+        assert progress.counters["expired"] >= len(killed)
+        assert stats.duplicate_tasks == 0
+        # Their half-written segments were removed when they died.
+        assert [p.exists() for p in planted] == [False, False]
+        assert not [n for n in os.listdir(ds.runtime.store.path) if n.startswith("tmp-")]
+
+
+def test_a_task_that_always_fails_is_quarantined_and_raised(tmp_path: Path) -> None:
+    directory = tmp_path / "data"
+    # Records 200..299 of the first file are one task (records_per_task=100); all are bad.
+    expected = write_dataset(directory, [500, 300], poison=range(200, 300))
+    with dataset(directory, tmp_path / "shm", epochs=1, max_retries=1) as ds:
+        dl = shmloader.DataLoader(ds, batch_size=50)
+        got: list[int] = []
+        with pytest.raises(shmloader.TaskQuarantinedError) as info:
+            for batch in dl:
+                got += ids_of(batch)
+        message = str(info.value)
+        assert str(directory / "part-00000.tfrecord") in message
+        assert "records 200..300" in message
+        assert "poison record 200" in message
+        assert not set(got) & set(range(200, 300))
+        assert len(got) == len(set(got))
+        assert set(got) <= set(expected)
+        stats = ds.stats()
+        assert stats.quarantined_tasks == 1
+        assert stats.task_failures == 2  # the first attempt and max_retries=1 retry
+
+
+def test_a_bad_record_is_skipped_and_counted(tmp_path: Path) -> None:
+    directory = tmp_path / "data"
+    expected = write_dataset(directory, [500, 300], poison=[123, 777])
+    with dataset(directory, tmp_path / "shm", epochs=2, on_error="skip") as ds:
+        dl = shmloader.DataLoader(ds, batch_size=50, num_workers=2)
+        for epoch in range(2):
+            got = [i for batch in dl for i in ids_of(batch)]
+            assert Counter(got) == Counter(set(expected) - {123, 777}), epoch
+        stats = ds.stats()
+        assert stats.records_skipped == 4  # two records, two epochs
+        assert stats.task_failures == 0 and stats.quarantined_tasks == 0
+        skipped = sorted((s.path, s.index) for s in ds.runtime.skipped)
+        first, second = (
+            str(directory / "part-00000.tfrecord"),
+            str(directory / "part-00001.tfrecord"),
+        )
+        assert skipped == [(first, 123), (first, 123), (second, 277), (second, 277)]

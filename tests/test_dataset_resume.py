@@ -1,0 +1,105 @@
+"""Checkpoints across processes: a run stops mid-epoch and saves ``state_dict()``; a fresh
+process with a new dataset and loader loads it before iterating, delivers exactly the rest of
+that epoch, then the next epochs whole."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from _dataset_helpers import Trainer, dataset, write_dataset
+
+import shmloader
+
+SIZES = [700, 455]
+EPOCHS = 3
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
+    directory = tmp_path_factory.mktemp("data")
+    return directory, write_dataset(directory, SIZES)
+
+
+@pytest.mark.parametrize(
+    ("stop_at", "num_workers"),
+    [
+        ((0, 7), 2),  # mid-epoch 0, with batches prefetched by workers but never delivered
+        ((1, 3), 0),  # mid-epoch 1, after a whole epoch
+    ],
+)
+def test_resume_in_a_fresh_process_delivers_exactly_the_rest(
+    tmp_path: Path, data: tuple[Path, list[int]], stop_at: tuple[int, int], num_workers: int
+) -> None:
+    directory, expected = data
+    stop_pass = stop_at[0]
+    state = tmp_path / "state.json"
+    common = {
+        "data": str(directory),
+        "shm_dir": str(tmp_path / "shm"),
+        "dataset": {"epochs": EPOCHS, "shuffle_window": 3},
+        "loader": {"num_workers": num_workers},
+        "batch_size": 50,
+    }
+    first = Trainer(
+        tmp_path, "first", **common, passes=EPOCHS, stop_at=list(stop_at), save_state=str(state)
+    )
+    assert first.finish() == 0, first.output()
+    assert first.wait_for("stopped")["stopped"] == "close"
+    saved = json.loads(state.read_text())
+    assert saved["epoch"] == stop_pass
+    for p in range(stop_pass):
+        assert sorted(first.ids(p)) == expected
+    before = first.ids(stop_pass)
+    assert len(before) == stop_at[1] * 50
+
+    second = Trainer(tmp_path, "second", **common, passes=EPOCHS - stop_pass, load_state=str(state))
+    assert second.finish() == 0, second.output()
+    second.wait_for("done")
+    rest = second.ids(0)
+    assert not set(before) & set(rest)
+    assert Counter(before + rest) == Counter(expected)
+    for p in range(1, EPOCHS - stop_pass):  # the following epochs, whole
+        assert sorted(second.ids(p)) == expected
+
+
+def test_resumed_order_is_the_uninterrupted_order(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    """With a seed, a resumed epoch continues in the order an uninterrupted run would have used
+    (as a set: rows of the partly consumed tasks are what is left of them)."""
+    directory, _ = data
+    common = {
+        "data": str(directory),
+        "shm_dir": str(tmp_path / "shm"),
+        "dataset": {"epochs": 2, "shuffle_window": 2, "seed": 5},
+        "batch_size": 50,
+    }
+    whole = Trainer(tmp_path, "whole", **common, passes=2)
+    state = tmp_path / "state.json"
+    part = Trainer(tmp_path, "part", **common, passes=2, stop_at=[0, 4], save_state=str(state))
+    assert whole.finish() == 0 and part.finish() == 0
+    rest = Trainer(tmp_path, "rest", **common, passes=2, load_state=str(state))
+    assert rest.finish() == 0, rest.output()
+    assert part.ids(0) == whole.ids(0)[:200]
+    assert sorted(rest.ids(0)) == sorted(whole.ids(0)[200:])
+    assert rest.ids(1) == whole.ids(1)
+
+
+def test_state_is_checked_against_the_dataset(tmp_path: Path, data: tuple[Path, list[int]]) -> None:
+    directory, _ = data
+    with dataset(directory, tmp_path / "a", epochs=1) as ds:
+        dl = shmloader.DataLoader(ds, batch_size=50)
+        next(iter(dl))
+        state = dl.state_dict()
+        json.dumps(state)  # plain JSON
+        with pytest.raises(shmloader.ConfigError, match="before the first iteration"):
+            dl.load_state_dict(state)
+    other = dataset(directory, tmp_path / "b", epochs=1, records_per_task=50)
+    with other, pytest.raises(shmloader.ConfigError, match="records_per_task"):
+        shmloader.DataLoader(other, batch_size=50).load_state_dict(state)
+    same = dataset(directory, tmp_path / "c", epochs=1)
+    with same, pytest.raises(shmloader.ConfigError, match="format"):
+        shmloader.DataLoader(same, batch_size=50).load_state_dict({"format": 99})
