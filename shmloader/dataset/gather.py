@@ -13,8 +13,10 @@ processes small and cheap to pickle.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -89,16 +91,88 @@ def _in_worker() -> bool:
     return torch.utils.data.get_worker_info() is not None
 
 
-def _alloc(shape: tuple[int, ...], dtype: np.dtype) -> tuple[torch.Tensor, np.ndarray]:
-    """An output tensor and a numpy view of it; in a worker, in torch shared memory."""
-    tdtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
-    numel = int(np.prod(shape, dtype=np.int64))
+_TORCH_DTYPES: dict[np.dtype, torch.dtype] = {}
+_ALIGN = 64  # byte alignment of each column inside a batch's storage (a cache line)
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    tdtype = _TORCH_DTYPES.get(dtype)
+    if tdtype is None:
+        tdtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+        _TORCH_DTYPES[dtype] = tdtype
+    return tdtype
+
+
+def _alloc(specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[tuple[torch.Tensor, np.ndarray]]:
+    """Output tensors (and numpy views of them) for the dense columns of one batch.
+
+    All columns share one storage. In a DataLoader worker it is torch shared memory, as
+    ``default_collate`` would allocate, but one block per batch instead of one per column:
+    torch sends each shared storage to the main process as a file descriptor through a fresh
+    connection to the worker (``multiprocessing.resource_sharer``), about a millisecond each,
+    and tensors of one storage travel as one.
+    """
+    offsets, nbytes = [], 0
+    for shape, dtype in specs:
+        offsets.append(nbytes)
+        size = math.prod(shape) * dtype.itemsize
+        nbytes += -(-size // _ALIGN) * _ALIGN
     if _in_worker():
-        storage = torch.empty(0, dtype=tdtype)._typed_storage()._new_shared(numel, device="cpu")
-        out = torch.empty(0, dtype=tdtype).new(storage).view(shape)
+        storage = torch.UntypedStorage._new_shared(max(nbytes, 1))
     else:
-        out = torch.empty(shape, dtype=tdtype)
-    return out, out.numpy()
+        storage = torch.UntypedStorage(max(nbytes, 1))
+    out = []
+    for (shape, dtype), offset in zip(specs, offsets, strict=True):
+        tensor = torch.empty(0, dtype=_torch_dtype(dtype)).set_(
+            storage, offset // dtype.itemsize, shape, _contiguous_strides(shape)
+        )
+        out.append((tensor, tensor.numpy()))
+    return out
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+class _Group(NamedTuple):
+    """The rows of one segment in a batch: ``rows`` go to output positions ``[start, stop)``."""
+
+    slot: int
+    rows: np.ndarray
+    start: int
+    stop: int
+    max_row: int
+
+
+def _groups(indices: Sequence[int] | np.ndarray) -> list[_Group]:
+    """Sample indices grouped by segment, each group in index-list order (a stable sort)."""
+    slots, rows = split_indices(indices)
+    n = len(rows)
+    if n == 0:
+        raise ConfigError("cannot gather an empty batch")
+    lo, hi = int(slots.min()), int(slots.max())
+    if lo == hi:
+        return [_Group(lo, rows, 0, n, int(rows.max()))]
+    key = slots - lo
+    if hi - lo < 1 << 16:
+        key = key.astype(np.uint16)  # numpy sorts 16-bit keys stably by radix sort: faster
+    order = np.argsort(key, kind="stable")
+    rows = rows[order]
+    counts = np.bincount(key, minlength=hi - lo + 1)
+    present = np.flatnonzero(counts)
+    stops = np.cumsum(counts[present])
+    starts = stops - counts[present]
+    maxima = np.maximum.reduceat(rows, starts)
+    return [
+        _Group(lo + k, rows[a:b], a, b, m)
+        for k, a, b, m in zip(
+            present.tolist(), starts.tolist(), stops.tolist(), maxima.tolist(), strict=True
+        )
+    ]
 
 
 def gather(
@@ -113,46 +187,44 @@ def gather(
     columns a bool tensor; string and bytes columns a list of ``str`` / ``bytes``; variable-length
     numeric lists a list of 1-D tensors (their lengths differ, so they cannot be stacked).
     """
-    slots, rows = split_indices(indices)
-    n = len(rows)
-    if n == 0:
-        raise ConfigError("cannot gather an empty batch")
-    order = np.argsort(slots, kind="stable")
-    slots, rows = slots[order], rows[order]
-    bounds = np.flatnonzero(np.diff(slots)) + 1
-    starts = np.concatenate(([0], bounds))
-    stops = np.concatenate((bounds, [n]))
-    groups = [
-        (int(slots[a]), rows[a:b], int(a), int(b)) for a, b in zip(starts, stops, strict=True)
-    ]
-    first = views_of(groups[0][0])
+    groups = _groups(indices)
+    n = groups[-1].stop
+    segments = [views_of(g.slot) for g in groups]
+    first = segments[0]
+    dense = [name for name in columns if first[name].dense is not None]
+    protos = [first[name].dense for name in dense]
+    outputs = _alloc([((n, *p.shape[1:]), p.dtype) for p in protos if p is not None])
+    for group, views in zip(groups, segments, strict=True):
+        for name, proto, (_tensor, target) in zip(dense, protos, outputs, strict=True):
+            array = views[name].dense
+            assert proto is not None
+            if array is None or array.dtype != proto.dtype or array.shape[1:] != proto.shape[1:]:
+                raise ConfigError(f"column {name!r} changes type or shape between segments")
+            if group.max_row >= len(array):
+                raise IndexError(
+                    f"row {group.max_row} of segment slot {group.slot} is out of range: "
+                    f"it has {len(array)} rows"
+                )
+            # mode="clip" (bounds checked above): with the default "raise", numpy copies
+            # through a temporary buffer whenever out= is given, doubling the work.
+            np.take(array, group.rows, axis=0, out=target[group.start : group.stop], mode="clip")
     out: dict[str, object] = {}
+    results = iter(outputs)
     for name in columns:
-        view = first[name]
-        if view.dense is not None:
-            tensor, target = _alloc((n, *view.dense.shape[1:]), view.dense.dtype)
-            for slot, slot_rows, a, b in groups:
-                dense = views_of(slot)[name].dense
-                if dense is None or dense.dtype != view.dense.dtype:
-                    raise ConfigError(f"column {name!r} changes type between segments")
-                np.take(dense, slot_rows, axis=0, out=target[a:b])
-            out[name] = tensor
+        if first[name].dense is not None:
+            out[name] = next(results)[0]
         else:
-            out[name] = _gather_arrow(views_of, groups, name)
+            out[name] = _gather_arrow(segments, groups, name)
     return out
 
 
-def _gather_arrow(
-    views_of: Callable[[int], dict[str, ColumnView]],
-    groups: list[tuple[int, np.ndarray, int, int]],
-    name: str,
-) -> object:
+def _gather_arrow(segments: list[dict[str, ColumnView]], groups: list[_Group], name: str) -> object:
     parts = []
-    for slot, slot_rows, _a, _b in groups:
-        array = views_of(slot)[name].arrow
+    for views, group in zip(segments, groups, strict=True):
+        array = views[name].arrow
         if array is None:
             raise ConfigError(f"column {name!r} changes type between segments")
-        parts.append(array.take(pa.array(slot_rows)))
+        parts.append(array.take(pa.array(group.rows)))
     typ = parts[0].type
     if pa.types.is_boolean(typ) and all(p.null_count == 0 for p in parts):
         values = np.concatenate([p.to_numpy(zero_copy_only=False) for p in parts])

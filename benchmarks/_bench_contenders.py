@@ -1,0 +1,226 @@
+"""One contender of the data-plane benchmark, run in a fresh process (``bench_dataplane.py
+--child SPEC``) so that its memory and CPU are its own: nothing of the parent or of an earlier
+contender is in its PSS, and no leftover worker competes for the two cores.
+
+Every loop touches every batch by summing its label column; the sum is also checked against
+the labels of the files, so each contender proves it delivered every record once per epoch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+from _bench_decoders import DECODE, DECODE_BATCH, LAYOUTS, Layout
+from _bench_memory import Sampler
+
+RECORDS_PER_TASK = 4096
+WINDOW = 8  # the sampler's default shuffle window (tasks)
+Spec = dict[str, Any]
+
+
+def _epochs(
+    spec: Spec, batches: Callable[[int], Iterable[Any]], sampler: Sampler | None
+) -> list[dict[str, Any]]:
+    """Runs ``spec["epochs"]`` epochs of ``batches(epoch)``; times and checks each."""
+    out = []
+    for epoch in range(spec["epochs"]):
+        rows = total = 0
+        t0 = time.perf_counter()
+        for batch in batches(epoch):
+            labels = batch["label"]
+            total += int(labels.sum())
+            rows += len(labels)
+        seconds = time.perf_counter() - t0
+        _check(spec, epoch, rows, total)
+        entry: dict[str, Any] = {"rows": rows, "seconds": seconds}
+        if sampler is not None:
+            entry["pss"] = sampler.mark()
+        out.append(entry)
+    return out
+
+
+def _imports_torch(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "libtorch" in f.read()
+    except OSError:
+        return False
+
+
+def run_loader(spec: Spec) -> dict[str, Any]:
+    """(a)-(d): a torch DataLoader over a plain Dataset or a SharedTaskDataset."""
+    import torch.utils.data
+
+    layout = LAYOUTS[spec["dataset"]]
+    kind = spec["contender"]
+    t0 = time.perf_counter()
+    ds: Any
+    if kind in ("a", "b"):
+        from _bench_baselines import BatchRecordDataset, RecordDataset, identity
+
+        ds = (RecordDataset if kind == "a" else BatchRecordDataset)(spec["paths"], layout)
+        dl = torch.utils.data.DataLoader(
+            ds,
+            batch_size=spec["batch"],
+            shuffle=True,
+            num_workers=spec["workers"],
+            persistent_workers=spec["workers"] > 0,
+            collate_fn=None if kind == "a" else identity,
+            generator=torch.Generator().manual_seed(spec["seed"]),
+        )
+        shm_dir = None
+    else:
+        import shmloader
+
+        fns = DECODE if kind == "c" else DECODE_BATCH
+        key = "decode" if kind == "c" else "decode_batch"
+        src = shmloader.RecordFileSource(spec["paths"], **{key: fns[spec["dataset"]]})
+        src.schema  # noqa: B018 - inferred once here instead of once per reader
+        ds = shmloader.SharedTaskDataset(
+            src,
+            num_readers=spec["readers"],
+            records_per_task=RECORDS_PER_TASK,
+            shuffle=True,
+            seed=spec["seed"],
+            shm_budget=spec["budget"],
+            epochs=None,
+        )
+        dl = torch.utils.data.DataLoader(
+            ds,
+            batch_size=spec["batch"],
+            sampler=ds.sampler(),
+            collate_fn=ds.collate,
+            num_workers=spec["workers"],
+            persistent_workers=spec["workers"] > 0,
+        )
+        shm_dir = ds._store.path if ds._store is not None else None
+    sampler = Sampler(shm_dir=shm_dir).start()
+    first: dict[str, Any] = {}
+
+    def batches(epoch: int) -> Iterator[Any]:
+        for batch in dl:
+            if not first:
+                first["ttfb"] = time.perf_counter() - t0
+            yield batch
+
+    try:
+        epochs = _epochs(spec, batches, sampler)
+        extra: dict[str, Any] = {}
+        if kind in ("c", "d"):
+            pids = ds.runtime.pool.pids()
+            extra["readers_import_torch"] = any(_imports_torch(p) for p in pids)
+    finally:
+        sampler.stop()
+        if kind in ("c", "d"):
+            ds.close()
+    return {"ttfb": first["ttfb"], "epochs": epochs, **extra}
+
+
+def load_arrays(spec: Spec) -> dict[str, np.ndarray]:
+    """The whole dataset decoded into one in-memory array per column."""
+    from shmloader.formats.tfrecord import read_records
+
+    layout: Layout = LAYOUTS[spec["dataset"]]
+    parts = [layout.decode_batch(list(read_records(p))) for p in spec["paths"]]
+    return {k: np.ascontiguousarray(np.concatenate([p[k] for p in parts])) for k in parts[0]}
+
+
+def run_ceiling(spec: Spec) -> dict[str, Any]:
+    """(e): ``numpy.take`` of the same shuffled rows from in-memory arrays, one core."""
+    arrays = load_arrays(spec)
+    n, b = spec["records"], spec["batch"]
+    rng = np.random.default_rng(spec["seed"])
+
+    def batches(epoch: int) -> Iterator[dict[str, np.ndarray]]:
+        perm = rng.permutation(n)
+        for i in range(0, n, b):
+            idx = perm[i : i + b]
+            yield {k: np.take(v, idx, axis=0) for k, v in arrays.items()}
+
+    return {"epochs": _epochs(spec, batches, None)}
+
+
+def run_gather(spec: Spec) -> dict[str, Any]:
+    """The gather alone: decoded rows already in shared-memory segments, gathered into
+    batches in this one process, as a DataLoader worker does.
+
+    Each epoch writes the segments first (untimed), then gathers window by window in the
+    sampler's order and releases a window's segments once it is consumed, as the trainer does
+    (so the worker's view cache holds what it holds in a real run). ``spec["how"]`` is
+    ``"Gatherer"`` (what ``__getitems__`` runs: gather + ledger + cache upkeep) or ``"gather"``
+    (the copy alone).
+    """
+    from shmloader.dataset.gather import encode_indices, gather
+    from shmloader.dataset.plane import slot_name
+    from shmloader.dataset.sampler import block_permutation
+    from shmloader.dataset.worker import Gatherer
+    from shmloader.shm.store import SegmentStore
+    from shmloader.sources.records import RecordFileSource
+
+    src = RecordFileSource(spec["paths"], decode_batch=DECODE_BATCH[spec["dataset"]])
+    segments = [
+        src.read(shard, a, min(a + RECORDS_PER_TASK, shard.num_records))
+        for shard in src.plan()
+        for a in range(0, shard.num_records, RECORDS_PER_TASK)
+    ]
+    store = SegmentStore.create(spec["budget"])
+    handle = store.handle()
+    gatherer = Gatherer(handle, list(segments[0].schema.names))
+    copy = gatherer.gather if spec["how"] == "Gatherer" else None
+    out = []
+    try:
+        for epoch in range(spec["epochs"]):
+            slots = []
+            for batch in segments:
+                slot = epoch * len(segments) + len(slots)
+                handle.rename(handle.write(batch).name, slot_name(slot))
+                slots.append((slot, batch.num_rows))
+            rows = total = 0
+            t0 = time.perf_counter()
+            for w in range(0, len(slots), WINDOW):
+                block = slots[w : w + WINDOW]
+                idx = np.concatenate([encode_indices(s, np.arange(n)) for s, n in block])
+                idx = idx[block_permutation(spec["seed"], epoch, w, len(idx))]
+                for i in range(0, len(idx), spec["batch"]):
+                    chunk = idx[i : i + spec["batch"]].tolist()  # what a DataLoader hands over
+                    if copy is not None:
+                        batch_out = copy(chunk)
+                    else:
+                        batch_out = gather(gatherer.views, chunk, gatherer.columns)
+                    total += int(batch_out["label"].sum())  # type: ignore[attr-defined]
+                    rows += len(batch_out["label"])  # type: ignore[arg-type]
+                for s, _n in block:
+                    handle.release(slot_name(s))
+            seconds = time.perf_counter() - t0
+            _check(spec, epoch, rows, total)
+            out.append({"rows": rows, "seconds": seconds})
+    finally:
+        store.close()
+    return {"epochs": out}
+
+
+def _check(spec: Spec, epoch: int, rows: int, total: int) -> None:
+    if rows != spec["records"] or total != spec["label_sum"]:
+        raise RuntimeError(
+            f"epoch {epoch}: got {rows} rows (label sum {total}), expected "
+            f"{spec['records']} (label sum {spec['label_sum']})"
+        )
+
+
+RUNNERS: dict[str, Callable[[Spec], dict[str, Any]]] = {
+    "a": run_loader,
+    "b": run_loader,
+    "c": run_loader,
+    "d": run_loader,
+    "e": run_ceiling,
+    "gather": run_gather,
+}
+
+
+def run(spec: Spec) -> dict[str, Any]:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    return RUNNERS[spec["contender"]](spec)

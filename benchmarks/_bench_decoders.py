@@ -1,0 +1,84 @@
+"""Record layouts and decode functions of the data-plane benchmark.
+
+They live in their own small module, not in the benchmark script, because reader processes
+unpickle the source and with it these functions: a function of the script's ``__main__`` would
+make every reader re-run the script (and import torch, +1.4 s). The benchmark puts this folder
+on ``PYTHONPATH`` so readers import this module directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A fixed-size record: ``value`` (``dtype`` of ``shape``) then an int64 label."""
+
+    name: str
+    key: str  # column name of the value
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def value_bytes(self) -> int:
+        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+
+    @property
+    def record_bytes(self) -> int:
+        return self.value_bytes + 8
+
+    def payloads(self, first: int, count: int, seed: int) -> list[bytes]:
+        """Records ``first .. first+count``: random values, label = record number."""
+        rng = np.random.default_rng([seed, first])
+        n = int(np.prod(self.shape))
+        if np.dtype(self.dtype).kind == "f":
+            values = rng.standard_normal((count, n), dtype=np.float32).astype(self.dtype)
+        else:
+            values = rng.integers(0, 256, (count, n), dtype=np.uint8).astype(self.dtype)
+        labels = np.arange(first, first + count, dtype=np.int64).reshape(count, 1)
+        raw = np.concatenate([values.view(np.uint8), labels.view(np.uint8)], axis=1)
+        return [row.tobytes() for row in raw]
+
+    def decode(self, payload: bytes) -> dict[str, Any]:
+        """One record, the way a per-record ``decode`` (or ``__getitem__``) does it."""
+        value = np.frombuffer(payload, self.dtype, int(np.prod(self.shape))).reshape(self.shape)
+        label = np.frombuffer(payload, np.int64, 1, self.value_bytes)[0]
+        return {self.key: value, "label": label}
+
+    def decode_batch(self, payloads: list[bytes]) -> dict[str, np.ndarray]:
+        """Many records with one ``frombuffer`` over the joined payloads."""
+        raw = np.frombuffer(b"".join(payloads), np.uint8).reshape(len(payloads), -1)
+        values = raw[:, : self.value_bytes].view(self.dtype).reshape(len(payloads), *self.shape)
+        labels = raw[:, self.value_bytes :].view(np.int64)[:, 0]
+        return {self.key: values, "label": labels}
+
+
+TABULAR = Layout("tabular", "x", "float32", (64,))
+IMAGES = Layout("images", "image", "uint8", (3, 64, 64))
+LAYOUTS = {layout.name: layout for layout in (TABULAR, IMAGES)}
+
+
+# Module-level functions: picklable by reference, so readers import them from here.
+def decode_tabular(payload: bytes) -> Mapping[str, Any]:
+    return TABULAR.decode(payload)
+
+
+def decode_batch_tabular(payloads: list[bytes]) -> Mapping[str, Any]:
+    return TABULAR.decode_batch(payloads)
+
+
+def decode_images(payload: bytes) -> Mapping[str, Any]:
+    return IMAGES.decode(payload)
+
+
+def decode_batch_images(payloads: list[bytes]) -> Mapping[str, Any]:
+    return IMAGES.decode_batch(payloads)
+
+
+DECODE = {"tabular": decode_tabular, "images": decode_images}
+DECODE_BATCH = {"tabular": decode_batch_tabular, "images": decode_batch_images}

@@ -1,0 +1,140 @@
+"""Tables of the data-plane benchmark (Markdown, so they go into docs/performance.md as printed)."""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+LOADERS = ("a", "b", "c", "d")
+NAMES = {
+    "a": "(a) torch Dataset, `__getitem__`",
+    "b": "(b) torch Dataset, `__getitems__`",
+    "c": "(c) shmloader, `decode`",
+    "d": "(d) shmloader, `decode_batch`",
+    "e": "(e) `numpy.take`, in memory, 1 core",
+    "gather:Gatherer": "gather alone, `Gatherer.gather`",
+    "gather:gather": "gather alone, `gather()` copy only",
+    "d:quarter": "(d) on 1/4 of the data",
+}
+
+
+def machine() -> str:
+    model = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import numpy
+    import pyarrow
+    import torch
+
+    return (
+        f"{os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), {model}; "
+        f"Python {platform.python_version()}, torch {torch.__version__}, "
+        f"numpy {numpy.__version__}, pyarrow {pyarrow.__version__}"
+    )
+
+
+def _rate(result: dict[str, Any]) -> float:
+    eps = result["epochs"][1:] or result["epochs"]
+    return sum(e["rows"] for e in eps) / sum(e["seconds"] for e in eps)
+
+
+def _procs(key: str, args: Any) -> str:
+    if key in ("a", "b"):
+        return f"1 + {args.workers_torch} workers"
+    if key in ("c", "d", "d:quarter"):
+        return f"1 + {args.readers} reader + {args.workers_shm} worker"
+    return "1"
+
+
+def _ratio(x: float, base: float | None) -> str:
+    return f"{x / base:.2f}x" if base else "-"
+
+
+def report(results: dict[str, dict[str, dict[str, Any]]], args: Any) -> None:
+    print(f"\nMachine: {machine()}")
+    print(f"Epochs per contender: {args.epochs} (samples/s over epochs 2..{args.epochs})\n")
+    targets: list[str] = []
+    for name, res in results.items():
+        rates = {k: _rate(v) for k, v in res.items()}
+        a, b, e = rates.get("a"), rates.get("b"), rates.get("e")
+        print(f"### {name}: {res[next(iter(res))]['epochs'][0]['rows']:,} records\n")
+        print(
+            "| contender | processes | samples/s | vs (a) | vs (b) | vs (e) "
+            "| first batch | peak PSS | shm files |"
+        )
+        print("|---|---|--:|--:|--:|--:|--:|--:|--:|")
+        for key, r in res.items():
+            pss = [ep["pss"] for ep in r["epochs"] if "pss" in ep]
+            peak = f"{max(p['total'] for p in pss):,.0f} MiB" if pss else "-"
+            shm = f"{max(p['shm_files'] for p in pss):,.0f} MiB" if pss else "-"
+            ttfb = f"{r['ttfb']:.2f} s" if "ttfb" in r else "-"
+            print(
+                f"| {NAMES[key]} | {_procs(key, args)} | {rates[key]:,.0f} "
+                f"| {_ratio(rates[key], a)} | {_ratio(rates[key], b)} | {_ratio(rates[key], e)} "
+                f"| {ttfb} | {peak} | {shm} |"
+            )
+        print()
+        _memory_table(res)
+        _targets(name, rates, res, a, b, e, targets)
+    print("Targets:")
+    for line in targets:
+        print(f"- {line}")
+
+
+def _memory_table(res: dict[str, dict[str, Any]]) -> None:
+    print("Peak PSS per epoch, MiB (trainer / workers / readers = total; shm files):\n")
+    print(
+        "| contender | "
+        + " | ".join(f"epoch {i + 1}" for i in range(max(len(r["epochs"]) for r in res.values())))
+        + " |"
+    )
+    print("|---|" + "--:|" * max(len(r["epochs"]) for r in res.values()))
+    for key, r in res.items():
+        if key not in (*LOADERS, "d:quarter"):
+            continue
+        cells = []
+        for ep in r["epochs"]:
+            p = ep["pss"]
+            cells.append(
+                f"{p['trainer']:.0f} / {p['worker']:.0f} / {p['reader']:.0f} = {p['total']:.0f}"
+                f"; {p['shm_files']:.0f}"
+            )
+        print(f"| {NAMES[key]} | " + " | ".join(cells) + " |")
+    print()
+
+
+def _targets(
+    name: str,
+    rates: dict[str, float],
+    res: dict[str, dict[str, Any]],
+    a: float | None,
+    b: float | None,
+    e: float | None,
+    out: list[str],
+) -> None:
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    if a and "c" in rates:
+        x = rates["c"] / a
+        out.append(f"{name}: (c) >= 3x (a): {x:.2f}x, {verdict(x >= 3)}")
+    if b and "d" in rates:
+        x = rates["d"] / b
+        out.append(f"{name}: (d) >= (b): {x:.2f}x, {verdict(x >= 1)}")
+    for key in ("gather:Gatherer", "gather:gather"):
+        if e and key in rates:
+            x = rates[key] / e
+            out.append(f"{name}: {NAMES[key]} >= 50% of (e): {x:.0%}, {verdict(x >= 0.5)}")
+    for key in ("c", "d"):
+        if key in res:
+            t = res[key]["ttfb"]
+            out.append(f"{name}: {NAMES[key]} first batch < 1 s: {t:.2f} s, {verdict(t < 1)}")
+            if res[key].get("readers_import_torch"):
+                out.append(f"{name}: {NAMES[key]}: readers imported torch (decode not importable?)")

@@ -1,0 +1,193 @@
+"""Data-plane benchmark: samples/s, memory (PSS) and time to first batch, all contenders in one run.
+
+Run by hand (not a test), from the repository root:
+``python benchmarks/bench_dataplane.py [--quick] [--tabular N] [--images N] [--epochs E]``.
+
+Two datasets are written as TFRecord files into a temporary folder: *tabular* (64 float32 +
+an int64 label per record, 264 bytes, batch 1024) and *images* (3x64x64 uint8 + an int64 label,
+12,296 bytes, batch 128). Contenders, at an equal count of processes (see ``--workers-torch``,
+``--readers``, ``--workers-shm``):
+
+(a) a plain map-style torch Dataset: one record read and decoded per ``__getitem__``, default
+    collate, ``shuffle=True``; (b) the same with a vectorised ``__getitems__``;
+(c) ``SharedTaskDataset`` with a per-record ``decode``; (d) with ``decode_batch``;
+(e) single-core ``numpy.take`` of the same shuffled rows from one in-memory array (the ceiling);
+and the gather alone: decoded rows already in shared memory gathered into batches in one
+process (``Gatherer.gather``, and the bare ``gather()`` copy).
+
+Each contender runs in a fresh process after the files were read once (warm page cache);
+samples/s is measured over epochs 2..E (epoch 1 includes start-up), time to first batch from
+constructing the dataset to receiving batch 1. Memory is the peak of the summed PSS of the
+trainer, its DataLoader workers and its readers, sampled every 0.5 s, per epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from _bench_decoders import LAYOUTS  # noqa: E402
+
+BATCH = {"tabular": 1024, "images": 128}
+FILES = 4
+LABELS = {
+    "a": "(a) torch Dataset, __getitem__",
+    "b": "(b) torch Dataset, __getitems__",
+    "c": "(c) shmloader, decode",
+    "d": "(d) shmloader, decode_batch",
+    "e": "(e) numpy.take ceiling, 1 core",
+    "gather:Gatherer": "gather alone (Gatherer.gather)",
+    "gather:gather": "gather alone (gather() copy only)",
+}
+
+
+def write_dataset(folder: str, name: str, records: int, seed: int) -> list[str]:
+    from shmloader.formats.tfrecord import write_records
+
+    layout = LAYOUTS[name]
+    paths, per_file = [], -(-records // FILES)
+    for i, first in enumerate(range(0, records, per_file)):
+        count = min(per_file, records - first)
+        path = os.path.join(folder, f"{name}-{i:02d}.tfrecord")
+        write_records(path, _chunks(layout, first, count, seed))
+        paths.append(path)
+    return paths
+
+
+def _chunks(layout: Any, first: int, count: int, seed: int) -> Any:
+    # In pieces: the payloads of 40,000 images are half a gigabyte.
+    for start in range(first, first + count, 8192):
+        yield from layout.payloads(start, min(8192, first + count - start), seed)
+
+
+def warm(paths: list[str]) -> None:
+    """Read every file (and its index) once, so every contender finds them in the page cache."""
+    for path in paths:
+        for p in (path, path + ".idx"):
+            if os.path.exists(p):
+                with open(p, "rb") as f:
+                    while f.read(1 << 24):
+                        pass
+
+
+def run_child(spec: dict[str, Any]) -> dict[str, Any]:
+    env = dict(os.environ)
+    # Readers unpickle the decode functions by module name: _bench_decoders must be importable
+    # in them without loading this script (which multiprocessing's preparation would do).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH")) if p)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            result: dict[str, Any] = json.loads(line[7:])
+            return result
+    raise RuntimeError(f"contender {spec['contender']} failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+def steady(result: dict[str, Any]) -> float:
+    """Samples/s over epochs 2..E (all epochs if there is one)."""
+    eps = result["epochs"][1:] or result["epochs"]
+    return sum(e["rows"] for e in eps) / sum(e["seconds"] for e in eps)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, 2 epochs (< 2 min)")
+    parser.add_argument("--tabular", type=int, default=400_000, help="tabular records")
+    parser.add_argument("--images", type=int, default=40_000, help="image records")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--workers-torch", type=int, default=2, help="DataLoader workers, (a)(b)")
+    parser.add_argument("--readers", type=int, default=1, help="shmloader readers, (c)(d)")
+    parser.add_argument("--workers-shm", type=int, default=1, help="DataLoader workers, (c)(d)")
+    parser.add_argument("--budget", default="1GiB", help="shmloader shm_budget")
+    parser.add_argument("--only", default="", help="comma-separated contenders (a,b,c,d,e,gather)")
+    parser.add_argument("--datasets", default="tabular,images")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--json", help="also write every result to this file")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        from _bench_contenders import run
+
+        print("RESULT " + json.dumps(run(json.loads(args.child))), flush=True)
+        return
+    if args.quick:
+        args.tabular, args.images, args.epochs = 100_000, 10_000, 2
+    from _bench_report import report
+
+    wanted = [c for c in args.only.split(",") if c] or ["a", "b", "c", "d", "e", "gather"]
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="shmloader-bench-") as tmp:
+        for name in args.datasets.split(","):
+            records = args.tabular if name == "tabular" else args.images
+            t = time.perf_counter()
+            paths = write_dataset(tmp, name, records, args.seed)
+            print(
+                f"{name}: {records} records in {len(paths)} files "
+                f"({time.perf_counter() - t:.1f} s to write)",
+                file=sys.stderr,
+            )
+            base = {
+                "dataset": name,
+                "paths": paths,
+                "records": records,
+                "label_sum": records * (records - 1) // 2,
+                "batch": BATCH[name],
+                "epochs": args.epochs,
+                "seed": args.seed,
+                "budget": args.budget,
+            }
+            results[name] = {}
+            for c in wanted:
+                jobs = (
+                    {"gather:Gatherer": "Gatherer", "gather:gather": "gather"}
+                    if c == "gather"
+                    else {c: None}
+                )
+                for key, how in jobs.items():
+                    spec = dict(base, contender=c, how=how)
+                    if c in ("a", "b"):
+                        spec["workers"] = args.workers_torch
+                    elif c in ("c", "d"):
+                        spec.update(workers=args.workers_shm, readers=args.readers)
+                    warm(paths)
+                    results[name][key] = run_child(spec)
+                    print(
+                        f"  {LABELS[key]}: {steady(results[name][key]):,.0f} samples/s",
+                        file=sys.stderr,
+                    )
+            if name == "tabular" and "d" in wanted and len(paths) > 1:
+                # Worker memory must not grow with the dataset: (d) again on one file of four.
+                part = -(-records // FILES)
+                spec = dict(
+                    base,
+                    contender="d",
+                    paths=paths[:1],
+                    records=part,
+                    label_sum=part * (part - 1) // 2,
+                    workers=args.workers_shm,
+                    readers=args.readers,
+                )
+                results[name]["d:quarter"] = run_child(spec)
+    report(results, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
