@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _decoders import GOOD, POISON, SCHEMA, decode, decode_slow, encode
+from _decoders import GOOD, POISON, SCHEMA, decode, decode_or_crash, decode_slow, encode
 
 import shmloader
 from shmloader.shm.names import start_token
@@ -47,10 +47,13 @@ def write_dataset(
     return list(range(first_id, next_id))
 
 
-def source(directory: Path, *, on_error: str = "raise", slow: bool = False) -> Any:
+def source(
+    directory: Path, *, on_error: str = "raise", slow: bool = False, crash: bool = False
+) -> Any:
+    """The files' source; ``slow``: 2 ms per record; ``crash``: poison records kill the reader."""
     return shmloader.RecordFileSource(
         str(directory / "*.tfrecord"),
-        decode=decode_slow if slow else decode,
+        decode=decode_or_crash if crash else decode_slow if slow else decode,
         schema=SCHEMA,
         on_error=on_error,
     )
@@ -71,7 +74,10 @@ def dataset(directory: Path, shm_dir: Path, **kwargs: Any) -> Any:
         "shm_dir": str(shm_dir),
     }
     src = source(
-        directory, on_error=kwargs.pop("on_error", "raise"), slow=kwargs.pop("slow", False)
+        directory,
+        on_error=kwargs.pop("on_error", "raise"),
+        slow=kwargs.pop("slow", False),
+        crash=kwargs.pop("crash", False),
     )
     options.update(kwargs)
     return shmloader.SharedTaskDataset(src, **options)

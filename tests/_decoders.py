@@ -10,6 +10,7 @@ record whose decode raises ("poison").
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 from typing import Any
@@ -37,4 +38,13 @@ def decode(payload: bytes) -> dict[str, Any]:
 def decode_slow(payload: bytes) -> dict[str, Any]:
     """As :func:`decode`, 2 ms per record: a reader spends most of its time inside a lease."""
     time.sleep(0.002)
+    return decode(payload)
+
+
+def decode_or_crash(payload: bytes) -> dict[str, Any]:
+    """As :func:`decode`, but a poison record kills the reader process (as a segfault in a
+    native decoder would): no exception, no failure report, only a dead reader."""
+    _, flag = PAYLOAD.unpack(payload)
+    if flag == POISON:
+        os._exit(3)
     return decode(payload)

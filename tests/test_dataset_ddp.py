@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from _dataset_helpers import dataset, ids_of, source, write_dataset
+from _dataset_helpers import Trainer, dataset, ids_of, source, write_dataset
 
 import shmloader
 
@@ -73,3 +73,44 @@ def test_ranks_get_equal_batches_and_cover_every_record(
             for ds in ranks:
                 ds.close()
         assert master.progress().finished
+
+
+def test_each_rank_in_its_own_process(tmp_path: Path, data: tuple[Path, list[int]]) -> None:
+    directory, expected = data
+    with shmloader.Master(
+        source(directory),
+        records_per_task=100,
+        epochs=EPOCHS,
+        seed=4,
+        world_size=WORLD,
+        lease_timeout=2.0,
+        consumer_timeout=10.0,
+    ) as master:
+        trainers = [
+            Trainer(
+                tmp_path,
+                f"rank{r}",
+                data=str(directory),
+                shm_dir=str(tmp_path / f"shm{r}"),
+                dataset={
+                    "master": master.address,
+                    "rank": r,
+                    "world_size": WORLD,
+                    "epochs": EPOCHS,
+                    "seed": 4,
+                },
+                loader={"num_workers": 1},
+                passes=EPOCHS,
+            )
+            for r in range(WORLD)
+        ]
+        for t in trainers:
+            assert t.finish() == 0, t.output()
+        assert master.progress().finished
+    share = math.ceil(len(expected) / WORLD)
+    for p in range(EPOCHS):
+        batches = [sum(1 for line in t.lines() if line.get("pass") == p) for t in trainers]
+        assert batches[0] == batches[1] == math.ceil(share / 64)
+        ids = [t.ids(p) for t in trainers]
+        assert [len(i) for i in ids] == [share, share]
+        assert set(ids[0]) | set(ids[1]) == set(expected)

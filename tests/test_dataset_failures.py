@@ -127,3 +127,21 @@ def test_a_bad_record_is_skipped_and_counted(tmp_path: Path) -> None:
             str(directory / "part-00001.tfrecord"),
         )
         assert skipped == [(first, 123), (first, 123), (second, 277), (second, 277)]
+
+
+def test_a_task_that_kills_every_reader_is_quarantined_and_raised(tmp_path: Path) -> None:
+    """No failure report ever arrives (the reader just dies): the task is quarantined by lease
+    expiry at the master, and the loop must still be told instead of waiting forever."""
+    directory = tmp_path / "data"
+    write_dataset(directory, [300, 200], poison=[450])  # in the last task of the second file
+    options = {"epochs": 1, "max_retries": 1, "lease_timeout": 1.0, "crash": True}
+    with dataset(directory, tmp_path / "shm", **options) as ds:
+        dl = shmloader.DataLoader(ds, batch_size=50)
+        got: list[int] = []
+        with pytest.raises(shmloader.TaskQuarantinedError) as info:
+            for batch in dl:
+                got += ids_of(batch)
+        assert str(directory / "part-00001.tfrecord") in str(info.value)
+        assert "records 100..200" in str(info.value)
+        assert not set(got) & set(range(400, 500)) and len(got) == len(set(got))
+        assert sum(r.restarts for r in ds.stats().readers) == 2

@@ -88,6 +88,7 @@ class DataPlane:
         self._starved = starved or (lambda: False)
         self._exclude = exclude or (lambda epoch, task_id: None)
         self._lock = threading.RLock()
+        self._poll_lock = threading.Lock()  # taken before _lock, never inside it
         self._next_slot = 0
         self._slots: dict[int, SlotState] = {}
         self._epochs: dict[int, EpochState] = {}
@@ -197,9 +198,12 @@ class DataPlane:
     # -- consumption ---------------------------------------------------------------------
     def poll(self) -> None:
         """Apply what the ledger says was gathered; release and complete what is finished."""
-        gathered = self._ledger.poll()
-        if len(gathered):
-            self._mark(gathered, delivered=False)
+        # The maintenance thread and the sampler (reclaim) both poll; the ledger reader keeps
+        # offsets and deletes finished files, so one at a time.
+        with self._poll_lock:
+            gathered = self._ledger.poll()
+            if len(gathered):
+                self._mark(gathered, delivered=False)
 
     def delivered(self, indices: np.ndarray) -> None:
         """The training loop received these samples (``shmloader.DataLoader`` only)."""

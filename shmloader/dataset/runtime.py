@@ -262,6 +262,9 @@ class Runtime:
                         # One at a time: a lease completed meanwhile must not stop the rest.
                         with contextlib.suppress(LeaseError):
                             self.client.renew([lease_id])
+                    # A task can also be quarantined by lease expiry (its reader died every
+                    # time, so no Failed message came): the sampler would wait for it forever.
+                    self._check_quarantine()
                     next_renew = now + renew_every
         except BaseException as exc:
             if not self._stop.is_set():

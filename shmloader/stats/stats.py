@@ -97,6 +97,7 @@ def memory_of(pid: int) -> Memory | None:
 
 def collect_stats(ds: SharedTaskDataset) -> Stats:
     runtime = ds.runtime
+    runtime.plane.poll()  # count what workers gathered up to now, not up to the last tick
     pool = runtime.pool
     reader_infos = pool.readers if pool is not None else []
     readers = [
