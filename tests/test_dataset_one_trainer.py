@@ -36,3 +36,24 @@ def torch_loader(ds):
     return torch.utils.data.DataLoader(
         ds, batch_size=8, sampler=ds.sampler(), collate_fn=ds.collate
     )
+
+
+def test_stats_count_what_the_loop_received_and_waited(tmp_path):
+    path = str(tmp_path / "r.tfrecord")
+    shmloader.write_records(path, [bytes([i]) for i in range(40)])
+    source = shmloader.RecordFileSource(path)
+    with shmloader.SharedTaskDataset(
+        source,
+        num_readers=1,
+        records_per_task=10,
+        epochs=1,
+        shm_budget="8MiB",
+        shm_dir=str(tmp_path),
+    ) as ds:
+        loader = shmloader.DataLoader(ds, batch_size=8)
+        batches = list(loader)
+        stats = ds.stats()
+    assert stats.batches_delivered == len(batches) == 5
+    assert stats.loop_wait_seconds > 0
+    assert stats.records_consumed == 40
+    assert "waited" in str(stats)

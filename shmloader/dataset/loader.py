@@ -8,6 +8,7 @@ resumed run delivers the rest of the epoch, each row once.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -81,9 +82,17 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         plane = self.dataset.runtime.plane  # type: ignore[attr-defined]
-        for batch in super().__iter__():
+        began = time.perf_counter()  # the loop waits for data from here (workers start too) ...
+        batches = super().__iter__()
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            plane.record_wait(time.perf_counter() - began)  # ... to here
             plane.delivered(self._recorder.issued.popleft())
             yield batch
+            began = time.perf_counter()
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loop is: the epoch and the rows of it already delivered (JSON-able)."""

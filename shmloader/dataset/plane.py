@@ -96,6 +96,8 @@ class DataPlane:
         self._announced: set[tuple[int, int]] = set()
         self.consumed_records = 0
         self.duplicates = 0
+        self.wait_seconds = 0.0  # how long the training loop waited for batches
+        self.batches_delivered = 0
 
     # -- readers' side -------------------------------------------------------------------
     def announce(
@@ -204,6 +206,12 @@ class DataPlane:
             gathered = self._ledger.poll()
             if len(gathered):
                 self._mark(gathered, delivered=False)
+
+    def record_wait(self, seconds: float) -> None:
+        """The loop waited ``seconds`` for its next batch (``shmloader.DataLoader`` only)."""
+        with self._lock:
+            self.wait_seconds += seconds
+            self.batches_delivered += 1
 
     def delivered(self, indices: np.ndarray) -> None:
         """The training loop received these samples (``shmloader.DataLoader`` only)."""

@@ -60,6 +60,9 @@ class Stats:
     epochs_started: int
     epochs_finished: int
     quarantined_tasks: int
+    # Measured by shmloader.DataLoader only (a plain DataLoader hides its loop from us).
+    batches_delivered: int = 0
+    loop_wait_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -77,6 +80,11 @@ class Stats:
             f"epochs started/finished at the master: {self.epochs_started}/{self.epochs_finished}",
             f"memory (PSS) of trainer + workers + readers: {self.total_pss / mib:.1f} MiB",
         ]
+        if self.batches_delivered:
+            lines.append(
+                f"training loop waited {self.loop_wait_seconds:.2f} s for data over "
+                f"{self.batches_delivered} batches"
+            )
         for r in self.readers:
             pss = f"{r.memory.pss / mib:.1f} MiB" if r.memory else "-"
             lines.append(
@@ -135,4 +143,6 @@ def collect_stats(ds: SharedTaskDataset) -> Stats:
         epochs_started=progress.epochs_started,
         epochs_finished=progress.epochs_finished,
         quarantined_tasks=len(progress.quarantined),
+        batches_delivered=runtime.plane.batches_delivered,
+        loop_wait_seconds=runtime.plane.wait_seconds,
     )
