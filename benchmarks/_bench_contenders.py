@@ -151,8 +151,9 @@ def run_gather(spec: Spec) -> dict[str, Any]:
     Each epoch writes the segments first (untimed), then gathers window by window in the
     sampler's order and releases a window's segments once it is consumed, as the trainer does
     (so the worker's view cache holds what it holds in a real run). ``spec["how"]`` is
-    ``"Gatherer"`` (what ``__getitems__`` runs: gather + ledger + cache upkeep) or ``"gather"``
-    (the copy alone).
+    ``"Gatherer"`` (what ``__getitems__`` runs: gather + ledger + cache upkeep), ``"gather"``
+    (the copy alone, segments opened and first touched as it goes) or ``"warm"`` (the copy
+    alone from segments opened and touched before the clock starts: no mapping costs).
     """
     from shmloader.dataset.gather import encode_indices, gather
     from shmloader.dataset.plane import slot_name
@@ -174,11 +175,16 @@ def run_gather(spec: Spec) -> dict[str, Any]:
     out = []
     try:
         for epoch in range(spec["epochs"]):
-            slots = []
+            slots: list[tuple[int, int]] = []
             for batch in segments:
                 slot = epoch * len(segments) + len(slots)
                 handle.rename(handle.write(batch).name, slot_name(slot))
                 slots.append((slot, batch.num_rows))
+            if spec["how"] == "warm":  # segments mapped and every page touched beforehand
+                for slot, _n in slots:
+                    for view in gatherer.views(slot).values():
+                        if view.dense is not None:
+                            view.dense.sum()
             rows = total = 0
             t0 = time.perf_counter()
             for w in range(0, len(slots), WINDOW):
@@ -191,8 +197,9 @@ def run_gather(spec: Spec) -> dict[str, Any]:
                         batch_out = copy(chunk)
                     else:
                         batch_out = gather(gatherer.views, chunk, gatherer.columns)
-                    total += int(batch_out["label"].sum())  # type: ignore[attr-defined]
-                    rows += len(batch_out["label"])  # type: ignore[arg-type]
+                    labels: Any = batch_out["label"]
+                    total += int(labels.sum())
+                    rows += len(labels)
                 for s, _n in block:
                     handle.release(slot_name(s))
             seconds = time.perf_counter() - t0

@@ -15,6 +15,7 @@ NAMES = {
     "e": "(e) `numpy.take`, in memory, 1 core",
     "gather:Gatherer": "gather alone, `Gatherer.gather`",
     "gather:gather": "gather alone, `gather()` copy only",
+    "gather:warm": "gather alone, `gather()`, segments pre-mapped",
     "d:quarter": "(d) on 1/4 of the data",
 }
 
@@ -128,7 +129,7 @@ def _targets(
     if b and "d" in rates:
         x = rates["d"] / b
         out.append(f"{name}: (d) >= (b): {x:.2f}x, {verdict(x >= 1)}")
-    for key in ("gather:Gatherer", "gather:gather"):
+    for key in ("gather:Gatherer", "gather:gather", "gather:warm"):
         if e and key in rates:
             x = rates[key] / e
             out.append(f"{name}: {NAMES[key]} >= 50% of (e): {x:.0%}, {verdict(x >= 0.5)}")

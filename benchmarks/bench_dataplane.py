@@ -47,6 +47,7 @@ LABELS = {
     "e": "(e) numpy.take ceiling, 1 core",
     "gather:Gatherer": "gather alone (Gatherer.gather)",
     "gather:gather": "gather alone (gather() copy only)",
+    "gather:warm": "gather alone (gather(), segments pre-mapped)",
 }
 
 
@@ -154,7 +155,11 @@ def main() -> None:
             results[name] = {}
             for c in wanted:
                 jobs = (
-                    {"gather:Gatherer": "Gatherer", "gather:gather": "gather"}
+                    {
+                        "gather:Gatherer": "Gatherer",
+                        "gather:gather": "gather",
+                        "gather:warm": "warm",
+                    }
                     if c == "gather"
                     else {c: None}
                 )
