@@ -6,12 +6,14 @@ import os
 import platform
 from typing import Any
 
-LOADERS = ("a", "b", "c", "d")
+LOADERS = ("a", "b", "c", "c:inproc", "d", "d:inproc")
 NAMES = {
     "a": "(a) torch Dataset, `__getitem__`",
     "b": "(b) torch Dataset, `__getitems__`",
     "c": "(c) shmloader, `decode`",
+    "c:inproc": "(c) shmloader, `decode`, gather in the trainer",
     "d": "(d) shmloader, `decode_batch`",
+    "d:inproc": "(d) shmloader, `decode_batch`, gather in the trainer",
     "e": "(e) `numpy.take`, in memory, 1 core",
     "gather:Gatherer": "gather alone, `Gatherer.gather`",
     "gather:gather": "gather alone, `gather()` copy only",
@@ -51,6 +53,8 @@ def _procs(key: str, args: Any) -> str:
         return f"1 + {args.workers_torch} workers"
     if key in ("c", "d", "d:quarter"):
         return f"1 + {args.readers} reader + {args.workers_shm} worker"
+    if key in ("c:inproc", "d:inproc"):
+        return f"1 + {args.readers_inproc} readers + 0 workers"
     return "1"
 
 
@@ -123,17 +127,23 @@ def _targets(
     def verdict(ok: bool) -> str:
         return "met" if ok else "MISSED"
 
-    if a and "c" in rates:
-        x = rates["c"] / a
-        out.append(f"{name}: (c) >= 3x (a): {x:.2f}x, {verdict(x >= 3)}")
-    if b and "d" in rates:
-        x = rates["d"] / b
-        out.append(f"{name}: (d) >= (b): {x:.2f}x, {verdict(x >= 1)}")
+    def best(key: str) -> tuple[float, str] | None:
+        # Either split of the same process count is a fair (c) / (d); report the better.
+        found = [(rates[k], k) for k in (key, f"{key}:inproc") if k in rates]
+        return max(found) if found else None
+
+    c, d = best("c"), best("d")
+    if a and c:
+        x = c[0] / a
+        out.append(f"{name}: (c) >= 3x (a): {x:.2f}x ({NAMES[c[1]]}), {verdict(x >= 3)}")
+    if b and d:
+        x = d[0] / b
+        out.append(f"{name}: (d) >= (b): {x:.2f}x ({NAMES[d[1]]}), {verdict(x >= 1)}")
     for key in ("gather:Gatherer", "gather:gather", "gather:warm"):
         if e and key in rates:
             x = rates[key] / e
             out.append(f"{name}: {NAMES[key]} >= 50% of (e): {x:.0%}, {verdict(x >= 0.5)}")
-    for key in ("c", "d"):
+    for key in ("c", "c:inproc", "d", "d:inproc"):
         if key in res:
             t = res[key]["ttfb"]
             out.append(f"{name}: {NAMES[key]} first batch < 1 s: {t:.2f} s, {verdict(t < 1)}")

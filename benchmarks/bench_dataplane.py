@@ -114,6 +114,12 @@ def main() -> None:
     parser.add_argument("--workers-torch", type=int, default=2, help="DataLoader workers, (a)(b)")
     parser.add_argument("--readers", type=int, default=1, help="shmloader readers, (c)(d)")
     parser.add_argument("--workers-shm", type=int, default=1, help="DataLoader workers, (c)(d)")
+    parser.add_argument(
+        "--readers-inproc",
+        type=int,
+        default=2,
+        help="readers of the (c)(d) variant that gathers in the trainer (num_workers=0)",
+    )
     parser.add_argument("--budget", default="1GiB", help="shmloader shm_budget")
     parser.add_argument("--only", default="", help="comma-separated contenders (a,b,c,d,e,gather)")
     parser.add_argument("--datasets", default="tabular,images")
@@ -161,14 +167,19 @@ def main() -> None:
                         "gather:warm": "warm",
                     }
                     if c == "gather"
+                    else {c: None, f"{c}:inproc": None}
+                    if c in ("c", "d")
                     else {c: None}
                 )
                 for key, how in jobs.items():
                     spec = dict(base, contender=c, how=how)
                     if c in ("a", "b"):
                         spec["workers"] = args.workers_torch
-                    elif c in ("c", "d"):
+                    elif key in ("c", "d"):
                         spec.update(workers=args.workers_shm, readers=args.readers)
+                    elif key in ("c:inproc", "d:inproc"):
+                        # Same process count, the other split: gather in the trainer itself.
+                        spec.update(workers=0, readers=args.readers_inproc)
                     warm(paths)
                     results[name][key] = run_child(spec)
                     print(

@@ -138,7 +138,7 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-class _Group(NamedTuple):
+class SegmentRows(NamedTuple):
     """The rows of one segment in a batch: ``rows`` go to output positions ``[start, stop)``."""
 
     slot: int
@@ -148,7 +148,7 @@ class _Group(NamedTuple):
     max_row: int
 
 
-def _groups(indices: Sequence[int] | np.ndarray) -> list[_Group]:
+def group_by_segment(indices: Sequence[int] | np.ndarray) -> list[SegmentRows]:
     """Sample indices grouped by segment, each group in index-list order (a stable sort)."""
     slots, rows = split_indices(indices)
     n = len(rows)
@@ -156,7 +156,7 @@ def _groups(indices: Sequence[int] | np.ndarray) -> list[_Group]:
         raise ConfigError("cannot gather an empty batch")
     lo, hi = int(slots.min()), int(slots.max())
     if lo == hi:
-        return [_Group(lo, rows, 0, n, int(rows.max()))]
+        return [SegmentRows(lo, rows, 0, n, int(rows.max()))]
     key = slots - lo
     if hi - lo < 1 << 16:
         key = key.astype(np.uint16)  # numpy sorts 16-bit keys stably by radix sort: faster
@@ -168,7 +168,7 @@ def _groups(indices: Sequence[int] | np.ndarray) -> list[_Group]:
     starts = stops - counts[present]
     maxima = np.maximum.reduceat(rows, starts)
     return [
-        _Group(lo + k, rows[a:b], a, b, m)
+        SegmentRows(lo + k, rows[a:b], a, b, m)
         for k, a, b, m in zip(
             present.tolist(), starts.tolist(), stops.tolist(), maxima.tolist(), strict=True
         )
@@ -187,7 +187,7 @@ def gather(
     columns a bool tensor; string and bytes columns a list of ``str`` / ``bytes``; variable-length
     numeric lists a list of 1-D tensors (their lengths differ, so they cannot be stacked).
     """
-    groups = _groups(indices)
+    groups = group_by_segment(indices)
     n = groups[-1].stop
     segments = [views_of(g.slot) for g in groups]
     first = segments[0]
@@ -218,7 +218,9 @@ def gather(
     return out
 
 
-def _gather_arrow(segments: list[dict[str, ColumnView]], groups: list[_Group], name: str) -> object:
+def _gather_arrow(
+    segments: list[dict[str, ColumnView]], groups: list[SegmentRows], name: str
+) -> object:
     parts = []
     for views, group in zip(segments, groups, strict=True):
         array = views[name].arrow

@@ -18,13 +18,14 @@ import torch.utils.data
 
 from ..errors import ConfigError
 from .dataset import SharedTaskDataset
+from .sampler import TaskSampler
 from .state import loader_state, restore_state
 
 
 class _RecordingBatchSampler(torch.utils.data.Sampler[list[int]]):
-    """Groups the sampler's indices into batches and remembers them in order."""
+    """Cuts the sampler's blocks into batches and remembers them in order."""
 
-    def __init__(self, sampler: torch.utils.data.Sampler[int], batch_size: int, drop_last: bool):
+    def __init__(self, sampler: TaskSampler, batch_size: int, drop_last: bool):
         self.sampler = sampler
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -32,19 +33,23 @@ class _RecordingBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         self.issued.clear()
-        batch: list[int] = []
-        for index in self.sampler:
-            batch.append(index)
-            if len(batch) == self.batch_size:
-                self.issued.append(np.asarray(batch, dtype=np.int64))
-                yield batch
-                batch = []
-        if batch and not self.drop_last:
-            self.issued.append(np.asarray(batch, dtype=np.int64))
-            yield batch
+        size = self.batch_size
+        carry = np.empty(0, dtype=np.int64)
+        for chunk in self.sampler.chunks():  # slices of arrays: no Python work per sample
+            if len(carry):
+                chunk = np.concatenate((carry, chunk))
+            full = len(chunk) - len(chunk) % size
+            for i in range(0, full, size):
+                batch = chunk[i : i + size]
+                self.issued.append(batch)
+                yield batch.tolist()
+            carry = chunk[full:]
+        if len(carry) and not self.drop_last:
+            self.issued.append(carry)
+            yield carry.tolist()
 
     def __len__(self) -> int:
-        n = len(self.sampler)  # type: ignore[arg-type]
+        n = len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
 

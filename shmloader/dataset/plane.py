@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import LeaseError, ShmloaderError
-from .gather import encode_indices, split_indices
+from .gather import encode_indices, group_by_segment
 from .ledger import LedgerReader
 from .ready import ReadyTask, ReadyTasks
 
@@ -53,6 +53,10 @@ class SlotState:
     emit: np.ndarray | None = None  # rows to deliver (set when admitted)
     gathered: np.ndarray | None = None  # bool per row
     delivered: np.ndarray | None = None  # bool per row
+    # How many rows of ``emit`` are gathered / delivered: settling compares counts, not
+    # whole masks, on every batch.
+    n_gathered: int = 0
+    n_delivered: int = 0
     released: bool = False
     completed: bool = False
     has_segment: bool = True
@@ -89,6 +93,8 @@ class DataPlane:
         self._exclude = exclude or (lambda epoch, task_id: None)
         self._lock = threading.RLock()
         self._poll_lock = threading.Lock()  # taken before _lock, never inside it
+        self._flush_lock = threading.Lock()  # likewise
+        self._to_complete: list[int] = []
         self._next_slot = 0
         self._slots: dict[int, SlotState] = {}
         self._epochs: dict[int, EpochState] = {}
@@ -118,11 +124,21 @@ class DataPlane:
         self.ready.put(ReadyTask(epoch, seq, task_id, segment, num_rows, lease_id))
 
     def _complete(self, lease_id: int) -> None:
-        try:
-            self._master.complete(lease_id)
-        except LeaseError as exc:
-            # Completed late after it lapsed and was re-leased: the master counts it once.
-            print(f"shmloader: completing lease {lease_id}: {exc}", file=sys.stderr)
+        # Queued, not called: a round trip to the master must not hold the lock the sampler
+        # and the training loop need. ``poll`` sends them.
+        self._to_complete.append(lease_id)
+
+    def flush_completions(self) -> None:
+        """Tell the master about consumed tasks (outside the lock, one call per task)."""
+        with self._flush_lock:
+            with self._lock:
+                pending, self._to_complete = self._to_complete, []
+            for lease_id in pending:
+                try:
+                    self._master.complete(lease_id)
+                except LeaseError as exc:
+                    # Completed late after it lapsed and was re-leased: counted once anyway.
+                    print(f"shmloader: completing lease {lease_id}: {exc}", file=sys.stderr)
 
     # -- sampler's side (Feed) -----------------------------------------------------------
     def _epoch(self, epoch: int) -> EpochState:
@@ -206,6 +222,7 @@ class DataPlane:
             gathered = self._ledger.poll()
             if len(gathered):
                 self._mark(gathered, delivered=False)
+        self.flush_completions()
 
     def record_wait(self, seconds: float) -> None:
         """The loop waited ``seconds`` for its next batch (``shmloader.DataLoader`` only)."""
@@ -218,16 +235,25 @@ class DataPlane:
         self._mark(np.asarray(indices, dtype=np.int64), delivered=True)
 
     def _mark(self, indices: np.ndarray, *, delivered: bool) -> None:
-        slots, rows = split_indices(indices)
+        if not len(indices):
+            return
         with self._lock:
-            for slot in np.unique(slots).tolist():
-                state = self._slots.get(slot)
-                if state is None and slot < self._next_slot:
+            for group in group_by_segment(indices):
+                state = self._slots.get(group.slot)
+                if state is None and group.slot < self._next_slot:
                     continue  # settled already (a row gathered twice after an abandoned pass)
                 if state is None or state.gathered is None or state.delivered is None:
-                    raise ShmloaderError(f"sample index names slot {slot}, which is not admitted")
+                    raise ShmloaderError(
+                        f"sample index names slot {group.slot}, which is not admitted"
+                    )
                 target = state.delivered if delivered else state.gathered
-                target[rows[slots == slot]] = True
+                rows = np.unique(group.rows) if len(group.rows) > 1 else group.rows
+                fresh = int(np.count_nonzero(~target[rows]))
+                target[rows] = True
+                if delivered:
+                    state.n_delivered += fresh
+                else:
+                    state.n_gathered += fresh
                 self._settle(state)
 
     def _settle(self, state: SlotState) -> None:
@@ -235,15 +261,16 @@ class DataPlane:
         assert state.delivered is not None
         # Under complete_on_delivery the segment stays until the loop has every row: rows
         # gathered for an abandoned iterator are gathered again by the next pass.
-        unused = state.gathered[state.emit].all() and (
-            not self._complete_on_delivery or state.delivered[state.emit].all()
+        need = len(state.emit)
+        unused = state.n_gathered >= need and (
+            not self._complete_on_delivery or state.n_delivered >= need
         )
         if not state.released and unused:
             if state.has_segment:
                 self._segments.release(slot_name(state.slot), missing_ok=True)
             state.released = True
-        consumed = state.delivered if self._complete_on_delivery else state.gathered
-        if not state.completed and consumed[state.emit].all():
+        consumed = state.n_delivered if self._complete_on_delivery else state.n_gathered
+        if not state.completed and consumed >= need:
             self._complete(state.task.lease_id)
             state.completed = True
             self.consumed_records += len(state.emit)

@@ -5,8 +5,10 @@ each epoch, and the sampler shuffles *rows* across a window of ``shuffle_window`
 tasks (block shuffle). Blocks are formed from the master's task order, not from the order in
 which readers happen to finish, and each block's permutation is seeded from
 ``(seed, epoch, first task of the block)``; so for a fixed configuration the order is the same
-on every run, however the readers race. A block's segments are all released once it has been
-consumed, which bounds shared memory to about two windows (one being consumed, one filling).
+on every run, however the readers race. Each epoch starts with blocks of 1, 2, 4, ... tasks
+so that the first batch waits for one task, not a whole window. A block's segments are all
+released once it has been consumed, which bounds shared memory to about two windows (one being
+consumed, one filling).
 """
 
 from __future__ import annotations
@@ -88,14 +90,23 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         return feed.epoch_rows(feed.epoch_to_iterate())
 
     def __iter__(self) -> Iterator[int]:
+        for chunk in self.chunks():
+            yield from chunk.tolist()
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        """The epoch's indices in order, a block at a time (for batchers that slice arrays)."""
         feed = self._get_feed()
         epoch = feed.epoch_to_iterate()
         leftover = feed.reclaim(epoch)
         if len(leftover):
-            yield from leftover.tolist()
+            yield leftover
         pending = feed.remaining_seqs(epoch)
+        size = 1
         while pending:
-            block, pending = pending[: self.window], pending[self.window :]
+            # Blocks of 1, 2, 4, ... tasks up to the window: the first batch needs one task
+            # read, not a whole window (the sizes depend on nothing but the position).
+            block, pending = pending[:size], pending[size:]
+            size = min(size * 2, self.window)
             tasks = feed.ready.take(epoch, block, starved=feed.starved)
             if len(tasks) < len(block):
                 got = {t.seq for t in tasks}
@@ -104,5 +115,6 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             indices = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
             if self.shuffle and len(indices) > 1:
                 indices = indices[block_permutation(self.seed, epoch, tasks[0].seq, len(indices))]
-            yield from indices.tolist()
+            if len(indices):
+                yield indices
         feed.finish_epoch(epoch)

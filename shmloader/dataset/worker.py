@@ -8,6 +8,7 @@ because an unlinked segment that is still mapped keeps holding memory.
 from __future__ import annotations
 
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -18,6 +19,9 @@ from .ledger import LedgerWriter, ledger_dir
 from .plane import slot_name
 
 MAX_CACHED_SEGMENTS = 64
+# How often a worker looks for released segments to unmap: often enough that an unlinked
+# segment's memory comes back promptly, rarely enough to cost nothing per batch.
+SWEEP_SECONDS = 0.05
 
 
 class Gatherer:
@@ -26,6 +30,7 @@ class Gatherer:
         self.columns = list(columns)
         self._ledger = LedgerWriter(ledger_dir(self._store_path()))
         self._views: OrderedDict[int, dict[str, ColumnView]] = OrderedDict()
+        self._next_sweep = 0.0
 
     def _store_path(self) -> str:
         return str(self.store.path)  # type: ignore[attr-defined]
@@ -51,17 +56,22 @@ class Gatherer:
         out = gather(self.views, idx, self.columns)
         # Only after the copy: from now on the trainer may release these rows' segments.
         self._ledger.record(idx)
-        self._forget_released(set(np.unique(split_indices(idx)[0]).tolist()))
+        now = time.monotonic()
+        if now >= self._next_sweep or len(self._views) > MAX_CACHED_SEGMENTS:
+            self._forget_released(set(np.unique(split_indices(idx)[0]).tolist()))
+            self._next_sweep = now + SWEEP_SECONDS
         return out
 
     def _forget_released(self, in_use: set[int]) -> None:
-        path = self._store_path()
+        """Drop views of released segments (one directory listing, not a stat per segment)."""
+        try:
+            present = set(os.listdir(self._store_path()))
+        except FileNotFoundError:
+            present = set()
         for slot in list(self._views):
             if slot in in_use:
                 continue
             name = slot_name(slot)
-            if len(self._views) > MAX_CACHED_SEGMENTS or not os.path.exists(
-                os.path.join(path, name)
-            ):
+            if name not in present or len(self._views) > MAX_CACHED_SEGMENTS:
                 del self._views[slot]
                 self.store.drop(name)  # type: ignore[attr-defined]

@@ -42,6 +42,7 @@ class ReaderConfig:
     lease_timeout: float
     token: str | None = None
     idle_poll: float = 0.05
+    lease_ahead: int = 4  # tasks asked for per lease call
     # (epoch, seq) consumed before a resume: announced empty, not read again
     skip_tasks: frozenset[tuple[int, int]] = frozenset()
 
@@ -57,30 +58,43 @@ def _die_with_parent(parent: int) -> None:
 
 
 class _Renewer:
-    """Keeps one lease alive from a thread while the (possibly slow) read runs."""
+    """Keeps the leases this reader holds alive, from one thread for the reader's lifetime.
 
-    def __init__(self, client: Any, lease_id: int, interval: float) -> None:
+    A read can take longer than a lease (slow storage, a slow decode); the trainer renews a
+    task's lease only once the reader has announced it.
+    """
+
+    def __init__(self, client: Any, interval: float) -> None:
         self._client = client
-        self._lease_id = lease_id
         self._interval = interval
+        self._held: set[int] = set()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lease-renewer", daemon=True)
+        self._thread.start()
+
+    def hold(self, lease_ids: list[int]) -> None:
+        with self._lock:
+            self._held.update(lease_ids)
+
+    def drop(self, lease_id: int) -> None:
+        with self._lock:
+            self._held.discard(lease_id)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            try:
-                self._client.renew([self._lease_id])
-            except Exception as exc:  # renewal is best effort: expiry re-queues the task
-                print(
-                    f"shmloader reader: renewing lease {self._lease_id} failed: {exc}",
-                    file=sys.stderr,
-                )
+            with self._lock:
+                held = list(self._held)
+            for lease_id in held:
+                try:
+                    self._client.renew([lease_id])
+                except Exception as exc:  # best effort: an expired lease is simply re-queued
+                    print(
+                        f"shmloader reader: renewing lease {lease_id} failed: {exc}",
+                        file=sys.stderr,
+                    )
 
-    def __enter__(self) -> _Renewer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
+    def close(self) -> None:
         self._stop.set()
         self._thread.join()
 
@@ -95,6 +109,7 @@ class Reader:
         self.conn = conn
         self.parent = parent
         self.client = MasterClient(config.master_address, token=config.token)
+        self._renewer = _Renewer(self.client, config.lease_timeout / 3)
         self._stop = False
 
     def should_stop(self) -> bool:
@@ -111,7 +126,8 @@ class Reader:
         delay = self.config.idle_poll
         try:
             while not self.should_stop():
-                reply = self.client.lease(self.config.consumer, 1)
+                # Two at a time: half the round trips, and the next task is at hand.
+                reply = self.client.lease(self.config.consumer, self.config.lease_ahead)
                 if not reply.leases:
                     if reply.finished:
                         self.conn.send(Finished())
@@ -120,11 +136,18 @@ class Reader:
                     delay = min(delay * 2, 0.5)
                     continue
                 delay = self.config.idle_poll
+                self._renewer.hold([lease.lease_id for lease in reply.leases])
                 for lease in reply.leases:
-                    self._serve(lease)
+                    if self.should_stop():
+                        break  # the rest lapse on their own; the trainer is going away
+                    try:
+                        self._serve(lease)
+                    finally:
+                        self._renewer.drop(lease.lease_id)
         except StoreClosedError:
             return  # the trainer is closing the dataset
         finally:
+            self._renewer.close()
             self.client.close()
 
     def _serve(self, lease: Any) -> None:
@@ -137,9 +160,8 @@ class Reader:
                 self._announce(lease, began, "", 0, 0, ())
                 return
             shard = Shard(lease.path, lease.stop)
-            with _Renewer(self.client, lease.lease_id, self.config.lease_timeout / 3):
-                result = self.config.source.read_result(shard, lease.start, lease.stop)
-                info = self.config.store.write(result.batch, should_stop=self.should_stop)
+            result = self.config.source.read_result(shard, lease.start, lease.stop)
+            info = self.config.store.write(result.batch, should_stop=self.should_stop)
         except StoreClosedError:
             raise
         except Exception as exc:
