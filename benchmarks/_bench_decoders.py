@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -24,9 +25,13 @@ class Layout:
     dtype: str
     shape: tuple[int, ...]
 
-    @property
+    @cached_property
+    def count(self) -> int:
+        return int(np.prod(self.shape))
+
+    @cached_property
     def value_bytes(self) -> int:
-        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+        return self.count * np.dtype(self.dtype).itemsize
 
     @property
     def record_bytes(self) -> int:
@@ -46,8 +51,9 @@ class Layout:
 
     def decode(self, payload: bytes) -> dict[str, Any]:
         """One record, the way a per-record ``decode`` (or ``__getitem__``) does it."""
-        value = np.frombuffer(payload, self.dtype, int(np.prod(self.shape))).reshape(self.shape)
-        label = np.frombuffer(payload, np.int64, 1, self.value_bytes)[0]
+        # What a careful user writes: no per-call shape arithmetic, a plain int label.
+        value = np.frombuffer(payload, self.dtype, self.count).reshape(self.shape)
+        label = int.from_bytes(payload[self.value_bytes :], "little", signed=True)
         return {self.key: value, "label": label}
 
     def decode_batch(self, payloads: list[bytes]) -> dict[str, np.ndarray]:

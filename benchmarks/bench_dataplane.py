@@ -39,16 +39,6 @@ from _bench_decoders import LAYOUTS  # noqa: E402
 
 BATCH = {"tabular": 1024, "images": 128}
 FILES = 4
-LABELS = {
-    "a": "(a) torch Dataset, __getitem__",
-    "b": "(b) torch Dataset, __getitems__",
-    "c": "(c) shmloader, decode",
-    "d": "(d) shmloader, decode_batch",
-    "e": "(e) numpy.take ceiling, 1 core",
-    "gather:Gatherer": "gather alone (Gatherer.gather)",
-    "gather:gather": "gather alone (gather() copy only)",
-    "gather:warm": "gather alone (gather(), segments pre-mapped)",
-}
 
 
 def write_dataset(folder: str, name: str, records: int, seed: int) -> list[str]:
@@ -134,7 +124,7 @@ def main() -> None:
         return
     if args.quick:
         args.tabular, args.images, args.epochs = 100_000, 10_000, 2
-    from _bench_report import report
+    from _bench_report import NAMES, report
 
     wanted = [c for c in args.only.split(",") if c] or ["a", "b", "c", "d", "e", "gather"]
     results: dict[str, dict[str, dict[str, Any]]] = {}
@@ -183,7 +173,7 @@ def main() -> None:
                     warm(paths)
                     results[name][key] = run_child(spec)
                     print(
-                        f"  {LABELS[key]}: {steady(results[name][key]):,.0f} samples/s",
+                        f"  {NAMES[key]}: {steady(results[name][key]):,.0f} samples/s",
                         file=sys.stderr,
                     )
             if name == "tabular" and "d" in wanted and len(paths) > 1:
