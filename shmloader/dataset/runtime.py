@@ -284,6 +284,11 @@ class Runtime:
             thread.join(5.0)
         if self.pool is not None:
             self.pool.stop()
+        if plane is not None and self.client is not None:
+            # What the loop consumed since the last tick must reach the master before we
+            # leave: a standalone master would hand those tasks out again (duplicates).
+            with contextlib.suppress(MasterError):
+                plane.poll()
         if self.client is not None:
             if self.embedded is None:  # an embedded master stops next: nobody to tell
                 with contextlib.suppress(MasterError):
