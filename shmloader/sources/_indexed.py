@@ -45,7 +45,7 @@ class IndexedSource(BaseSource):
 
     kind: str = ""  # the index kind, set by subclasses
 
-    _LOCAL = ("_offsets", "_builder", "_known")
+    _LOCAL = ("_offsets", "_builder")
 
     def __init__(
         self,
@@ -76,7 +76,6 @@ class IndexedSource(BaseSource):
     def _init_local(self) -> None:
         self._offsets: OrderedDict[str, np.ndarray] = OrderedDict()
         self._builder: BatchBuilder | None = None
-        self._known = frozenset(self.paths)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({len(self.paths)} files, on_error={self.on_error!r})"
@@ -88,8 +87,7 @@ class IndexedSource(BaseSource):
     def offsets(self, path: str) -> np.ndarray:
         """The ``n + 1`` record offsets of one of this source's files (cached on disk and in
         this process)."""
-        if path not in self._known:
-            raise ConfigError(f"{path} is not one of this source's files")
+        self.check_known(path)
         found = self._offsets.pop(path, None)
         if found is None:
             found = cached_offsets(

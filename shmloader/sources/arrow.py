@@ -46,7 +46,6 @@ class ArrowSource(BaseSource):
         self.paths = expand_arrow_paths(paths)
         self.columns, self.tensors = check_options(columns, tensors)
         self._batch_rows: dict[str, tuple[int, ...]] = {}
-        self._known = frozenset(self.paths)
 
     def __repr__(self) -> str:
         return f"ArrowSource({len(self.paths)} files, columns={self.columns})"
@@ -69,8 +68,7 @@ class ArrowSource(BaseSource):
 
     def _read(self, shard: Shard, start: int, stop: int) -> ReadResult:
         path = shard.path
-        if path not in self._known:
-            raise ConfigError(f"{path} is not one of this source's files")
+        self.check_known(path)
         with open_input(path) as f:
             if _is_ipc_file(path, f):
                 reader = _open_file(path, f)

@@ -79,6 +79,15 @@ class BaseSource:
     def _init_local(self) -> None:
         """Create the per-process caches named in ``_LOCAL``."""
 
+    def check_known(self, path: str) -> None:
+        """ConfigError unless ``path`` is one of this source's files: a task names a path,
+        and a reader must never open one that is not part of the planned dataset."""
+        known = self.__dict__.get("_known_paths")
+        if known is None:
+            known = self._known_paths = frozenset(getattr(self, "paths", ()))
+        if path not in known:
+            raise ConfigError(f"{path} is not one of this source's files")
+
     def plan(self) -> list[Shard]:
         if self._plan is None:
             self._plan = list(self._make_plan())

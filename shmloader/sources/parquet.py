@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .._fs import expand_paths
-from ..errors import ConfigError, DataError
+from ..errors import DataError
 from ._tabular import check_columns, check_options, finish, open_input, row_spans
 from .base import BaseSource, ReadResult, Shard
 
@@ -40,7 +40,6 @@ class ParquetSource(BaseSource):
         super().__init__()
         self.paths = expand_paths(paths)
         self.columns, self.tensors = check_options(columns, tensors)
-        self._known = frozenset(self.paths)
 
     def __repr__(self) -> str:
         return f"ParquetSource({len(self.paths)} files, columns={self.columns})"
@@ -56,8 +55,7 @@ class ParquetSource(BaseSource):
 
     def _read(self, shard: Shard, start: int, stop: int) -> ReadResult:
         path = shard.path
-        if path not in self._known:
-            raise ConfigError(f"{path} is not one of this source's files")
+        self.check_known(path)
         with open_input(path) as f:
             pf = _parquet_file(path, f)
             schema = pf.schema_arrow

@@ -57,7 +57,7 @@ class RecordFileSource(BaseSource):
     a DataError naming file, record and byte offset.
     """
 
-    _LOCAL = ("_files", "_builder", "_known")
+    _LOCAL = ("_files", "_builder")
 
     def __init__(
         self,
@@ -104,7 +104,6 @@ class RecordFileSource(BaseSource):
     def _init_local(self) -> None:
         self._files: OrderedDict[str, RecordFile] = OrderedDict()
         self._builder: BatchBuilder | None = None
-        self._known = frozenset(self.paths)
 
     def __repr__(self) -> str:
         return f"RecordFileSource({len(self.paths)} files, on_error={self.on_error!r})"
@@ -120,8 +119,7 @@ class RecordFileSource(BaseSource):
         return [Shard(p, self._file(p).num_records) for p in self.paths]
 
     def _file(self, path: str) -> RecordFile:
-        if path not in self._known:
-            raise ConfigError(f"{path} is not one of this source's files")
+        self.check_known(path)
         rf = self._files.pop(path, None)
         if rf is None:
             rf = RecordFile(path, compression=self.compression, index_dir=self.index_dir)
