@@ -89,6 +89,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._exclude: dict[tuple[int, int], np.ndarray] = {}
         self._skip_tasks: set[tuple[int, int]] = set()
         self._start_epoch = 0
+        self._resume: dict[int, list[tuple[int, int]]] | None = None
         self._runtime: Runtime | None = None
         self._sampler: TaskSampler | None = None
         self._lock = threading.Lock()
@@ -139,6 +140,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             exclude=dict(self._exclude),
             skip_tasks=frozenset(self._skip_tasks),
             start_epoch=self._start_epoch,
+            resume=self._resume,
         )
 
     def sampler(self) -> TaskSampler:

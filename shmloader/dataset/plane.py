@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import LeaseError, ShmloaderError
+from .consumed import Ranges, row_records, to_ranges, union
 from .gather import encode_indices, group_by_segment
 from .ledger import LedgerReader
 from .ready import ReadyTask, ReadyTasks
@@ -68,6 +69,7 @@ class EpochState:
     slots: list[int] = field(default_factory=list)
     iterated: bool = False  # the sampler yielded everything
     completed: set[int] = field(default_factory=set)  # seqs consumed
+    consumed: list[tuple[int, int, int]] = field(default_factory=list)  # (task, start, stop)
 
 
 class DataPlane:
@@ -83,6 +85,7 @@ class DataPlane:
         starved: Callable[[], bool] | None = None,
         exclude: Callable[[int, int], np.ndarray | None] | None = None,
         start_epoch: int = 0,
+        prior: Ranges | None = None,
     ) -> None:
         self.ready = ReadyTasks()
         self._master = master
@@ -99,6 +102,9 @@ class DataPlane:
         self._slots: dict[int, SlotState] = {}
         self._epochs: dict[int, EpochState] = {}
         self._iter_epoch = start_epoch
+        self._start_epoch = start_epoch
+        # Records of ``start_epoch`` consumed before a resume (not scheduled again here).
+        self._prior: Ranges = dict(prior or {})
         self._announced: set[tuple[int, int]] = set()
         self.consumed_records = 0
         self.duplicates = 0
@@ -107,7 +113,17 @@ class DataPlane:
 
     # -- readers' side -------------------------------------------------------------------
     def announce(
-        self, *, epoch: int, seq: int, task_id: int, lease_id: int, segment: str, num_rows: int
+        self,
+        *,
+        epoch: int,
+        seq: int,
+        task_id: int,
+        lease_id: int,
+        segment: str,
+        num_rows: int,
+        start: int = 0,
+        stop: int | None = None,
+        skipped: tuple[int, ...] = (),
     ) -> None:
         """A reader sealed ``segment`` for a task: make it ready for the sampler.
 
@@ -121,7 +137,9 @@ class DataPlane:
                 self._complete(lease_id)
                 return
             self._announced.add((epoch, seq))
-        self.ready.put(ReadyTask(epoch, seq, task_id, segment, num_rows, lease_id))
+        self.ready.put(
+            ReadyTask(epoch, seq, task_id, segment, num_rows, lease_id, start, stop, skipped)
+        )
 
     def _complete(self, lease_id: int) -> None:
         # Queued, not called: a round trip to the master must not hold the lock the sampler
@@ -274,7 +292,9 @@ class DataPlane:
             self._complete(state.task.lease_id)
             state.completed = True
             self.consumed_records += len(state.emit)
-            self._epoch(state.task.epoch).completed.add(state.task.seq)
+            ep = self._epoch(state.task.epoch)
+            ep.completed.add(state.task.seq)
+            ep.consumed.append((state.task.task_id, *state.task.records()))
         if state.released and state.completed:
             del self._slots[state.slot]
 
@@ -283,8 +303,13 @@ class DataPlane:
             self._complete_on_delivery = value
 
     def position(self) -> tuple[int, list[int], dict[int, list[int]]]:
-        """(epoch, consumed task positions, delivered rows of partly consumed tasks by position):
-        the first epoch not wholly consumed, for checkpoints."""
+        """(epoch, consumed task positions, consumed rows of partly consumed tasks)."""
+        return self.checkpoint()[:3]
+
+    def checkpoint(self) -> tuple[int, list[int], dict[int, list[int]], Ranges]:
+        """What checkpoints store, for the first epoch not wholly consumed: (epoch, consumed
+        task positions, consumed rows of partly consumed tasks by position, consumed record
+        ranges by task id). Rows excluded on a resume count as consumed."""
         with self._lock:
             epoch = min(
                 (e for e, st in self._epochs.items() if len(st.completed) < self._tasks(e)),
@@ -292,16 +317,26 @@ class DataPlane:
             )
             st = self._epoch(epoch)
             partial: dict[int, list[int]] = {}
+            ranges: list[dict[int, list[tuple[int, int]]]] = []
+            if epoch == self._start_epoch:
+                ranges.append(self._prior)
+            ranges.extend({t: [(a, b)]} for t, a, b in st.consumed)
             for slot in st.slots:
                 state = self._slots.get(slot)
                 if state is None or state.completed or state.delivered is None:
                     continue
                 consumed = state.delivered if self._complete_on_delivery else state.gathered
-                assert consumed is not None
-                rows = np.flatnonzero(consumed)
+                assert consumed is not None and state.emit is not None
+                done = consumed.copy()
+                excluded = np.ones(len(done), dtype=bool)
+                excluded[state.emit] = False
+                rows = np.flatnonzero(done | excluded)
                 if len(rows):
-                    partial[state.task.seq] = rows.tolist()
-            return epoch, sorted(st.completed), partial
+                    task = state.task
+                    partial[task.seq] = rows.tolist()
+                    records = row_records(*task.records(), task.skipped, task.num_rows)
+                    ranges.append({task.task_id: to_ranges(records[rows])})
+            return epoch, sorted(st.completed), partial, union(ranges)
 
     def _tasks(self, epoch: int) -> int:
         return self._master.epoch_tasks(epoch)

@@ -26,6 +26,14 @@ class ReadyTask:
     segment: str
     num_rows: int
     lease_id: int
+    # The unit: records [start, stop) of the task (stop None: start + num_rows), less the
+    # records the source skipped; rows map to the records left, in order.
+    start: int = 0
+    stop: int | None = None
+    skipped: tuple[int, ...] = ()
+
+    def records(self) -> tuple[int, int]:
+        return self.start, self.start + self.num_rows if self.stop is None else self.stop
 
 
 class ReadyTasks:

@@ -53,6 +53,8 @@ class RuntimeConfig:
     exclude: dict[tuple[int, int], np.ndarray]
     skip_tasks: frozenset[tuple[int, int]]
     start_epoch: int
+    # A resume with another world size: consumed ranges of ``start_epoch`` (see state.py).
+    resume: dict[int, list[tuple[int, int]]] | None = None
 
 
 class _MasterOps:
@@ -137,6 +139,7 @@ class Runtime:
                 starved=self._starved,
                 exclude=lambda epoch, task: config.exclude.get((epoch, task)),
                 start_epoch=config.start_epoch,
+                prior=config.resume,
             )
             allowed = frozenset(info.paths)
             self.pool = ReaderPool(
@@ -199,6 +202,7 @@ class Runtime:
             max_retries=c.max_retries,
             token=c.token,
             first_epoch=c.start_epoch,
+            resume=c.resume,
         ).start()
         return str(self.embedded.address)
 
@@ -214,6 +218,9 @@ class Runtime:
                 lease_id=message.lease_id,
                 segment=message.segment,
                 num_rows=message.num_rows,
+                start=message.start,
+                stop=message.stop,
+                skipped=tuple(s.index for s in message.skipped),
             )
         elif isinstance(message, Failed):
             self.failures.append(message)

@@ -7,11 +7,13 @@ into, so a checkpoint from another dataset or another task split is refused, not
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import ConfigError
+from .consumed import Ranges, count, union
 
 if TYPE_CHECKING:
     from .dataset import SharedTaskDataset
@@ -32,32 +34,109 @@ def _identity(ds: SharedTaskDataset) -> dict[str, Any]:
 
 
 def loader_state(ds: SharedTaskDataset) -> dict[str, Any]:
-    epoch, completed, partial = ds.runtime.plane.position()
+    epoch, completed, partial, consumed = ds.runtime.plane.checkpoint()
     return {
         "format": STATE_FORMAT,
         "dataset": _identity(ds),
         "epoch": epoch,
         "completed_seqs": completed,
         "partial_seqs": {str(k): v for k, v in partial.items()},
+        "consumed": {str(t): [list(r) for r in rs] for t, rs in consumed.items()},
+        # Positions of a job resumed from ranges are in its reduced schedule: such a state
+        # must resume from ranges too.
+        "resumed": ds._resume is not None and epoch == ds._start_epoch,
     }
 
 
+def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One state from every rank's ``state_dict()`` of a DDP job, to load into every rank of a
+    job with any number of trainers: the union of what the ranks consumed in the epoch.
+
+    The ranks must have saved at the same step (same epoch) of the same dataset."""
+    if not states:
+        raise ConfigError("merge_states needs at least one state")
+    for i, state in enumerate(states):
+        _check_format(state, f"state {i}")
+        if "consumed" not in state:
+            raise ConfigError(f"state {i} has no consumed record ranges (saved by an old version)")
+    first = states[0]
+    shared = {k: v for k, v in first["dataset"].items() if k != "rank"}
+    for i, state in enumerate(states[1:], 1):
+        other = {k: v for k, v in state["dataset"].items() if k != "rank"}
+        diffs = [k for k in shared if shared[k] != other.get(k)]
+        if diffs:
+            raise ConfigError(f"state {i} was saved for another dataset than state 0: {diffs}")
+        if state["epoch"] != first["epoch"]:
+            raise ConfigError(
+                f"state {i} is in epoch {state['epoch']}, state 0 in epoch {first['epoch']}: "
+                "save every rank's state at the same step"
+            )
+    consumed = union(_consumed(s) for s in states)
+    return {
+        "format": STATE_FORMAT,
+        "dataset": {**shared, "rank": None},
+        "epoch": int(first["epoch"]),
+        "merged": True,
+        "completed_seqs": [],
+        "partial_seqs": {},
+        "consumed": {str(t): [list(r) for r in rs] for t, rs in consumed.items()},
+    }
+
+
+def _consumed(state: dict[str, Any]) -> Ranges:
+    try:
+        return {int(t): [(int(a), int(b)) for a, b in rs] for t, rs in state["consumed"].items()}
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"the state's consumed ranges are malformed: {exc}") from exc
+
+
+def _check_format(state: dict[str, Any], what: str) -> None:
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        got = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ConfigError(f"{what} is not a shmloader loader state (format {got!r})")
+
+
 def restore_state(ds: SharedTaskDataset, state: dict[str, Any]) -> None:
+    """Same ranks: skip consumed positions. Other world size or rank, or a merged state: the
+    embedded master leaves the consumed records out of the epoch's schedule (``resume``)."""
     if ds._runtime is not None:
         raise ConfigError(
             "load_state_dict must come before the first iteration (the readers start from it); "
             "make a new dataset and loader to resume"
         )
-    if state.get("format") != STATE_FORMAT:
-        raise ConfigError(f"not a shmloader loader state (format {state.get('format')!r})")
+    _check_format(state, "the state")
     mine, theirs = _identity(ds), state.get("dataset", {})
-    diffs = [k for k in mine if mine[k] != theirs.get(k)]
+    diffs = [k for k in mine if k not in _WORLD and mine[k] != theirs.get(k)]
     if diffs:
         raise ConfigError(f"the state was saved for another dataset; differing: {diffs}")
     epoch = int(state["epoch"])
-    ds._start_epoch = epoch
-    ds._skip_tasks = {(epoch, int(t)) for t in state["completed_seqs"]}
-    ds._exclude = {
-        (epoch, int(t)): np.asarray(rows, dtype=np.int64)
-        for t, rows in state["partial_seqs"].items()
-    }
+    if not (state.get("merged") or state.get("resumed")) and all(
+        mine[k] == theirs.get(k) for k in _WORLD
+    ):
+        ds._start_epoch = epoch
+        ds._skip_tasks = {(epoch, int(t)) for t in state["completed_seqs"]}
+        ds._exclude = {
+            (epoch, int(t)): np.asarray(rows, dtype=np.int64)
+            for t, rows in state["partial_seqs"].items()
+        }
+        return
+    if "consumed" not in state:
+        raise ConfigError(
+            "the state has no consumed record ranges (saved by an old version): it can only "
+            f"resume with world_size={theirs.get('world_size')}, rank={theirs.get('rank')}"
+        )
+    if (theirs.get("world_size") or 1) > 1 and not state.get("merged"):
+        raise ConfigError(
+            f"this state is rank {theirs.get('rank')}'s of {theirs.get('world_size')}: to resume "
+            "with another number of trainers, load shmloader.merge_states(every rank's state)"
+        )
+    consumed = _consumed(state)
+    total = sum(s.num_records for s in ds.source.plan())
+    ds._skip_tasks, ds._exclude = set(), {}
+    if count(consumed) >= total:  # the epoch was wholly consumed: the next one starts fresh
+        ds._start_epoch, ds._resume = epoch + 1, None
+    else:
+        ds._start_epoch, ds._resume = epoch, consumed
+
+
+_WORLD = ("world_size", "rank")

@@ -21,6 +21,19 @@ from .tasks import EpochSchedule, Task, TaskTable, build_schedule
 TODO, LEASED, DONE, QUARANTINED = 0, 1, 2, 3
 
 
+def schedule_of(table: TaskTable, config: DispatcherConfig, epoch: int) -> EpochSchedule:
+    """Epoch ``epoch``'s schedule under ``config``; only ``first_epoch`` leaves out ``resume``."""
+    return build_schedule(
+        table,
+        epoch,
+        seed=config.seed,
+        shuffle=config.shuffle,
+        world_size=config.world_size,
+        policy=config.ddp_policy,
+        consumed=config.resume if epoch == config.first_epoch else None,
+    )
+
+
 class OpenEpoch:
     """An epoch that has started and not finished; the dispatcher keeps at most two."""
 
@@ -38,16 +51,7 @@ class OpenEpoch:
 
     @classmethod
     def create(cls, table: TaskTable, config: DispatcherConfig, epoch: int) -> OpenEpoch:
-        return cls(
-            build_schedule(
-                table,
-                epoch,
-                seed=config.seed,
-                shuffle=config.shuffle,
-                world_size=config.world_size,
-                policy=config.ddp_policy,
-            )
-        )
+        return cls(schedule_of(table, config, epoch))
 
     # A unit's records, as ints for the values handed out.
     def start(self, unit: int) -> int:

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, MasterError
-from .tasks import DDP_POLICIES, Task
+from .tasks import DDP_POLICIES, Task, merge_ranges
 
 # Settings that shape the task schedule: a journal or state_dict only fits a dispatcher that
 # agrees on all of them (and on the plan). The others may change between restarts.
-SCHEDULE_FIELDS = ("records_per_task", "seed", "shuffle", "world_size", "ddp_policy")
+SCHEDULE_FIELDS = ("records_per_task", "seed", "shuffle", "world_size", "ddp_policy", "resume")
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,16 @@ class DispatcherConfig:
     ddp_policy: str = "pad"
     # Epochs before this one count as done: a job resumed from a checkpoint starts here.
     first_epoch: int = 0
+    # Records of ``first_epoch`` a checkpoint already consumed (task id -> [start, stop)
+    # ranges): left out of that epoch's schedule, so a job resumed with another world size
+    # splits only the rest. Normalized (int keys, sorted joined ranges) so it survives JSON.
+    resume: dict[int, list[tuple[int, int]]] | None = None
 
     def __post_init__(self) -> None:
         _check_int("records_per_task", self.records_per_task, 1)
         _check_int("first_epoch", self.first_epoch, 0)
+        if self.resume is not None:
+            object.__setattr__(self, "resume", _normalize_resume(self.resume))
         if self.epochs is not None:
             _check_int("epochs", self.epochs, 1, "or None for unbounded")
         if self.epochs is not None and self.first_epoch >= self.epochs:
@@ -83,6 +89,24 @@ class DispatcherConfig:
         if unknown:
             raise ConfigError(f"unknown dispatcher setting(s) {unknown}; known: {sorted(known)}")
         return cls(**data)
+
+
+def _normalize_resume(resume: object) -> dict[int, list[tuple[int, int]]] | None:
+    if not isinstance(resume, dict):
+        raise ConfigError(f"resume must be a dict task id -> [[start, stop], ...], got {resume!r}")
+    try:
+        out = {int(t): merge_ranges(ranges) for t, ranges in resume.items()}
+    except (TypeError, ValueError, IndexError) as exc:
+        raise ConfigError(f"resume must map task ids to [[start, stop], ...]: {exc}") from exc
+    out = {t: r for t, r in sorted(out.items()) if r}
+    return out or None
+
+
+def resume_key(resume: dict[int, list[tuple[int, int]]] | None) -> list[list[int]] | None:
+    """``resume`` as JSON-stable ``[[task, start, stop], ...]``, for schedule keys."""
+    if resume is None:
+        return None
+    return [[t, a, b] for t, ranges in sorted(resume.items()) for a, b in ranges]
 
 
 def _check_int(name: str, value: object, minimum: int, alt: str = "") -> None:

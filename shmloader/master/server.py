@@ -44,6 +44,8 @@ class Master:
     ``source_or_plan`` is a Source (its ``plan()`` is called once, here) or a list of Shards.
     With ``journal=DIR`` the state is journaled there and recovered on the next start with the
     same plan and schedule settings. ``tls`` is ``(private key PEM, certificate chain PEM)``.
+    ``first_epoch`` and ``resume`` (task id -> consumed record ranges, a merged loader state's
+    ``"consumed"``) continue a checkpoint's epoch with any world size.
     """
 
     def __init__(
@@ -66,6 +68,7 @@ class Master:
         token: str | None = None,
         tls: tuple[bytes, bytes] | None = None,
         first_epoch: int = 0,
+        resume: dict[int, list[tuple[int, int]]] | None = None,
     ) -> None:
         self.plan = _plan_of(source_or_plan)
         self.config = DispatcherConfig(
@@ -79,6 +82,7 @@ class Master:
             world_size=world_size,
             ddp_policy=ddp_policy,
             first_epoch=first_epoch,
+            resume=resume,
         )
         if fsync not in FSYNC_POLICIES:
             raise ConfigError(f"fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")

@@ -32,8 +32,8 @@ from .._proto import master_pb2_grpc as pb_grpc
 from ..errors import ConfigError, LeaseError, MasterError
 from . import _convert
 from .dispatcher import Dispatcher
+from .epochs import schedule_of
 from .progress import Lease as DispatcherLease
-from .tasks import build_schedule
 
 log = logging.getLogger(__name__)
 
@@ -273,16 +273,7 @@ class MasterService(pb_grpc.MasterServicer):
             if shape is not None:
                 self._shapes.move_to_end(epoch)
                 return shape
-        d = self.dispatcher
-        c = d.config
-        schedule = build_schedule(
-            d.table,
-            epoch,
-            seed=c.seed,
-            shuffle=c.shuffle,
-            world_size=c.world_size,
-            policy=c.ddp_policy,
-        )
+        schedule = schedule_of(self.dispatcher.table, self.dispatcher.config, epoch)
         cum = np.concatenate(([0], np.cumsum(schedule.lengths())))
         bounds = tuple(int(b) for b in schedule.bounds)
         shape = EpochShape(bounds, tuple(int(cum[hi] - cum[lo]) for lo, hi in pairwise(bounds)))

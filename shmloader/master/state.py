@@ -20,6 +20,7 @@ from .progress import (
     EpochProgress,
     Lease,
     Progress,
+    resume_key,
 )
 from .tasks import TaskTable
 
@@ -40,6 +41,9 @@ class ConsumerState:
 
 def schedule_key(table: TaskTable, config: DispatcherConfig) -> dict[str, Any]:
     key: dict[str, Any] = {name: getattr(config, name) for name in SCHEDULE_FIELDS}
+    key["resume"] = resume_key(config.resume)
+    if config.resume is not None:  # the consumed records belong to this epoch
+        key["resume_epoch"] = config.first_epoch
     key["plan"] = table.plan_digest
     return key
 

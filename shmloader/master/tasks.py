@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -162,6 +162,7 @@ def build_schedule(
     shuffle: bool,
     world_size: int | None,
     policy: str = "pad",
+    consumed: Mapping[int, Sequence[tuple[int, int]]] | None = None,
 ) -> EpochSchedule:
     """The units of ``epoch``: the task order cut into per-rank queues of equal record totals.
 
@@ -170,35 +171,94 @@ def build_schedule(
     where a rank boundary falls inside it. "pad" makes ``k = ceil(total/N)`` and continues the
     stream from its beginning (the short rank re-reads the epoch's first records); "drop" makes
     ``k = floor(total/N)`` and leaves the tail out.
+
+    ``consumed`` (task id -> record ranges, a checkpoint's) takes those records out of the
+    stream first, so a job resumed with another world size splits only what is left; a task
+    with a hole becomes several pieces.
     """
     order = task_order(len(table), seed=seed, epoch=epoch, shuffle=shuffle)
-    lengths = table.stop[order] - table.start[order]
+    if consumed:
+        order, starts, lengths = _remaining(table, order, consumed)
+    else:
+        starts, lengths = table.start[order], table.stop[order] - table.start[order]
     total = int(lengths.sum())
     ranks = 1 if world_size is None else world_size
     per = total if world_size is None else records_per_rank(total, ranks, policy)
+    if total == 0:  # a checkpoint consumed everything: an empty epoch
+        empty = np.empty(0, dtype=np.int64)
+        return EpochSchedule(epoch, empty, empty, empty, np.zeros(ranks + 1, np.int64), ())
     scheduled = per * ranks
     if scheduled > total:  # pad: repeat the order as often as needed (more than once if N > total)
         reps = -(-scheduled // total)
-        order = np.tile(order, reps)
-        lengths = np.tile(lengths, reps)
+        order, starts, lengths = (np.tile(a, reps) for a in (order, starts, lengths))
     cum = np.concatenate(([0], np.cumsum(lengths)))
     cuts = np.arange(ranks + 1, dtype=np.int64) * per
-    task, start, stop, lo = _cut(table, order, cum, cuts, 0, scheduled)
+    task, start, stop, lo = _cut(order, starts, cum, cuts, 0, scheduled)
     bounds = np.searchsorted(lo, cuts, side="left").astype(np.int64)
     bounds[-1] = task.size
     dropped: tuple[tuple[int, int, int], ...] = ()
     if scheduled < total:
-        d_task, d_start, d_stop, _ = _cut(table, order, cum, cuts[-1:], scheduled, total)
+        d_task, d_start, d_stop, _ = _cut(order, starts, cum, cuts[-1:], scheduled, total)
         dropped = tuple(
             (int(t), int(a), int(b)) for t, a, b in zip(d_task, d_start, d_stop, strict=True)
         )
     return EpochSchedule(epoch, task, start, stop, bounds, dropped)
 
 
+def merge_ranges(ranges: Iterable[Sequence[int]]) -> list[tuple[int, int]]:
+    """``[start, stop)`` ranges sorted, empty ones dropped, overlapping or touching ones joined."""
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted((int(r[0]), int(r[1])) for r in ranges):
+        if b <= a:
+            continue
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def _remaining(
+    table: TaskTable, order: np.ndarray, consumed: Mapping[int, Sequence[tuple[int, int]]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The stream ``order`` without the ``consumed`` records: (task, start, length) per piece."""
+    pieces: dict[int, list[tuple[int, int]]] = {}
+    for task_id, ranges in consumed.items():
+        if not 0 <= task_id < len(table):
+            raise ConfigError(f"consumed ranges name task {task_id}; the plan has {len(table)}")
+        lo, hi = int(table.start[task_id]), int(table.stop[task_id])
+        left, at = [], lo
+        for a, b in merge_ranges(ranges):
+            if a < lo or b > hi:
+                raise ConfigError(
+                    f"consumed range [{a}, {b}) is outside task {task_id} (records {lo}..{hi})"
+                )
+            if a > at:
+                left.append((at, a))
+            at = max(at, b)
+        if at < hi:
+            left.append((at, hi))
+        pieces[task_id] = left
+    counts = np.ones(order.size, dtype=np.int64)
+    hit = np.flatnonzero(np.isin(order, np.fromiter(pieces, dtype=np.int64, count=len(pieces))))
+    for pos in hit:
+        counts[pos] = len(pieces[int(order[pos])])
+    task = np.repeat(order, counts)
+    start = np.repeat(table.start[order], counts)
+    stop = np.repeat(table.stop[order], counts)
+    first = np.cumsum(counts) - counts
+    for pos in hit:
+        for i, (a, b) in enumerate(pieces[int(order[pos])]):
+            start[first[pos] + i], stop[first[pos] + i] = a, b
+    return task, start, stop - start
+
+
 def _cut(
-    table: TaskTable, order: np.ndarray, cum: np.ndarray, cuts: np.ndarray, lo: int, hi: int
+    order: np.ndarray, starts: np.ndarray, cum: np.ndarray, cuts: np.ndarray, lo: int, hi: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Stream positions ``[lo, hi)`` as units, split at task boundaries and at ``cuts``."""
+    """Stream positions ``[lo, hi)`` as units, split at piece boundaries and at ``cuts``.
+
+    Piece ``i`` of the stream is records ``starts[i]...`` of task ``order[i]``."""
     inner = cum[np.searchsorted(cum, lo, side="left") : np.searchsorted(cum, hi, side="right")]
     # ``cum`` is strictly increasing; only the few cut points it lacks need inserting.
     extra = np.unique(np.concatenate((cuts, [lo, hi])))
@@ -209,5 +269,5 @@ def _cut(
     seg_lo, seg_hi = points[:-1], points[1:]
     idx = np.searchsorted(cum, seg_lo, side="right") - 1
     task = order[idx]
-    start = table.start[task] + (seg_lo - cum[idx])
+    start = starts[idx] + (seg_lo - cum[idx])
     return task, start, start + (seg_hi - seg_lo), seg_lo
