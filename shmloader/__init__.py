@@ -67,6 +67,7 @@ _EXPORTS: dict[str, str] = {
     # dataset
     "SharedTaskDataset": "shmloader.dataset.dataset",
     "DataLoader": "shmloader.dataset.loader",
+    "merge_states": "shmloader.dataset.state",
     "TaskSampler": "shmloader.dataset.sampler",
     "Stats": "shmloader.stats.stats",
 }
