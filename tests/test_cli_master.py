@@ -116,3 +116,41 @@ def test_text_formats_when_their_sources_exist(
     path.write_text(text)
     source = source_for_paths(str(path))
     assert type(source).__name__ == name and source.plan()[0].num_records == 2
+
+
+def test_resume_starts_at_the_state_epoch_without_the_consumed_records(
+    records: Path, tmp_path: Path
+) -> None:
+    import json
+
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"epoch": 1, "consumed": {"0": [[0, 2]], "3": [[0, 2]]}}))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "shmloader", "master", str(records / "*.tfrecord")]
+    cmd += ["--records-per-task", "2", "--epochs", "2", "--resume", str(state)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("shmloader master listening on"), proc.stderr
+        with MasterClient(line.split()[-1], timeout=5, retry_for=5) as c:
+            c.register("t")
+            leases = c.lease("t", 10).leases
+            assert {x.epoch for x in leases} == {1}
+            # 9 records in 5 tasks; tasks 0 and 3 (2 records each) were consumed before.
+            assert sum(x.stop - x.start for x in leases) == 5
+            assert {x.task_id for x in leases} == {1, 2, 4}
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert (
+        main(
+            ["master", str(records / "*.tfrecord"), "--records-per-task", "2", "--resume", str(bad)]
+        )
+        == 1
+    )

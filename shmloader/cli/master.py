@@ -8,6 +8,7 @@ then stops gracefully and prints where the job stands. The first line printed is
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -15,7 +16,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from ..errors import ShmloaderError
+from ..errors import ConfigError, ShmloaderError
 from ..master.progress import Progress
 from ..master.server import Master
 from ..sources.factory import source_for_paths
@@ -56,7 +57,28 @@ def register(subparsers: Any) -> None:
     p.add_argument("--lease-timeout", type=float, default=60.0, metavar="S")
     p.add_argument("--consumer-timeout", type=float, default=60.0, metavar="S")
     p.add_argument("--max-retries", type=int, default=3)
+    p.add_argument(
+        "--resume",
+        metavar="STATE.json",
+        help="start at a checkpoint: a (merged) loader state saved as JSON "
+        "(json.dump(shmloader.merge_states(states), f))",
+    )
     p.set_defaults(func=run)
+
+
+def _resume_from(path: str) -> tuple[int, dict[int, list[tuple[int, int]]]]:
+    """(first epoch, consumed ranges) of a loader state file; ConfigError naming what is off."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+        epoch = int(state["epoch"])
+        consumed = {
+            int(task): [(int(a), int(b)) for a, b in ranges]
+            for task, ranges in state.get("consumed", {}).items()
+        }
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path}: not a shmloader loader state: {exc}") from exc
+    return epoch, consumed
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     try:
         tls = None
+        first_epoch, resume = _resume_from(args.resume) if args.resume else (0, None)
         if args.tls_cert is not None:
             with open(args.tls_key, "rb") as key, open(args.tls_cert, "rb") as cert:
                 tls = (key.read(), cert.read())
@@ -89,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             token=token,
             tls=tls,
+            first_epoch=first_epoch,
+            resume=resume,
         )
         master.start()
     except (ShmloaderError, OSError) as exc:
