@@ -3,7 +3,12 @@
 Everything runs on one machine: an embedded master (a thread), reader processes that decode
 record files into shared memory, and a torch DataLoader whose workers gather batches from it.
 
-    python examples/main_job.py [--records 200000] [--epochs 3] [--readers 1] [--workers 1]
+    python examples/main_job.py [--records 200000] [--epochs 3] [--readers 2] [--workers 0]
+
+Defaults suit a small machine: decoding is the readers' work, and gathering a batch in the
+training process itself is cheaper than shipping it from a DataLoader worker (see
+docs/dataset.md, "Readers and workers"); add --workers where the training step needs the
+main process to itself.
 """
 
 from __future__ import annotations
@@ -39,8 +44,8 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--readers", type=int, default=1)
-    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--readers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--data", help="folder for the generated data (default: a temp dir)")
     args = parser.parse_args()
