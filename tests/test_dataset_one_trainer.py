@@ -57,3 +57,39 @@ def test_stats_count_what_the_loop_received_and_waited(tmp_path):
     assert stats.loop_wait_seconds > 0
     assert stats.records_consumed == 40
     assert "waited" in str(stats)
+
+
+def test_readers_outlive_the_thread_that_started_the_dataset(tmp_path):
+    # Readers die with their parent *thread* (Linux parent-death signal): the pool must start
+    # them from its own long-lived thread, not from the caller's.
+    import threading
+    import time
+
+    path = str(tmp_path / "r.tfrecord")
+    shmloader.write_records(path, [bytes([i]) for i in range(30)])
+    ds = shmloader.SharedTaskDataset(
+        shmloader.RecordFileSource(path),
+        num_readers=2,
+        records_per_task=10,
+        epochs=1,
+        shm_budget="8MiB",
+        shm_dir=str(tmp_path),
+    )
+    try:
+
+        def start_then_end() -> None:
+            ds.start()
+            time.sleep(1.5)  # the readers are up (signal armed) when this thread ends
+
+        starter = threading.Thread(target=start_then_end)
+        starter.start()
+        starter.join()
+        time.sleep(0.5)  # a reader killed with its starting thread would be restarted by now
+        pool = ds.runtime.pool
+        assert pool is not None
+        assert [r.restarts for r in pool.readers] == [0, 0]
+        assert sorted(r for b in shmloader.DataLoader(ds, batch_size=4) for r in b["record"]) == [
+            bytes([i]) for i in range(30)
+        ]
+    finally:
+        ds.close()

@@ -73,6 +73,8 @@ class ReaderPool:
         self.readers = [ReaderInfo(i) for i in range(num_readers)]
         self._procs: dict[int, _Proc] = {}
         self._stopping = threading.Event()
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
         self._thread: threading.Thread | None = None
         # What spawn would send, used only if the source refers into the training script.
         self._prep = multiprocessing.spawn.get_preparation_data("shmloader-reader")
@@ -80,10 +82,17 @@ class ReaderPool:
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> ReaderPool:
-        for info in self.readers:
-            self._spawn(info)
+        """Start the readers from the pool's own thread, and return once they are started.
+
+        Readers ask Linux to kill them when their parent goes (the parent-death signal), and
+        Linux means the parent *thread*: started from the caller's thread, they would die with
+        it. The relay thread lives as long as the pool, and restarts come from it anyway.
+        """
         self._thread = threading.Thread(target=self._loop, name="shmloader-readers", daemon=True)
         self._thread.start()
+        self._started.wait()
+        if self._start_error is not None:
+            raise self._start_error
         return self
 
     def _spawn(self, info: ReaderInfo) -> None:
@@ -123,6 +132,14 @@ class ReaderPool:
 
     # -- the relay thread ----------------------------------------------------------------
     def _loop(self) -> None:
+        try:
+            for info in self.readers:
+                self._spawn(info)
+        except BaseException as exc:
+            self._start_error = exc
+            return
+        finally:
+            self._started.set()
         try:
             while not self._stopping.is_set():
                 self._step()
