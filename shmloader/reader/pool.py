@@ -26,6 +26,8 @@ from ..errors import ShmloaderError
 from .messages import Failed, Finished, Message, Ready, Started
 from .process import ReaderConfig
 
+STOP_SECONDS = 5.0  # how long readers get to stop on their own before they are killed
+
 
 @dataclass
 class ReaderInfo:
@@ -111,7 +113,7 @@ class ReaderPool:
         info.current_lease = None
         self._procs[info.index] = _Proc(popen, conn)
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = STOP_SECONDS) -> None:
         """Ask readers to stop, then make sure they have; idempotent."""
         self._stopping.set()
         for proc in list(self._procs.values()):
@@ -144,11 +146,15 @@ class ReaderPool:
             while not self._stopping.is_set():
                 self._step()
         except BaseException as exc:
-            if self._stopping.is_set():
-                return
-            if self._on_error is None:
-                raise
-            self._on_error(exc)
+            if not self._stopping.is_set():
+                if self._on_error is None:
+                    raise
+                self._on_error(exc)
+        finally:
+            # Our readers die with this thread (parent-death signal): let them finish first.
+            for proc in list(self._procs.values()):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.popen.wait(STOP_SECONDS)
 
     def _step(self) -> None:
         by_conn = {p.conn: i for i, p in self._procs.items()}
