@@ -9,7 +9,7 @@ consumed: when gathered, or, under ``shmloader.DataLoader``, when the loop recei
 
 from __future__ import annotations
 
-import sys
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +22,8 @@ from .consumed import Ranges, row_records, to_ranges, union
 from .gather import encode_indices, group_by_segment
 from .ledger import LedgerReader
 from .ready import ReadyTask, ReadyTasks
+
+log = logging.getLogger(__name__)
 
 
 def slot_name(slot: int) -> str:
@@ -156,7 +158,7 @@ class DataPlane:
                     self._master.complete(lease_id)
                 except LeaseError as exc:
                     # Completed late after it lapsed and was re-leased: counted once anyway.
-                    print(f"shmloader: completing lease {lease_id}: {exc}", file=sys.stderr)
+                    log.info("completing lease %d: %s", lease_id, exc)
 
     # -- sampler's side (Feed) -----------------------------------------------------------
     def _epoch(self, epoch: int) -> EpochState:

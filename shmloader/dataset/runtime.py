@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import socket
-import sys
 import threading
 import uuid
 import weakref
@@ -31,6 +31,7 @@ from ..sources.base import SkippedRecord, Source
 from .ledger import LedgerReader, ledger_dir
 from .plane import DataPlane
 
+log = logging.getLogger(__name__)
 POLL_SECONDS = 0.005
 
 
@@ -224,10 +225,13 @@ class Runtime:
             )
         elif isinstance(message, Failed):
             self.failures.append(message)
-            print(
-                f"shmloader: reader {info.index} failed task {message.task_id} "
-                f"(epoch {message.epoch}): {message.error}",
-                file=sys.stderr,
+            log.warning(
+                "reader %d failed task %d (epoch %d, %s): %s; the master retries it",
+                info.index,
+                message.task_id,
+                message.epoch,
+                message.path,
+                message.error,
             )
             self._check_quarantine()
 
