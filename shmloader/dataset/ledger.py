@@ -40,12 +40,11 @@ class LedgerWriter:
         pid = os.getpid()
         if self._pid != pid or self._written >= ROTATE_BYTES:
             self._open_next(pid)
-        data = np.ascontiguousarray(indices, dtype="<i8").tobytes()
-        view = memoryview(data)
+        view = memoryview(np.ascontiguousarray(indices, dtype="<i8")).cast("B")  # no copy
+        self._written += len(view)
         while view:
             written = os.write(self._fd, view)
             view = view[written:]
-        self._written += len(data)
 
     def _open_next(self, pid: int) -> None:
         if self._pid == pid and self._fd >= 0:
