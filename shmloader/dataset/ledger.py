@@ -40,7 +40,7 @@ class LedgerWriter:
         pid = os.getpid()
         if self._pid != pid or self._written >= ROTATE_BYTES:
             self._open_next(pid)
-        view = memoryview(np.ascontiguousarray(indices, dtype="<i8")).cast("B")  # no copy
+        view = np.ascontiguousarray(indices, dtype="<i8").data.cast("B")  # no copy
         self._written += len(view)
         while view:
             written = os.write(self._fd, view)
