@@ -131,7 +131,7 @@ class Runtime:
                 self._check_only_consumer()
             self.lease_timeout = float(info.lease_timeout)
             self.client.start_heartbeat(self.consumer)
-            handle = self.store.handle()
+            self.handle = handle = self.store.handle()
             self.plane = DataPlane(
                 master=_MasterOps(self.client, self.consumer, info.epochs),
                 segments=handle,
@@ -142,7 +142,8 @@ class Runtime:
                 start_epoch=config.start_epoch,
                 prior=config.resume,
             )
-            allowed = frozenset(info.paths)
+            # The source's own plan, not the master's word: readers open only these files.
+            allowed = frozenset(shard.path for shard in config.source.plan())
             self.pool = ReaderPool(
                 lambda i: ReaderConfig(
                     index=i,
@@ -255,8 +256,7 @@ class Runtime:
     def _starved(self) -> bool:
         if self._largest_segment == 0:
             return False
-        budget = self.store.handle().budget
-        return self.store.handle().in_use() + self._largest_segment > budget
+        return self.handle.in_use() + self._largest_segment > self.handle.budget
 
     # -- maintenance thread --------------------------------------------------------------
     def _maintain(self) -> None:

@@ -158,7 +158,6 @@ class ReaderPool:
 
     def _step(self) -> None:
         by_conn = {p.conn: i for i, p in self._procs.items()}
-        by_sentinel = {p.popen.pid: i for i, p in self._procs.items()}
         if not self._procs:
             time.sleep(0.05)
             return
@@ -172,7 +171,7 @@ class ReaderPool:
                 self._reader_gone(index)
                 continue
             self._handle(self.readers[index], message)
-        for index in list(by_sentinel.values()):
+        for index in list(by_conn.values()):  # a death whose pipe said nothing yet
             proc = self._procs.get(index)
             if proc is not None and proc.popen.poll() is not None and proc.conn not in ready:
                 self._reader_gone(index)
