@@ -89,14 +89,22 @@ def run_loader(spec: Spec) -> dict[str, Any]:
             shm_budget=spec["budget"],
             epochs=None,
         )
-        dl = torch.utils.data.DataLoader(
-            ds,
-            batch_size=spec["batch"],
-            sampler=ds.sampler(),
-            collate_fn=ds.collate,
-            num_workers=spec["workers"],
-            persistent_workers=spec["workers"] > 0,
-        )
+        if spec.get("loader") == "torch":  # the plain torch DataLoader, as the issue shows
+            dl = torch.utils.data.DataLoader(
+                ds,
+                batch_size=spec["batch"],
+                sampler=ds.sampler(),
+                collate_fn=ds.collate,
+                num_workers=spec["workers"],
+                persistent_workers=spec["workers"] > 0,
+            )
+        else:  # ours: hands sorted index arrays to __getitems__, completes on delivery
+            dl = shmloader.DataLoader(
+                ds,
+                batch_size=spec["batch"],
+                num_workers=spec["workers"],
+                persistent_workers=spec["workers"] > 0,
+            )
         shm_dir = ds._store.path if ds._store is not None else None
     sampler = Sampler(shm_dir=shm_dir).start()
     first: dict[str, Any] = {}
@@ -130,15 +138,24 @@ def load_arrays(spec: Spec) -> dict[str, np.ndarray]:
 
 
 def run_ceiling(spec: Spec) -> dict[str, Any]:
-    """(e): ``numpy.take`` of the same shuffled rows from in-memory arrays, one core."""
+    """(e): ``numpy.take`` of the same shuffled rows from in-memory arrays, one core.
+
+    ``spec["how"] == "sorted"`` sorts each batch's indices first, as shmloader.DataLoader does
+    (same rows per batch, read in address order), for a ceiling on equal terms.
+    """
     arrays = load_arrays(spec)
     n, b = spec["records"], spec["batch"]
     rng = np.random.default_rng(spec["seed"])
+    ordered = spec.get("how") == "sorted"
+    # Index lists are made before the clock starts: only the takes are timed.
+    plans = []
+    for _ in range(spec["epochs"]):
+        perm = rng.permutation(n)
+        chunks = [perm[i : i + b] for i in range(0, n, b)]
+        plans.append([np.sort(c) for c in chunks] if ordered else chunks)
 
     def batches(epoch: int) -> Iterator[dict[str, np.ndarray]]:
-        perm = rng.permutation(n)
-        for i in range(0, n, b):
-            idx = perm[i : i + b]
+        for idx in plans[epoch]:
             yield {k: np.take(v, idx, axis=0) for k, v in arrays.items()}
 
     return {"epochs": _epochs(spec, batches, None)}
@@ -185,18 +202,25 @@ def run_gather(spec: Spec) -> dict[str, Any]:
                     for view in gatherer.views(slot).values():
                         if view.dense is not None:
                             view.dense.sum()
-            rows = total = 0
-            t0 = time.perf_counter()
+            # The sampler's work (shuffled windows, cut into batches, each sorted: what
+            # shmloader.DataLoader hands over) is done before the clock starts.
+            plan = []
             for w in range(0, len(slots), WINDOW):
                 block = slots[w : w + WINDOW]
                 idx = np.concatenate([encode_indices(s, np.arange(n)) for s, n in block])
                 idx = idx[block_permutation(spec["seed"], epoch, w, len(idx))]
-                for i in range(0, len(idx), spec["batch"]):
-                    chunk = idx[i : i + spec["batch"]].tolist()  # what a DataLoader hands over
+                chunks = [
+                    np.sort(idx[i : i + spec["batch"]]) for i in range(0, len(idx), spec["batch"])
+                ]
+                plan.append((block, chunks))
+            rows = total = 0
+            t0 = time.perf_counter()
+            for block, chunks in plan:
+                for chunk in chunks:
                     if copy is not None:
                         batch_out = copy(chunk)
                     else:
-                        batch_out = gather(gatherer.views, chunk, gatherer.columns)
+                        batch_out = gather(gatherer.views, chunk, gatherer.columns, gatherer.region)
                     labels: Any = batch_out["label"]
                     total += int(labels.sum())
                     rows += len(labels)

@@ -10,7 +10,9 @@ an int64 label per record, 264 bytes, batch 1024) and *images* (3x64x64 uint8 + 
 
 (a) a plain map-style torch Dataset: one record read and decoded per ``__getitem__``, default
     collate, ``shuffle=True``; (b) the same with a vectorised ``__getitems__``;
-(c) ``SharedTaskDataset`` with a per-record ``decode``; (d) with ``decode_batch``;
+(c) ``SharedTaskDataset`` with a per-record ``decode``; (d) with ``decode_batch``; both in
+    ``shmloader.DataLoader``, and once more in the plain torch DataLoader (``sampler=ds.sampler()``,
+    ``collate_fn=ds.collate``);
 (e) single-core ``numpy.take`` of the same shuffled rows from one in-memory array (the ceiling);
 and the gather alone: decoded rows already in shared memory gathered into batches in one
 process (``Gatherer.gather``, and the bare ``gather()`` copy).
@@ -157,7 +159,9 @@ def main() -> None:
                         "gather:warm": "warm",
                     }
                     if c == "gather"
-                    else {c: None, f"{c}:inproc": None}
+                    else {"e": None, "e:sorted": "sorted"}
+                    if c == "e"
+                    else {c: None, f"{c}:inproc": None, f"{c}:inproc:torch": None}
                     if c in ("c", "d")
                     else {c: None}
                 )
@@ -167,9 +171,11 @@ def main() -> None:
                         spec["workers"] = args.workers_torch
                     elif key in ("c", "d"):
                         spec.update(workers=args.workers_shm, readers=args.readers)
-                    elif key in ("c:inproc", "d:inproc"):
+                    elif key.startswith(("c:inproc", "d:inproc")):
                         # Same process count, the other split: gather in the trainer itself.
                         spec.update(workers=0, readers=args.readers_inproc)
+                    if key.endswith(":torch"):
+                        spec["loader"] = "torch"
                     warm(paths)
                     results[name][key] = run_child(spec)
                     print(

@@ -15,6 +15,7 @@ from shmloader.dataset.ledger import LedgerReader, ledger_dir
 from shmloader.dataset.plane import DataPlane
 from shmloader.dataset.sampler import TaskSampler
 from shmloader.dataset.worker import Gatherer
+from shmloader.errors import LeaseError
 from shmloader.master.dispatcher import Dispatcher
 from shmloader.master.progress import DispatcherConfig
 from shmloader.master.tasks import build_schedule
@@ -33,8 +34,14 @@ class DispatcherOps:
         self.d = d
         self.consumer = consumer
 
-    def complete(self, lease_id: int) -> None:
-        self.d.complete(lease_id, time.time())
+    def complete(self, lease_ids: list[int]) -> dict[int, str]:
+        problems = {}
+        for lease_id in lease_ids:
+            try:
+                self.d.complete(lease_id, time.time())
+            except LeaseError as exc:
+                problems[lease_id] = str(exc)
+        return problems
 
     def _queue(self, epoch: int) -> tuple[int, int]:
         c = self.d.config

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import shmloader
@@ -93,3 +95,35 @@ def test_readers_outlive_the_thread_that_started_the_dataset(tmp_path):
         ]
     finally:
         ds.close()
+
+
+def test_our_loader_hands_sorted_arrays_and_the_trainer_skips_the_ledger(tmp_path):
+    import numpy as np
+
+    path = str(tmp_path / "r.tfrecord")
+    shmloader.write_records(path, [i.to_bytes(2, "little") for i in range(300)])
+    source = shmloader.RecordFileSource(path)
+    seen = []
+    with shmloader.SharedTaskDataset(
+        source,
+        num_readers=2,
+        records_per_task=32,
+        epochs=1,
+        shm_budget="8MiB",
+        shm_dir=str(tmp_path),
+        seed=5,
+    ) as ds:
+        getitems = ds.__getitems__
+
+        def spy(indices):
+            seen.append(indices)
+            return getitems(indices)
+
+        ds.__getitems__ = spy  # what torch's fetcher calls
+        rows = [r for batch in shmloader.DataLoader(ds, batch_size=64) for r in batch["record"]]
+        ledger = os.path.join(ds._store.path, "ledger")
+        assert not os.path.exists(ledger) or os.listdir(ledger) == []  # reported directly
+        assert ds.stats().shm_in_use == 0
+    assert sorted(int.from_bytes(r, "little") for r in rows) == list(range(300))
+    assert all(isinstance(i, np.ndarray) and (np.diff(i) > 0).all() for i in seen)
+    assert [len(i) for i in seen] == [64, 64, 64, 64, 44]

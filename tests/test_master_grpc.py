@@ -373,3 +373,22 @@ def test_tls(tmp_path: Path) -> None:
             pytest.raises(MasterError),
         ):
             plain.register("c")
+
+
+def test_complete_many_completes_the_rest_and_names_what_it_could_not() -> None:
+    with _master(lease_timeout=0.5, consumer_timeout=30) as m, MasterClient(m.address) as c:
+        c.register("trainer")
+        lapsed = c.lease("trainer", 1).leases[0]
+        _wait_for(lambda: m.progress().counters["expired"] == 1, "the expiry thread")
+        held = c.lease("trainer", 3).leases
+        again = next(x for x in held if x.task_id == lapsed.task_id)
+        ids = [x.lease_id for x in held]
+        problems = c.complete_many([lapsed.lease_id, *ids, 2**40])
+        assert set(problems) == {lapsed.lease_id, 2**40}
+        assert "handed out again" in problems[lapsed.lease_id]
+        assert "unknown to this master" in problems[2**40]
+        assert m.progress().counters["completed"] == 3
+        assert again.lease_id in ids
+        assert c.complete_many([]) == {}
+        with pytest.raises(LeaseError):
+            c.complete(ids[0])  # completed by the batch already

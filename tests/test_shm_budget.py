@@ -36,7 +36,7 @@ def _reserve_and_hang(handle: StoreHandle, nbytes: int, out: mp.Queue) -> None:
 
 
 class _Monitor(threading.Thread):
-    """Samples bytes in use under the store's lock, as often as it can."""
+    """Samples bytes held (in use and spare) under the store's lock, as often as it can."""
 
     def __init__(self, store: SegmentStore) -> None:
         super().__init__(daemon=True)
@@ -47,7 +47,7 @@ class _Monitor(threading.Thread):
 
     def run(self) -> None:
         while not self.done.is_set():
-            self.max_seen = max(self.max_seen, self.store.in_use())
+            self.max_seen = max(self.max_seen, self.store.held())
             self.samples += 1
             time.sleep(0.0002)  # leave the two shared cores to the writers
 

@@ -63,12 +63,15 @@ def test_round_trip_with_tensor_column(store: SegmentStore) -> None:
     assert store.segments() == {}
 
 
-def _mapped_ranges(path: str) -> list[tuple[int, int]]:
+def _mapped_ranges(path: str, inode: int | None = None) -> list[tuple[int, int]]:
+    """Where ``path`` is mapped; by ``inode`` instead, if given (the file may be renamed)."""
     ranges = []
     with open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split()
-            if len(fields) >= 6 and fields[5] == path:
+            if len(fields) < 6:
+                continue
+            if (int(fields[4]) == inode) if inode is not None else (fields[5] == path):
                 lo, hi = (int(x, 16) for x in fields[0].split("-"))
                 ranges.append((lo, hi))
     return ranges
@@ -105,10 +108,11 @@ def test_mapping_cache_drop_and_lru(tmp_path: Path) -> None:
         assert list(store._maps) == names[2:]
         other = store.handle()
         other.open(names[0])
-        store.release(names[0])
-        assert _mapped_ranges(path), "still mapped by the other handle"
+        inode = os.stat(path).st_ino
+        store.release(names[0])  # the file stays, as a spare under another name
+        assert _mapped_ranges(path, inode), "still mapped by the other handle"
         assert other.drop_missing() == 1
-        assert _mapped_ranges(path) == []
+        assert _mapped_ranges(path, inode) == []
         store.drop_all()
         assert store._maps == {}
 
@@ -205,3 +209,49 @@ def test_spawned_writers_on_real_dev_shm() -> None:
         assert len(store.segments()) == 3
     after = {n for n in os.listdir("/dev/shm") if n.startswith("shmloader")}
     assert after <= before
+
+
+def _files(store: SegmentStore) -> dict[str, tuple[int, int]]:
+    """Every file of the store but the lock: name -> (inode, size)."""
+    out = {}
+    for entry in os.scandir(store.path):
+        if entry.is_file() and entry.name != ".lock":
+            st = entry.stat()
+            out[entry.name] = (st.st_ino, st.st_size)
+    return out
+
+
+def test_released_segments_are_reused_by_the_next_writer(tmp_path: Path) -> None:
+    with SegmentStore.create("8MiB", base_dir=tmp_path) as store:
+        first = store.write(make_batch(3000, seed=1))
+        assert first is not None
+        inode = _files(store)[first.name][0]
+        store.release(first.name)
+        (spare,) = _files(store)
+        assert spare.startswith("spare-") and store.in_use() == 0
+        assert store.held() == first.nbytes
+        # A smaller segment takes the spare over: same file, cut to its own size.
+        second = store.write(make_batch(100, seed=2))
+        assert second is not None
+        assert _files(store) == {second.name: (inode, second.nbytes)}
+        got = store.open(second.name)
+        assert got.column("id").to_pylist() == list(range(2000, 2100))
+        assert store.held() == store.in_use() == second.nbytes
+
+
+def test_spares_give_way_so_the_budget_holds(tmp_path: Path) -> None:
+    one = ipc_file_size(make_batch(2000))
+    with SegmentStore.create(4 * one, base_dir=tmp_path) as store:
+        infos = [store.write(make_batch(2000, seed=s)) for s in range(4)]
+        for info in infos:
+            assert info is not None
+            store.release(info.name)
+        assert store.in_use() == 0 and store.held() == 4 * one
+        # Twice as large: one spare is extended, another removed to make room.
+        big = store.write(make_batch(4000, seed=9))
+        assert big is not None
+        assert store.in_use() == big.nbytes
+        assert store.held() <= 4 * one
+        assert sum(1 for name in _files(store) if name.startswith("spare-")) < 3
+        assert store.open(big.name).column("id").to_pylist()[-1] == 9000 + 3999
+    assert not os.path.exists(store.path)  # spares go with the store

@@ -119,6 +119,18 @@ class CompleteRequest(_message.Message):
     lease_id: int
     def __init__(self, lease_id: _Optional[int] = ...) -> None: ...
 
+class CompleteManyRequest(_message.Message):
+    __slots__ = ("lease_ids",)
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    lease_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CompleteManyReply(_message.Message):
+    __slots__ = ("not_completed",)
+    NOT_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    not_completed: _containers.RepeatedCompositeFieldContainer[LeaseProblem]
+    def __init__(self, not_completed: _Optional[_Iterable[_Union[LeaseProblem, _Mapping]]] = ...) -> None: ...
+
 class FailRequest(_message.Message):
     __slots__ = ("lease_id", "error")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]

@@ -64,6 +64,11 @@ class MasterStub:
                 request_serializer=shmloader_dot_proto_dot_master__pb2.CompleteRequest.SerializeToString,
                 response_deserializer=shmloader_dot_proto_dot_master__pb2.Empty.FromString,
                 _registered_method=True)
+        self.CompleteMany = channel.unary_unary(
+                '/shmloader.master.Master/CompleteMany',
+                request_serializer=shmloader_dot_proto_dot_master__pb2.CompleteManyRequest.SerializeToString,
+                response_deserializer=shmloader_dot_proto_dot_master__pb2.CompleteManyReply.FromString,
+                _registered_method=True)
         self.Fail = channel.unary_unary(
                 '/shmloader.master.Master/Fail',
                 request_serializer=shmloader_dot_proto_dot_master__pb2.FailRequest.SerializeToString,
@@ -120,6 +125,14 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompleteMany(self, request, context):
+        """Many leases in one call (a trainer completes tasks in bursts): one round trip instead of
+        one per task. A lease that cannot be completed is listed; the rest are completed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Fail(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -170,6 +183,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Complete,
                     request_deserializer=shmloader_dot_proto_dot_master__pb2.CompleteRequest.FromString,
                     response_serializer=shmloader_dot_proto_dot_master__pb2.Empty.SerializeToString,
+            ),
+            'CompleteMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteMany,
+                    request_deserializer=shmloader_dot_proto_dot_master__pb2.CompleteManyRequest.FromString,
+                    response_serializer=shmloader_dot_proto_dot_master__pb2.CompleteManyReply.SerializeToString,
             ),
             'Fail': grpc.unary_unary_rpc_method_handler(
                     servicer.Fail,
@@ -349,6 +367,33 @@ class Master:
             '/shmloader.master.Master/Complete',
             shmloader_dot_proto_dot_master__pb2.CompleteRequest.SerializeToString,
             shmloader_dot_proto_dot_master__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/shmloader.master.Master/CompleteMany',
+            shmloader_dot_proto_dot_master__pb2.CompleteManyRequest.SerializeToString,
+            shmloader_dot_proto_dot_master__pb2.CompleteManyReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -119,6 +119,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             if self._runtime is None:
                 assert self._store is not None
                 self._runtime = Runtime(self._runtime_config(), self._store)
+                if self._gatherer is not None:
+                    self._gatherer.report_to(self._runtime.plane.gathered)
             return self._runtime
 
     def _runtime_config(self) -> RuntimeConfig:
@@ -162,7 +164,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         batch = self.__getitems__([index])
         return {k: (v[0] if isinstance(v, (list, torch.Tensor)) else v) for k, v in batch.items()}
 
-    def __getitems__(self, indices: Sequence[int]) -> dict[str, Any]:
+    def __getitems__(self, indices: Sequence[int] | np.ndarray) -> dict[str, Any]:
         gatherer = self._gatherer
         if gatherer is None:
             raise ShmloaderError("this SharedTaskDataset is closed")
@@ -171,7 +173,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         return gatherer.gather(indices)
 
     @staticmethod
-    def _discover_columns(gatherer: Gatherer, indices: Sequence[int]) -> list[str]:
+    def _discover_columns(gatherer: Gatherer, indices: Sequence[int] | np.ndarray) -> list[str]:
         from .gather import split_indices
 
         slots, _ = split_indices(indices[:1])
@@ -194,6 +196,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             return
         if runtime is not None:
             runtime.close()
+        if self._gatherer is not None:
+            self._gatherer.close()  # the trainer's own mappings (num_workers=0)
         if self._store is not None:
             self._store.close()
 

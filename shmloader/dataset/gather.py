@@ -23,6 +23,7 @@ import pyarrow as pa
 import torch
 
 from ..errors import ConfigError
+from ..shm.region import Region
 
 ROW_BITS = 32
 ROW_MASK = (1 << ROW_BITS) - 1
@@ -49,6 +50,10 @@ class ColumnView:
 
     dense: np.ndarray | None
     arrow: pa.Array | None
+    # Where ``dense`` lies in a gather region (shm/region.py): row ``r`` is row ``first + r``
+    # of the region's view with rows starting at byte ``residue``. None outside a region.
+    residue: int | None = None
+    first: int = 0
 
 
 def _dense_view(array: pa.Array) -> np.ndarray | None:
@@ -78,13 +83,40 @@ def _is_plain_numeric(typ: pa.DataType) -> bool:
     return (pa.types.is_integer(typ) or pa.types.is_floating(typ)) and not pa.types.is_boolean(typ)
 
 
-def segment_views(batch: pa.RecordBatch) -> dict[str, ColumnView]:
-    """Views of every column of a segment's batch; made once per segment and cached."""
+class SegmentViews(dict[str, ColumnView]):
+    """The views of one segment's columns, with what a batch checks once per segment.
+
+    ``layout`` names every dense column's dtype, row shape and place in the region: segments
+    of equal layout gather alike, so a batch compares layouts instead of checking each column.
+    """
+
+    def __init__(self, views: dict[str, ColumnView], num_rows: int) -> None:
+        super().__init__(views)
+        self.num_rows = num_rows
+        self.layout = tuple(
+            (name, v.dense.dtype, v.dense.shape[1:], v.residue)
+            for name, v in views.items()
+            if v.dense is not None
+        )
+
+
+def segment_views(batch: pa.RecordBatch, region: Region | None = None) -> SegmentViews:
+    """Views of every column of a segment's batch; made once per segment and cached.
+
+    ``region``: the batch is mapped into it, so dense columns also get their place there.
+    """
     views: dict[str, ColumnView] = {}
     for name, column in zip(batch.schema.names, batch.columns, strict=True):
         dense = _dense_view(column)
-        views[name] = ColumnView(dense=dense, arrow=None if dense is not None else column)
-    return views
+        if dense is None:
+            views[name] = ColumnView(dense=None, arrow=column)
+            continue
+        residue, first = None, 0
+        row_bytes = dense.strides[0] if dense.ndim else 0
+        if region is not None and row_bytes > 0 and dense.flags.c_contiguous:
+            first, residue = divmod(dense.ctypes.data - region.base, row_bytes)
+        views[name] = ColumnView(dense=dense, arrow=None, residue=residue, first=first)
+    return SegmentViews(views, batch.num_rows)
 
 
 def _in_worker() -> bool:
@@ -150,13 +182,25 @@ class SegmentRows(NamedTuple):
 
 def group_by_segment(indices: Sequence[int] | np.ndarray) -> list[SegmentRows]:
     """Sample indices grouped by segment, each group in index-list order (a stable sort)."""
-    slots, rows = split_indices(indices)
-    n = len(rows)
+    return group_rows(indices)[0]
+
+
+def group_rows(indices: Sequence[int] | np.ndarray) -> tuple[list[SegmentRows], np.ndarray]:
+    """:func:`group_by_segment`, and the rows of all groups in output order (one array).
+
+    A sorted index list (what ``shmloader.DataLoader`` hands over) is grouped already: its
+    groups are found from where the slot changes, with no sort.
+    """
+    idx = np.asarray(indices, dtype=np.int64)
+    n = len(idx)
     if n == 0:
         raise ConfigError("cannot gather an empty batch")
+    if n == 1 or bool((idx[1:] >= idx[:-1]).all()):
+        return _sorted_groups(idx)
+    slots, rows = split_indices(idx)
     lo, hi = int(slots.min()), int(slots.max())
     if lo == hi:
-        return [SegmentRows(lo, rows, 0, n, int(rows.max()))]
+        return [SegmentRows(lo, rows, 0, n, int(rows.max()))], rows
     key = slots - lo
     if hi - lo < 1 << 16:
         key = key.astype(np.uint16)  # numpy sorts 16-bit keys stably by radix sort: faster
@@ -167,18 +211,41 @@ def group_by_segment(indices: Sequence[int] | np.ndarray) -> list[SegmentRows]:
     stops = np.cumsum(counts[present])
     starts = stops - counts[present]
     maxima = np.maximum.reduceat(rows, starts)
-    return [
+    groups = [
         SegmentRows(lo + k, rows[a:b], a, b, m)
         for k, a, b, m in zip(
             present.tolist(), starts.tolist(), stops.tolist(), maxima.tolist(), strict=True
         )
     ]
+    return groups, rows
+
+
+def _sorted_groups(idx: np.ndarray) -> tuple[list[SegmentRows], np.ndarray]:
+    n = len(idx)
+    lo, hi = int(idx[0]) >> ROW_BITS, int(idx[-1]) >> ROW_BITS
+    rows = idx & ROW_MASK
+    if lo == hi:
+        return [SegmentRows(lo, rows, 0, n, int(rows[-1]))], rows
+    if hi - lo <= n:  # where each slot begins: one binary search for all of them
+        bounds = [0, *np.searchsorted(idx, np.arange(lo + 1, hi + 1) << ROW_BITS).tolist(), n]
+        slots: list[int] | range = range(lo, hi + 1)
+    else:  # slots far apart: look for where the slot changes instead
+        cut = np.flatnonzero(np.diff(idx >> ROW_BITS)) + 1
+        bounds = [0, *cut.tolist(), n]
+        slots = (idx[bounds[:-1]] >> ROW_BITS).tolist()
+    # Sorted, so each group's last row is its largest.
+    return [
+        SegmentRows(slot, rows[a:b], a, b, int(rows[b - 1]))
+        for slot, a, b in zip(slots, bounds[:-1], bounds[1:], strict=True)
+        if b > a
+    ], rows
 
 
 def gather(
     views_of: Callable[[int], dict[str, ColumnView]],
     indices: Sequence[int] | np.ndarray,
     columns: Sequence[str],
+    region: Region | None = None,
 ) -> dict[str, object]:
     """Gather ``indices`` into one batch: column name -> tensor (or list, see below).
 
@@ -186,28 +253,44 @@ def gather(
     list, grouped by segment. Dense columns become one tensor of shape ``(n, *shape)``; boolean
     columns a bool tensor; string and bytes columns a list of ``str`` / ``bytes``; variable-length
     numeric lists a list of 1-D tensors (their lengths differ, so they cannot be stacked).
+
+    With ``region`` (the segments' views were made in it), a dense column whose segments all
+    line up in the region is copied with one ``take`` for the whole batch; otherwise one per
+    segment.
     """
-    groups = group_by_segment(indices)
+    groups, rows = group_rows(indices)
     n = groups[-1].stop
     segments = [views_of(g.slot) for g in groups]
     first = segments[0]
     dense = [name for name in columns if first[name].dense is not None]
     protos = [first[name].dense for name in dense]
     outputs = _alloc([((n, *p.shape[1:]), p.dtype) for p in protos if p is not None])
-    for group, views in zip(groups, segments, strict=True):
-        for name, proto, (_tensor, target) in zip(dense, protos, outputs, strict=True):
-            array = views[name].dense
-            assert proto is not None
-            if array is None or array.dtype != proto.dtype or array.shape[1:] != proto.shape[1:]:
-                raise ConfigError(f"column {name!r} changes type or shape between segments")
-            if group.max_row >= len(array):
-                raise IndexError(
-                    f"row {group.max_row} of segment slot {group.slot} is out of range: "
-                    f"it has {len(array)} rows"
-                )
-            # mode="clip" (bounds checked above): with the default "raise", numpy copies
-            # through a temporary buffer whenever out= is given, doubling the work.
-            np.take(array, group.rows, axis=0, out=target[group.start : group.stop], mode="clip")
+    # Segments of one layout need their rows checked once, not once per column.
+    layout = getattr(first, "layout", None)
+    alike = layout is not None and all(getattr(v, "layout", None) == layout for v in segments)
+    for name, proto, (_tensor, target) in zip(dense, protos, outputs, strict=True):
+        assert proto is not None
+        # Bounds and types are checked here, so the takes can use mode="clip": with the
+        # default "raise", numpy copies through a temporary buffer when out= is given.
+        if alike and name != dense[0]:
+            arrays = [views[name].dense for views in segments]
+        else:
+            arrays = [
+                _checked(views[name], group, name, proto)
+                for group, views in zip(groups, segments, strict=True)
+            ]
+        residue = first[name].residue
+        if region is not None and alike and residue is not None:
+            # All segments line up in the region: one take for the whole batch.
+            starts = np.array([views[name].first for views in segments], dtype=np.int64)
+            if len(groups) > 1:
+                starts = np.repeat(starts, [g.stop - g.start for g in groups])
+            view = region.rows(proto.dtype, proto.shape[1:], residue)
+            view.take(starts + rows, axis=0, out=target, mode="clip")
+            continue
+        for group, array in zip(groups, arrays, strict=True):
+            assert array is not None
+            array.take(group.rows, axis=0, out=target[group.start : group.stop], mode="clip")
     out: dict[str, object] = {}
     results = iter(outputs)
     for name in columns:
@@ -216,6 +299,19 @@ def gather(
         else:
             out[name] = _gather_arrow(segments, groups, name)
     return out
+
+
+def _checked(view: ColumnView, group: SegmentRows, name: str, proto: np.ndarray) -> np.ndarray:
+    """The segment's dense array, if it matches the batch's first segment and holds the rows."""
+    array = view.dense
+    if array is None or array.dtype != proto.dtype or array.shape[1:] != proto.shape[1:]:
+        raise ConfigError(f"column {name!r} changes type or shape between segments")
+    if group.max_row >= len(array):
+        raise IndexError(
+            f"row {group.max_row} of segment slot {group.slot} is out of range: "
+            f"it has {len(array)} rows"
+        )
+    return array
 
 
 def _gather_arrow(

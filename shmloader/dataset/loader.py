@@ -22,8 +22,13 @@ from .sampler import TaskSampler
 from .state import loader_state, restore_state
 
 
-class _RecordingBatchSampler(torch.utils.data.Sampler[list[int]]):
-    """Cuts the sampler's blocks into batches and remembers them in order."""
+class _RecordingBatchSampler(torch.utils.data.Sampler[np.ndarray]):
+    """Cuts the sampler's blocks into batches and remembers them in order.
+
+    Each batch is handed over as a *sorted* int64 array, not a list: the dataset gathers it
+    without converting a list or sorting it by segment, and reads each segment's rows in
+    address order (the batch holds the same samples; only their order inside it changes).
+    """
 
     def __init__(self, sampler: TaskSampler, batch_size: int, drop_last: bool):
         self.sampler = sampler
@@ -31,7 +36,7 @@ class _RecordingBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.drop_last = drop_last
         self.issued: deque[np.ndarray] = deque()
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[np.ndarray]:
         self.issued.clear()
         size = self.batch_size
         carry = np.empty(0, dtype=np.int64)
@@ -40,13 +45,14 @@ class _RecordingBatchSampler(torch.utils.data.Sampler[list[int]]):
                 chunk = np.concatenate((carry, chunk))
             full = len(chunk) - len(chunk) % size
             for i in range(0, full, size):
-                batch = chunk[i : i + size]
+                batch = np.sort(chunk[i : i + size])
                 self.issued.append(batch)
-                yield batch.tolist()
+                yield batch
             carry = chunk[full:]
         if len(carry) and not self.drop_last:
-            self.issued.append(carry)
-            yield carry.tolist()
+            batch = np.sort(carry)
+            self.issued.append(batch)
+            yield batch
 
     def __len__(self) -> int:
         n = len(self.sampler)
@@ -82,7 +88,11 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             dataset._runtime.plane.set_complete_on_delivery(True)
         self._recorder = _RecordingBatchSampler(dataset.sampler(), batch_size, drop_last)
         super().__init__(
-            dataset, batch_sampler=self._recorder, collate_fn=dataset.collate, **kwargs
+            dataset,
+            # torch hands each batch to __getitems__ unchanged, arrays as well as lists.
+            batch_sampler=self._recorder,  # type: ignore[arg-type]
+            collate_fn=dataset.collate,
+            **kwargs,
         )
 
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]

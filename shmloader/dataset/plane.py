@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..errors import LeaseError, ShmloaderError
+from ..errors import ShmloaderError
 from .consumed import Ranges, row_records, to_ranges, union
 from .gather import encode_indices, group_by_segment
 from .ledger import LedgerReader
@@ -34,7 +34,9 @@ def slot_name(slot: int) -> str:
 class LeaseOps(Protocol):
     """The master calls the plane makes (a client, or the dispatcher behind a lock in tests)."""
 
-    def complete(self, lease_id: int) -> None: ...
+    def complete(self, lease_ids: list[int]) -> dict[int, str]:
+        """Complete the leases; returns those that could not be completed, with why."""
+        ...
 
     def epoch_tasks(self, epoch: int) -> int:
         """How many tasks this consumer gets in ``epoch``."""
@@ -149,16 +151,15 @@ class DataPlane:
         self._to_complete.append(lease_id)
 
     def flush_completions(self) -> None:
-        """Tell the master about consumed tasks (outside the lock, one call per task)."""
+        """Tell the master about consumed tasks (outside the lock, one call for all)."""
         with self._flush_lock:
             with self._lock:
                 pending, self._to_complete = self._to_complete, []
-            for lease_id in pending:
-                try:
-                    self._master.complete(lease_id)
-                except LeaseError as exc:
-                    # Completed late after it lapsed and was re-leased: counted once anyway.
-                    log.info("completing lease %d: %s", lease_id, exc)
+            if not pending:
+                return
+            for lease_id, why in self._master.complete(pending).items():
+                # Completed late after it lapsed and was re-leased: counted once anyway.
+                log.info("completing lease %d: %s", lease_id, why)
 
     # -- sampler's side (Feed) -----------------------------------------------------------
     def _epoch(self, epoch: int) -> EpochState:
@@ -244,6 +245,10 @@ class DataPlane:
                 self._mark(gathered, delivered=False)
         self.flush_completions()
 
+    def gathered(self, indices: np.ndarray) -> None:
+        """The trainer itself gathered these samples (``num_workers=0``: no ledger needed)."""
+        self._mark(indices, delivered=False)
+
     def record_wait(self, seconds: float) -> None:
         """The loop waited ``seconds`` for its next batch (``shmloader.DataLoader`` only)."""
         with self._lock:
@@ -267,13 +272,13 @@ class DataPlane:
                         f"sample index names slot {group.slot}, which is not admitted"
                     )
                 target = state.delivered if delivered else state.gathered
-                rows = np.unique(group.rows) if len(group.rows) > 1 else group.rows
-                fresh = int(np.count_nonzero(~target[rows]))
-                target[rows] = True
+                target[group.rows] = True
+                # A recount, not a count of fresh rows: exact if a row repeats, and a vectorised
+                # count over one segment's flags costs less than deduplicating the rows.
                 if delivered:
-                    state.n_delivered += fresh
+                    state.n_delivered = int(np.count_nonzero(target))
                 else:
-                    state.n_gathered += fresh
+                    state.n_gathered = int(np.count_nonzero(target))
                 self._settle(state)
 
     def _settle(self, state: SlotState) -> None:

@@ -67,8 +67,8 @@ class _MasterOps:
         self._epochs = epochs  # the master's, counted from 0 (None: unbounded)
         self._info: dict[int, Any] = {}
 
-    def complete(self, lease_id: int) -> None:
-        self._client.complete(lease_id)
+    def complete(self, lease_ids: list[int]) -> dict[int, str]:
+        return dict(self._client.complete_many(lease_ids))
 
     def _epoch(self, epoch: int) -> Any:
         if epoch not in self._info:

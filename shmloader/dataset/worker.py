@@ -10,15 +10,20 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..shm.region import Placed, Region
 from .gather import ColumnView, gather, segment_views, split_indices
 from .ledger import LedgerWriter, ledger_dir
 from .plane import slot_name
 
 MAX_CACHED_SEGMENTS = 64
+# Address space reserved for mapping segments (no memory: see shm/region.py). Segments in use
+# fit in the budget; released ones stay mapped until the next sweep, hence the margin.
+REGION_PER_BUDGET = 4
+REGION_EXTRA = 1 << 30
 # How often a worker looks for released segments to unmap: often enough that an unlinked
 # segment's memory comes back promptly, rarely enough to cost nothing per batch.
 SWEEP_SECONDS = 0.05
@@ -31,6 +36,20 @@ class Gatherer:
         self._ledger = LedgerWriter(ledger_dir(self._store_path()))
         self._views: OrderedDict[int, dict[str, ColumnView]] = OrderedDict()
         self._next_sweep = 0.0
+        self._sink: Callable[[np.ndarray], None] | None = None
+        self._sink_pid = -1
+        self._region: Region | None = None
+        self._no_region = False
+        self._placed: dict[int, Placed] = {}
+
+    def report_to(self, sink: Callable[[np.ndarray], None]) -> None:
+        """In the trainer, hand gathered indices to ``sink`` (the data plane) directly.
+
+        Only in the process that calls this: forked workers inherit the sink but see another
+        pid, and spawned ones never receive it, so workers keep writing the ledger.
+        """
+        self._sink = sink
+        self._sink_pid = os.getpid()
 
     def _store_path(self) -> str:
         return str(self.store.path)  # type: ignore[attr-defined]
@@ -46,16 +65,64 @@ class Gatherer:
         if cached is not None:
             self._views.move_to_end(slot)
             return cached
-        batch = self.store.open(slot_name(slot))  # type: ignore[attr-defined]
-        views = segment_views(batch)
+        region = self._region_here()
+        views = self._open_in_region(slot, region) if region is not None else None
+        if views is None:  # no region here, or no room in it: a mapping of its own
+            views = segment_views(self.store.open(slot_name(slot)))  # type: ignore[attr-defined]
         self._views[slot] = views
         return views
 
+    @property
+    def region(self) -> Region | None:
+        """The region segments are mapped into (None where there is none)."""
+        return self._region_here()
+
+    def _region_here(self) -> Region | None:
+        """The gather region, made on first use. A forked worker goes on with its copy of the
+        parent's: fork() copies the mappings and the bookkeeping of them alike."""
+        if self._region is None and not self._no_region:
+            budget = int(self.store.budget)  # type: ignore[attr-defined]
+            self._region = Region.create(REGION_PER_BUDGET * budget + REGION_EXTRA)
+            self._no_region = self._region is None
+        return self._region
+
+    def _open_in_region(self, slot: int, region: Region) -> dict[str, ColumnView] | None:
+        name = slot_name(slot)
+        # None when the region is full (of released segments the next sweep unmaps; not
+        # swept here: segments of the batch being gathered must stay mapped).
+        opened = self.store.open_in(name, region)  # type: ignore[attr-defined]
+        if opened is None:
+            return None
+        batch, placed = opened
+        views = segment_views(batch, region)
+        align = region.align
+        for view in views.values():
+            if view.dense is not None and view.dense.ndim:
+                region.fit_rows(view.dense.strides[0])
+        if region.align != align:  # the first segment: place it again, aligned for its rows
+            del views, batch
+            region.unmap(placed)
+            return self._open_in_region(slot, region)
+        self._placed[slot] = placed
+        return views
+
+    def close(self) -> None:
+        """Unmap every segment mapped here (the trainer's gatherer, when the dataset closes)."""
+        self._views.clear()
+        self._placed.clear()
+        self.store.drop_all()  # type: ignore[attr-defined]
+        if self._region is not None:
+            self._region.close()
+            self._region = None
+
     def gather(self, indices: Sequence[int] | np.ndarray) -> dict[str, object]:
         idx = np.asarray(indices, dtype=np.int64)
-        out = gather(self.views, idx, self.columns)
+        out = gather(self.views, idx, self.columns, self._region_here())
         # Only after the copy: from now on the trainer may release these rows' segments.
-        self._ledger.record(idx)
+        if self._sink is not None and self._sink_pid == os.getpid():
+            self._sink(idx)
+        else:
+            self._ledger.record(idx)
         now = time.monotonic()
         if now >= self._next_sweep or len(self._views) > MAX_CACHED_SEGMENTS:
             self._forget_released(set(np.unique(split_indices(idx)[0]).tolist()))
@@ -74,4 +141,8 @@ class Gatherer:
             name = slot_name(slot)
             if name not in present or len(self._views) > MAX_CACHED_SEGMENTS:
                 del self._views[slot]
-                self.store.drop(name)  # type: ignore[attr-defined]
+                placed = self._placed.pop(slot, None)
+                if placed is not None and self._region is not None:
+                    self._region.unmap(placed)  # its views are gone (just above)
+                else:
+                    self.store.drop(name)  # type: ignore[attr-defined]

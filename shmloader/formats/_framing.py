@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import crc32c as _crc32c_impl
 import numpy as np
@@ -188,7 +189,23 @@ def iter_chunks(
             raise frame_error(status, buf, pos, path=path, offset=base + pos, index=index)
 
 
-def iter_indexed(
+class Run(NamedTuple):
+    """Consecutive good records: the first one's index, their byte offsets and payloads."""
+
+    first: int
+    offsets: list[int]
+    payloads: list[bytes]
+
+
+class Bad(NamedTuple):
+    """A corrupt record met with ``skip_bad``: its record index, byte offset and error."""
+
+    record: int
+    offset: int
+    error: CorruptRecordError
+
+
+def iter_indexed_runs(
     source: ByteSource,
     path: str,
     offsets: np.ndarray,
@@ -197,12 +214,15 @@ def iter_indexed(
     *,
     skip_bad: bool,
     verify: bool,
-) -> Iterator[tuple[int, int, bytes | CorruptRecordError]]:
-    """Records ``[start, stop)`` of a source positioned at ``offsets[start]``.
+) -> Iterator[Run | Bad]:
+    """Records ``[start, stop)`` of a source positioned at ``offsets[start]``, in runs.
 
-    Reads whole blocks of records (one read each), checks that the frames found are exactly
-    where the index says, and with ``skip_bad`` turns a corrupt record into its error and
-    resumes at the next indexed offset.
+    Reads whole blocks of records (one read each). A block is first checked as a whole, with
+    the frame starts the index gives (:func:`split_indexed`): no Python work per record but
+    one slice and one CRC call. A block that fails that check is walked frame by frame to
+    find what is wrong: frames not where the index says raise IndexMismatchError; with
+    ``skip_bad`` a corrupt record becomes a :class:`Bad` and reading resumes at the next
+    indexed offset.
     """
     i = start
     while i < stop:
@@ -218,38 +238,91 @@ def iter_indexed(
                 path=path,
                 offset=lo + len(buf),
             )
-        expected = (offsets[i : j + 1] - np.uint64(lo)).tolist()
-        k = i
-        pos = 0
-        while k < j:
-            found: list[int] = []
-            payloads: list[bytes] = []
-            pos, status, _ = scan(buf, pos, found, payloads, verify)
-            n = len(found)
-            matches = found == expected[k - i : k - i + n]
-            if matches and status == OK:
-                matches = pos == len(buf) and k + n == j
-            elif matches:
-                matches = k + n < j and pos == expected[k + n - i]
-            if not matches:
-                raise IndexMismatchError(
-                    "record boundaries differ from the index; the file changed after it was "
-                    "indexed (remove the stale index or run `shmloader index --force`)",
-                    path=path,
-                    offset=lo + pos,
-                    index=k + n,
-                )
-            for record, rel, payload in zip(range(k, k + n), found, payloads, strict=True):
-                yield record, lo + rel, payload
-            k += n
-            if status != OK:
-                error = frame_error(status, buf, pos, path=path, offset=lo + pos, index=k)
-                if not skip_bad:
-                    raise error
-                yield k, lo + pos, error
-                k += 1
-                pos = expected[k - i]
+        rel = offsets[i : j + 1].astype(np.int64) - lo
+        payloads = split_indexed(buf, rel, verify)
+        if payloads is not None:
+            yield Run(i, (rel[:-1] + lo).tolist(), payloads)
+        else:
+            yield from _walk_block(buf, lo, rel.tolist(), i, j, path, skip_bad, verify)
         i = j
+
+
+def split_indexed(buf: bytes, rel: np.ndarray, verify: bool) -> list[bytes] | None:
+    """The payloads of ``buf`` if it holds exactly the valid frames starting at ``rel[:-1]``.
+
+    ``rel`` gives each frame's start in ``buf`` and, last, ``len(buf)``. Lengths, length CRCs
+    and payload CRCs are compared for all frames at once with numpy; None means some frame is
+    not what the index says or is corrupt, and the caller walks the block to say which.
+    """
+    starts = rel[:-1]
+    lengths = np.diff(rel) - FRAME_OVERHEAD
+    if not len(starts) or int(lengths.min()) < 0 or int(rel[-1]) != len(buf):
+        return None
+    data = np.frombuffer(buf, np.uint8)
+    header = data[starts[:, None] + np.arange(HEADER_SIZE)]
+    if not np.array_equal(header[:, :8].copy().view("<u8")[:, 0], lengths):
+        return None
+    known = np.unique(lengths) if int(lengths.min()) != int(lengths.max()) else lengths[:1]
+    crcs = np.array([length_crc(int(n)) for n in known], dtype=np.uint32)
+    expected = crcs[np.searchsorted(known, lengths)] if len(known) > 1 else crcs[0]
+    if not np.array_equal(
+        header[:, 8:].copy().view("<u4")[:, 0], np.broadcast_to(expected, lengths.shape)
+    ):
+        return None
+    ends = rel[1:] - 4
+    payloads = [
+        buf[a:b] for a, b in zip((starts + HEADER_SIZE).tolist(), ends.tolist(), strict=True)
+    ]
+    if verify:
+        crc = np.fromiter(map(_crc32c_impl.crc32c, payloads), dtype=np.uint32, count=len(payloads))
+        masked = ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(MASK_DELTA)
+        stored = data[ends[:, None] + np.arange(4)].copy().view("<u4")[:, 0]
+        if not np.array_equal(masked, stored):
+            return None
+    return payloads
+
+
+def _walk_block(
+    buf: bytes,
+    lo: int,
+    expected: list[int],
+    i: int,
+    j: int,
+    path: str,
+    skip_bad: bool,
+    verify: bool,
+) -> Iterator[Run | Bad]:
+    """Records ``i..j`` of a block frame by frame, checking each start against the index."""
+    k = i
+    pos = 0
+    while k < j:
+        found: list[int] = []
+        payloads: list[bytes] = []
+        pos, status, _ = scan(buf, pos, found, payloads, verify)
+        n = len(found)
+        matches = found == expected[k - i : k - i + n]
+        if matches and status == OK:
+            matches = pos == len(buf) and k + n == j
+        elif matches:
+            matches = k + n < j and pos == expected[k + n - i]
+        if not matches:
+            raise IndexMismatchError(
+                "record boundaries differ from the index; the file changed after it was "
+                "indexed (remove the stale index or run `shmloader index --force`)",
+                path=path,
+                offset=lo + pos,
+                index=k + n,
+            )
+        if n:
+            yield Run(k, [lo + rel for rel in found], payloads)
+        k += n
+        if status != OK:
+            error = frame_error(status, buf, pos, path=path, offset=lo + pos, index=k)
+            if not skip_bad:
+                raise error
+            yield Bad(k, lo + pos, error)
+            k += 1
+            pos = expected[k - i]
 
 
 def decode_frames(

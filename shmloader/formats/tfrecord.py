@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import ConfigError, CorruptRecordError
 from . import _framing
 from ._compression import Progress, Sink, check_compression, open_source, resolve_compression
-from ._framing import FRAME_OVERHEAD, U32, decode_frames, encode_frame, frame_header
+from ._framing import FRAME_OVERHEAD, U32, Bad, Run, decode_frames, encode_frame, frame_header
 from .checksum import masked_crc32c
 from .index import cached_offsets, save_offsets
 
@@ -276,16 +276,48 @@ class RecordFile:
             raise ConfigError(f"{self.path}: range [{start}, {stop}) exceeds its {n} records")
         return self._iter_range(start, stop, on_error == "skip", verify)
 
-    def _iter_range(
+    def read_runs(
+        self, start: int, stop: int, *, on_error: str = "raise", verify: bool = True
+    ) -> Iterator[Run | Bad]:
+        """What :meth:`read_range` yields, a run of good records at a time (for bulk readers).
+
+        A :class:`Run` holds consecutive good records (first index, byte offsets, payloads);
+        a :class:`Bad` one skipped corrupt record (only with ``on_error="skip"``).
+        """
+        if on_error not in ON_ERROR_CHOICES:
+            raise ConfigError(f"on_error={on_error!r}; use one of {ON_ERROR_CHOICES}")
+        _check_bounds(start, stop)
+        if stop > self.num_records:
+            raise ConfigError(
+                f"{self.path}: range [{start}, {stop}) exceeds its {self.num_records} records"
+            )
+        return self._iter_runs(start, stop, on_error == "skip", verify)
+
+    def _iter_runs(
         self, start: int, stop: int, skip_bad: bool, verify: bool
-    ) -> Iterator[tuple[int, int, bytes | CorruptRecordError]]:
+    ) -> Iterator[Run | Bad]:
         if start == stop:
             return
         offsets = self.offsets
         with open_source(self.path, self.compression, int(offsets[start])) as source:
-            yield from _framing.iter_indexed(
+            yield from _framing.iter_indexed_runs(
                 source, self.path, offsets, start, stop, skip_bad=skip_bad, verify=verify
             )
+
+    def _iter_range(
+        self, start: int, stop: int, skip_bad: bool, verify: bool
+    ) -> Iterator[tuple[int, int, bytes | CorruptRecordError]]:
+        for item in self._iter_runs(start, stop, skip_bad, verify):
+            if isinstance(item, Bad):
+                yield item
+            else:
+                first = item.first
+                yield from zip(
+                    range(first, first + len(item.payloads)),
+                    item.offsets,
+                    item.payloads,
+                    strict=True,
+                )
 
 
 def _check_bounds(start: int, stop: int | None) -> None:

@@ -158,6 +158,18 @@ class MasterClient:
     def complete(self, lease_id: int) -> None:
         self._call("Complete", pb.CompleteRequest(lease_id=lease_id), False, lease=True)
 
+    def complete_many(self, lease_ids: Sequence[int]) -> dict[int, str]:
+        """Complete several leases in one call; returns those that could not be, with why.
+
+        Unlike :meth:`complete`, a lease that is no longer active does not raise: the others
+        are completed all the same, and the caller decides what a late completion means.
+        """
+        if not lease_ids:
+            return {}
+        request = pb.CompleteManyRequest(lease_ids=lease_ids)
+        reply = self._call("CompleteMany", request, False, lease=True)
+        return {p.lease_id: p.error for p in reply.not_completed}
+
     def fail(self, lease_id: int, error: str) -> None:
         """Report that the lease's task could not be read; long messages are shortened."""
         if len(error) > MAX_ERROR_CHARS:

@@ -45,7 +45,7 @@ UNKNOWN_CONSUMER = "unknown-consumer"
 MAX_ID_CHARS = 256
 MAX_ERROR_CHARS = 16_384
 MAX_TASKS_PER_CALL = 4096
-MAX_IDS_PER_RENEW = 65_536
+MAX_IDS_PER_CALL = 65_536  # lease ids in one renew or complete
 MAX_EPOCH = 2**40
 # Requests are small; a huge one is refused by gRPC itself before it is parsed.
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
@@ -181,13 +181,18 @@ class MasterService(pb_grpc.MasterServicer):
             finished=finished,
         )
 
-    @_rpc
-    def Renew(self, request: pb.RenewRequest, context: Any) -> pb.RenewReply:
-        ids = list(request.lease_ids)
-        if len(ids) > MAX_IDS_PER_RENEW:
-            raise _invalid(f"{len(ids)} lease ids in one renew; at most {MAX_IDS_PER_RENEW}")
+    @staticmethod
+    def _lease_ids(given: Any, what: str) -> list[int]:
+        ids = list(given)
+        if len(ids) > MAX_IDS_PER_CALL:
+            raise _invalid(f"{len(ids)} lease ids in one {what}; at most {MAX_IDS_PER_CALL}")
         for lease_id in ids:
             _check_lease_id(lease_id)
+        return ids
+
+    @_rpc
+    def Renew(self, request: pb.RenewRequest, context: Any) -> pb.RenewReply:
+        ids = self._lease_ids(request.lease_ids, "renew")
         reply = pb.RenewReply()
         with self.lock:
             now = time.time()
@@ -204,6 +209,19 @@ class MasterService(pb_grpc.MasterServicer):
         with self.lock:
             self.dispatcher.complete(lease_id, time.time())
         return pb.Empty()
+
+    @_rpc
+    def CompleteMany(self, request: pb.CompleteManyRequest, context: Any) -> pb.CompleteManyReply:
+        ids = self._lease_ids(request.lease_ids, "complete")
+        reply = pb.CompleteManyReply()
+        with self.lock:
+            now = time.time()
+            for lease_id in ids:
+                try:
+                    self.dispatcher.complete(lease_id, now)
+                except LeaseError as exc:
+                    reply.not_completed.add(lease_id=lease_id, error=str(exc))
+        return reply
 
     @_rpc
     def Fail(self, request: pb.FailRequest, context: Any) -> pb.Empty:

@@ -5,7 +5,8 @@ registry and no daemon, can decide from the name alone whether the owner is gone
 
 - dataset directory: ``shmloader-<owner pid>-<owner start>-<random>`` (in the base directory);
 - segment being written: ``tmp-<writer pid>-<writer start>-<random>`` (inside the dataset);
-- sealed segment: ``seg-<random>`` (belongs to the dataset owner, whoever wrote it).
+- sealed segment: ``seg-<random>`` (belongs to the dataset owner, whoever wrote it);
+- spare: ``spare-<random>``, a released segment kept for a writer to reuse (the owner's too).
 
 The start token guards against pid reuse. On Linux it is the process start time in clock ticks
 since boot (``/proc/<pid>/stat`` field 22): exact and identical for every reader. psutil's
@@ -27,6 +28,7 @@ import psutil
 PREFIX = "shmloader"
 LOCK_NAME = ".lock"
 SEGMENT_PREFIX = "seg-"
+SPARE_PREFIX = "spare-"
 
 _DATASET_RE = re.compile(rf"^{PREFIX}-(\d+)-(\d+)-([0-9a-f]+)$")
 _TEMP_RE = re.compile(r"^tmp-(\d+)-(\d+)-([0-9a-f]+)$")
@@ -87,6 +89,10 @@ def new_temp_name() -> str:
 
 def new_segment_name() -> str:
     return f"{SEGMENT_PREFIX}{uuid.uuid4().hex}"
+
+
+def new_spare_name() -> str:
+    return f"{SPARE_PREFIX}{uuid.uuid4().hex}"
 
 
 def parse_dataset_name(name: str) -> tuple[int, int] | None:

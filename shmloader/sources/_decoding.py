@@ -109,22 +109,20 @@ def decode_to_batch(
     record that decodes but does not fit the schema is reported if it comes first.
     """
     raising = on_error == "raise"
-    records: list[Any] = []
-    kept: list[int] = []  # positions in ``items`` of the records that decoded
     failures: list[tuple[int, Exception]] = []
-    for pos, item in enumerate(items):
+    decoded: list[Any] | None = None
+    if parse is None and decode is not None:
+        # The common case at C speed; if any record fails, the items are decoded again one
+        # by one to tell which (decode functions are expected to be pure).
         try:
-            if parse is not None:
-                item = parse(path, item)
-            if decode is not None:
-                item = decode(item)
-        except Exception as exc:
-            failures.append((pos, exc))
-            if raising:
-                break
-            continue
-        records.append(item)
-        kept.append(pos)
+            decoded = list(map(decode, items))
+        except Exception:
+            decoded = None
+    kept: Sequence[int]  # positions in ``items`` of the records that decoded
+    if decoded is not None:
+        records, kept = decoded, range(len(items))
+    else:
+        records, kept = _decode_each(path, items, parse, decode, raising, failures)
     if raising:
         try:
             batch = builder.from_records(records)
@@ -140,6 +138,33 @@ def decode_to_batch(
     for pos, error in failures:
         record_failure(path, where[pos], error, on_error, skipped)
     return batch
+
+
+def _decode_each(
+    path: str,
+    items: Sequence[Any],
+    parse: Callable[[str, Any], Any] | None,
+    decode: Callable[[Any], Any] | None,
+    raising: bool,
+    failures: list[tuple[int, Exception]],
+) -> tuple[list[Any], list[int]]:
+    """Records that decode, their positions in ``items``; failures appended to ``failures``."""
+    records: list[Any] = []
+    kept: list[int] = []
+    for pos, item in enumerate(items):
+        try:
+            if parse is not None:
+                item = parse(path, item)
+            if decode is not None:
+                item = decode(item)
+        except Exception as exc:
+            failures.append((pos, exc))
+            if raising:
+                break
+            continue
+        records.append(item)
+        kept.append(pos)
+    return records, kept
 
 
 def decode_columns_to_batch(

@@ -24,7 +24,7 @@ import pyarrow as pa
 from .._fs import expand_paths
 from ..errors import ConfigError, CorruptRecordError
 from ..formats.index import INDEX_SUFFIX
-from ..formats.tfrecord import RecordFile
+from ..formats.tfrecord import Bad, RecordFile
 from ._decoding import (
     INFER_ATTEMPTS,
     At,
@@ -139,13 +139,13 @@ class RecordFileSource(BaseSource):
         indexes: list[int] = []  # record index and byte offset of each payload
         offsets: list[int] = []
         skipped: list[SkippedRecord] = []
-        for idx, off, payload in self._file(path).read_range(start, stop, on_error=self.on_error):
-            if isinstance(payload, CorruptRecordError):
-                record_failure(path, At(idx, off), payload, self.on_error, skipped)
+        for run in self._file(path).read_runs(start, stop, on_error=self.on_error):
+            if isinstance(run, Bad):
+                record_failure(path, At(run.record, run.offset), run.error, self.on_error, skipped)
             else:
-                payloads.append(payload)
-                indexes.append(idx)
-                offsets.append(off)
+                payloads.extend(run.payloads)
+                indexes.extend(range(run.first, run.first + len(run.payloads)))
+                offsets.extend(run.offsets)
         where = Locations(indexes, offsets)
         builder = self._builder_for_schema()
         on_error = self.on_error

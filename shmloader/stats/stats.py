@@ -60,6 +60,8 @@ class Stats:
     epochs_started: int
     epochs_finished: int
     quarantined_tasks: int
+    # Released segments kept for readers to write into again (within the budget).
+    shm_spare: int = 0
     # Measured by shmloader.DataLoader only (a plain DataLoader hides its loop from us).
     batches_delivered: int = 0
     loop_wait_seconds: float = 0.0
@@ -74,7 +76,8 @@ class Stats:
         mib = 1 << 20
         lines = [
             f"shm: {self.shm_in_use / mib:.1f} MiB in use of {self.shm_budget / mib:.1f} MiB "
-            f"budget ({self.shm_free / mib:.0f} MiB free on the filesystem)",
+            f"budget, {self.shm_spare / mib:.1f} MiB kept for reuse "
+            f"({self.shm_free / mib:.0f} MiB free on the filesystem)",
             f"records consumed: {self.records_consumed}, skipped: {self.records_skipped}, "
             f"task failures: {self.task_failures}, quarantined: {self.quarantined_tasks}",
             f"epochs started/finished at the master: {self.epochs_started}/{self.epochs_finished}",
@@ -130,10 +133,12 @@ def collect_stats(ds: SharedTaskDataset) -> Stats:
         processes.append(ProcessStats(child.pid, role, memory_of(child.pid)))
     handle = runtime.store.handle()
     progress = runtime.client.progress()
+    in_use = handle.in_use()
     return Stats(
         readers=readers,
         processes=processes,
-        shm_in_use=handle.in_use(),
+        shm_in_use=in_use,
+        shm_spare=handle.held() - in_use,
         shm_budget=handle.budget,
         shm_free=space(handle.base_dir).free,
         records_consumed=runtime.plane.consumed_records,
