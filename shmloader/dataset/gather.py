@@ -246,6 +246,7 @@ def gather(
     indices: Sequence[int] | np.ndarray,
     columns: Sequence[str],
     region: Region | None = None,
+    grouped: tuple[list[SegmentRows], np.ndarray] | None = None,
 ) -> dict[str, object]:
     """Gather ``indices`` into one batch: column name -> tensor (or list, see below).
 
@@ -256,9 +257,9 @@ def gather(
 
     With ``region`` (the segments' views were made in it), a dense column whose segments all
     line up in the region is copied with one ``take`` for the whole batch; otherwise one per
-    segment.
+    segment. ``grouped``: what :func:`group_rows` gives for ``indices``, if known already.
     """
-    groups, rows = group_rows(indices)
+    groups, rows = grouped if grouped is not None else group_rows(indices)
     n = groups[-1].stop
     segments = [views_of(g.slot) for g in groups]
     first = segments[0]

@@ -98,7 +98,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         plane = self.dataset.runtime.plane  # type: ignore[attr-defined]
         began = time.perf_counter()  # the loop waits for data from here (workers start too) ...
-        batches = super().__iter__()
+        batches = self._in_process() if self._plain_in_process() else super().__iter__()
         while True:
             try:
                 batch = next(batches)
@@ -108,6 +108,17 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             plane.delivered(self._recorder.issued.popleft())
             yield batch
             began = time.perf_counter()
+
+    def _plain_in_process(self) -> bool:
+        # No worker and nothing to pin: torch's single-process iterator would only add its
+        # per-batch bookkeeping (profiler ranges, fetcher, collate) to a gather that builds
+        # the batch already.
+        return self.num_workers == 0 and not self.pin_memory
+
+    def _in_process(self) -> Iterator[dict[str, Any]]:
+        getitems = self.dataset.__getitems__  # type: ignore[attr-defined]
+        for indices in self._recorder:
+            yield getitems(indices)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loop is: the epoch and the rows of it already delivered (JSON-able)."""

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import ShmloaderError
 from .consumed import Ranges, row_records, to_ranges, union
-from .gather import encode_indices, group_by_segment
+from .gather import SegmentRows, encode_indices, group_by_segment
 from .ledger import LedgerReader
 from .ready import ReadyTask, ReadyTasks
 
@@ -102,6 +102,8 @@ class DataPlane:
         self._poll_lock = threading.Lock()  # taken before _lock, never inside it
         self._flush_lock = threading.Lock()  # likewise
         self._to_complete: list[int] = []
+        # The batch the trainer gathered last and its groups (see gathered / delivered).
+        self._grouped: tuple[np.ndarray | None, list[SegmentRows]] = (None, [])
         self._next_slot = 0
         self._slots: dict[int, SlotState] = {}
         self._epochs: dict[int, EpochState] = {}
@@ -245,9 +247,16 @@ class DataPlane:
                 self._mark(gathered, delivered=False)
         self.flush_completions()
 
-    def gathered(self, indices: np.ndarray) -> None:
-        """The trainer itself gathered these samples (``num_workers=0``: no ledger needed)."""
-        self._mark(indices, delivered=False)
+    def gathered(self, indices: np.ndarray, groups: list[SegmentRows] | None = None) -> None:
+        """The trainer itself gathered these samples (``num_workers=0``: no ledger needed).
+
+        ``groups``: ``indices`` grouped by segment already (by the gather); kept until the
+        same array is delivered, which then needs no grouping either.
+        """
+        if groups is None:
+            groups = group_by_segment(indices)
+        self._grouped = (indices, groups)
+        self._mark_groups(groups, delivered=False)
 
     def record_wait(self, seconds: float) -> None:
         """The loop waited ``seconds`` for its next batch (``shmloader.DataLoader`` only)."""
@@ -257,13 +266,20 @@ class DataPlane:
 
     def delivered(self, indices: np.ndarray) -> None:
         """The training loop received these samples (``shmloader.DataLoader`` only)."""
-        self._mark(np.asarray(indices, dtype=np.int64), delivered=True)
+        last, groups = self._grouped
+        if indices is not last:
+            self._mark(np.asarray(indices, dtype=np.int64), delivered=True)
+            return
+        self._grouped = (None, [])
+        self._mark_groups(groups, delivered=True)
 
     def _mark(self, indices: np.ndarray, *, delivered: bool) -> None:
-        if not len(indices):
-            return
+        if len(indices):
+            self._mark_groups(group_by_segment(indices), delivered=delivered)
+
+    def _mark_groups(self, groups: list[SegmentRows], *, delivered: bool) -> None:
         with self._lock:
-            for group in group_by_segment(indices):
+            for group in groups:
                 state = self._slots.get(group.slot)
                 if state is None and group.slot < self._next_slot:
                     continue  # settled already (a row gathered twice after an abandoned pass)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..shm.region import Placed, Region
-from .gather import ColumnView, gather, segment_views, split_indices
+from .gather import ColumnView, SegmentRows, gather, group_rows, segment_views, split_indices
 from .ledger import LedgerWriter, ledger_dir
 from .plane import slot_name
 
@@ -36,13 +36,13 @@ class Gatherer:
         self._ledger = LedgerWriter(ledger_dir(self._store_path()))
         self._views: OrderedDict[int, dict[str, ColumnView]] = OrderedDict()
         self._next_sweep = 0.0
-        self._sink: Callable[[np.ndarray], None] | None = None
+        self._sink: Callable[[np.ndarray, list[SegmentRows]], None] | None = None
         self._sink_pid = -1
         self._region: Region | None = None
         self._no_region = False
         self._placed: dict[int, Placed] = {}
 
-    def report_to(self, sink: Callable[[np.ndarray], None]) -> None:
+    def report_to(self, sink: Callable[[np.ndarray, list[SegmentRows]], None]) -> None:
         """In the trainer, hand gathered indices to ``sink`` (the data plane) directly.
 
         Only in the process that calls this: forked workers inherit the sink but see another
@@ -117,10 +117,11 @@ class Gatherer:
 
     def gather(self, indices: Sequence[int] | np.ndarray) -> dict[str, object]:
         idx = np.asarray(indices, dtype=np.int64)
-        out = gather(self.views, idx, self.columns, self._region_here())
+        grouped = group_rows(idx)
+        out = gather(self.views, idx, self.columns, self._region_here(), grouped)
         # Only after the copy: from now on the trainer may release these rows' segments.
         if self._sink is not None and self._sink_pid == os.getpid():
-            self._sink(idx)
+            self._sink(idx, grouped[0])
         else:
             self._ledger.record(idx)
         now = time.monotonic()
