@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _dataset_helpers import dataset, ids_of, write_dataset
+from _dataset_helpers import dataset, ids_of, source, write_dataset
 
 import shmloader
 from shmloader.shm.names import start_token
@@ -145,3 +145,38 @@ def test_a_task_that_kills_every_reader_is_quarantined_and_raised(tmp_path: Path
         assert "records 100..200" in str(info.value)
         assert not set(got) & set(range(400, 500)) and len(got) == len(set(got))
         assert sum(r.restarts for r in ds.stats().readers) == 2
+
+
+def test_a_reader_killed_after_sealing_but_before_announcing_leaves_no_segment(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    import pyarrow as pa
+
+    from shmloader.shm import ipc_file_size
+
+    directory, expected = data
+    src = source(directory)
+    one = ipc_file_size(src.read(src.plan()[0], 0, 100))
+    # Room for two segments: both readers then wait for budget after saying which segment
+    # they will seal, which leaves time to catch one there.
+    with dataset(directory, tmp_path, shm_budget=2 * one + 1024) as ds:
+        ds.start()
+        info = ds.runtime.pool.readers[0]
+        deadline = time.monotonic() + 20
+        while info.sealing is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        pid, orphan = info.pid, info.sealing
+        assert orphan is not None, "reader 0 was never seen writing a segment"
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.1)
+        assert info.sealing == orphan and info.pid == pid
+        # Exactly what a reader killed between its seal and its Ready leaves behind.
+        batch = pa.record_batch({"id": pa.array([-1])})
+        path = os.path.join(ds.runtime.store.path, orphan)
+        with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, batch.schema) as writer:
+            writer.write_batch(batch)
+        os.kill(pid, signal.SIGKILL)
+        got = [i for b in shmloader.DataLoader(ds, batch_size=50) for i in ids_of(b)]
+        assert sorted(got) == expected  # the task was read again, the orphan never delivered
+        assert orphan not in os.listdir(ds.runtime.store.path)
+        assert ds.stats().readers[0].restarts == 1

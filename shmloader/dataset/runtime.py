@@ -240,6 +240,11 @@ class Runtime:
         # A reader killed mid-write leaves its reservation (tmp-<pid>-...): remove it now, or
         # it would hold budget until some writer happened to wait long enough to reap it.
         reap_dead_writers(self.store.path)
+        # Killed after sealing but before announcing: nobody will ever read that segment (its
+        # task comes back through lease expiry and is read again), so release it.
+        if info.sealing is not None:
+            self.handle.release(info.sealing, missing_ok=True)
+            info.sealing = None
 
     def _check_quarantine(self) -> None:
         lost = self.client.progress().quarantined

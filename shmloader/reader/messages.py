@@ -17,6 +17,18 @@ class Started:
 
 
 @dataclass(frozen=True)
+class Sealing:
+    """The reader is about to write the lease's rows into a segment named ``segment``.
+
+    Sent first so that, if the reader dies after sealing but before its Ready, the trainer
+    knows which sealed segment nobody will announce, and removes it.
+    """
+
+    lease_id: int
+    segment: str
+
+
+@dataclass(frozen=True)
 class Ready:
     """Task rows sealed in ``segment``; the lease is now the trainer's to renew and complete."""
 
@@ -50,4 +62,4 @@ class Finished:
     """The master has no more work ever (all epochs done); the reader exits."""
 
 
-Message = Started | Ready | Failed | Finished
+Message = Started | Sealing | Ready | Failed | Finished

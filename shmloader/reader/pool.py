@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ..errors import ShmloaderError
-from .messages import Failed, Finished, Message, Ready, Started
+from .messages import Failed, Finished, Message, Ready, Sealing, Started
 from .process import ReaderConfig
 
 STOP_SECONDS = 5.0  # how long readers get to stop on their own before they are killed
@@ -42,6 +42,7 @@ class ReaderInfo:
     failures: int = 0
     busy_seconds: float = 0.0
     current_lease: int | None = None
+    sealing: str | None = None  # segment being written for current_lease, not announced yet
     finished: bool = False
     exit_codes: list[int] = field(default_factory=list)
 
@@ -179,14 +180,18 @@ class ReaderPool:
     def _handle(self, info: ReaderInfo, message: Message) -> None:
         if isinstance(message, Started):
             info.current_lease = message.lease_id
+        elif isinstance(message, Sealing):
+            info.sealing = message.segment
         elif isinstance(message, Ready):
             info.current_lease = None
+            info.sealing = None
             info.tasks += 1
             info.records += message.num_rows
             info.bytes += message.nbytes
             info.busy_seconds += message.read_seconds
         elif isinstance(message, Failed):
             info.current_lease = None
+            info.sealing = None
             info.failures += 1
         elif isinstance(message, Finished):
             info.finished = True

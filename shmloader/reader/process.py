@@ -23,8 +23,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ..errors import ConfigError, StoreClosedError
+from ..shm.names import new_segment_name
 from ..sources.base import Shard, SkippedRecord, Source
-from .messages import Failed, Finished, Ready, Started
+from .messages import Failed, Finished, Ready, Sealing, Started
 
 PR_SET_PDEATHSIG = 1
 
@@ -161,7 +162,9 @@ class Reader:
                 return
             shard = Shard(lease.path, lease.stop)
             result = self.config.source.read_result(shard, lease.start, lease.stop)
-            info = self.config.store.write(result.batch, should_stop=self.should_stop)
+            name = new_segment_name()
+            self.conn.send(Sealing(lease.lease_id, name))
+            info = self.config.store.write(result.batch, name=name, should_stop=self.should_stop)
         except StoreClosedError:
             raise
         except Exception as exc:

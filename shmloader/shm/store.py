@@ -92,14 +92,20 @@ class StoreHandle:
         *,
         timeout: float | None = None,
         should_stop: _budget.StopSignal | None = None,
+        name: str | None = None,
     ) -> SegmentInfo | None:
         """Write ``batch`` into a new sealed segment, waiting for budget if needed.
+
+        ``name``: the segment name to seal under (from ``new_segment_name()``), for a writer
+        that tells someone the name before it seals; a fresh one by default.
 
         Returns None if ``should_stop`` (an Event or a callable) turned true while waiting;
         raises :class:`TimeoutError` after waiting ``timeout`` seconds, :class:`ShmSpaceError`
         if the batch is larger than the whole budget or the filesystem is full,
         :class:`StoreClosedError` if the owner closed the store.
         """
+        if name is not None and not is_segment_name(name):
+            raise ValueError(f"{name!r} is not a segment name (expected 'seg-' + 32 hex digits)")
         nbytes = ipc_file_size(batch)
         temp = _budget.reserve(
             self.path, nbytes, self.budget, timeout=timeout, should_stop=should_stop
@@ -108,7 +114,7 @@ class StoreHandle:
             return None
         try:
             self._fill(temp, batch, nbytes)
-            name = new_segment_name()
+            name = name or new_segment_name()
             _budget.seal(self.path, temp, name)
         except BaseException:
             # Includes KeyboardInterrupt: give the reservation back, then let it propagate.
