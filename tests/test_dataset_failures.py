@@ -180,3 +180,28 @@ def test_a_reader_killed_after_sealing_but_before_announcing_leaves_no_segment(
         assert sorted(got) == expected  # the task was read again, the orphan never delivered
         assert orphan not in os.listdir(ds.runtime.store.path)
         assert ds.stats().readers[0].restarts == 1
+
+
+def test_a_killed_reader_in_a_tiny_budget_does_not_stall_later_epochs(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    """Room for three segments, readers free to read ahead into later epochs: the task of the
+    killed reader comes back (lease expiry) while the budget is full of tasks the sampler does
+    not want yet. Readers leave room for the task the sampler waits for and step aside for it,
+    so every epoch still completes, each record once."""
+    from shmloader.shm import ipc_file_size
+
+    directory, expected = data
+    src = source(directory)
+    one = ipc_file_size(src.read(src.plan()[0], 0, 100))
+    with dataset(directory, tmp_path, shm_budget=3 * one, epochs=None) as ds:
+        dl = shmloader.DataLoader(ds, batch_size=50)
+        ds.start()
+        for epoch in range(3):
+            got: list[int] = []
+            for i, batch in enumerate(dl):
+                got += ids_of(batch)
+                if epoch == 0 and i == 1:
+                    kill_a_reader_inside_a_lease(ds, 0)
+            assert sorted(got) == expected, f"epoch {epoch}"
+        assert ds.stats().readers[0].restarts == 1

@@ -255,3 +255,20 @@ def test_spares_give_way_so_the_budget_holds(tmp_path: Path) -> None:
         assert sum(1 for name in _files(store) if name.startswith("spare-")) < 3
         assert store.open(big.name).column("id").to_pylist()[-1] == 9000 + 3999
     assert not os.path.exists(store.path)  # spares go with the store
+
+
+def test_writers_that_are_not_urgent_leave_room_for_one_that_is(tmp_path: Path) -> None:
+    one = ipc_file_size(make_batch(500))
+    with SegmentStore.create(3 * one, base_dir=tmp_path) as store:
+        store.want(["0:7"])
+        assert store.wanted() == {"0:7"}
+        assert store.write(make_batch(500), urgent=lambda: False) is not None
+        assert store.write(make_batch(500), urgent=lambda: False) is not None
+        # A third would leave no room for the segment the consumer waits for: it waits.
+        with pytest.raises(TimeoutError):
+            store.write(make_batch(500), urgent=lambda: False, timeout=0.2)
+        # The one it waits for fits; writers that do not say (urgent=None) use it all too.
+        assert store.write(make_batch(500), urgent=lambda: "0:7" in store.wanted()) is not None
+        assert store.in_use() == 3 * one
+        store.want([])
+        assert store.wanted() == set()

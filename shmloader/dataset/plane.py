@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -49,6 +49,8 @@ class SegmentOps(Protocol):
     def rename(self, name: str, new_name: str) -> None: ...
 
     def release(self, name: str, *, missing_ok: bool = False) -> None: ...
+
+    def want(self, keys: Sequence[str]) -> None: ...
 
 
 @dataclass
@@ -102,6 +104,7 @@ class DataPlane:
         self._poll_lock = threading.Lock()  # taken before _lock, never inside it
         self._flush_lock = threading.Lock()  # likewise
         self._to_complete: list[int] = []
+        self._wanting = False  # whether readers were last told of tasks the sampler awaits
         # The batch the trainer gathered last and its groups (see gathered / delivered).
         self._grouped: tuple[np.ndarray | None, list[SegmentRows]] = (None, [])
         self._next_slot = 0
@@ -230,6 +233,14 @@ class DataPlane:
 
     def starved(self) -> bool:
         return self._starved()
+
+    def want(self, epoch: int, seqs: list[int]) -> None:
+        """Tell readers which tasks the sampler waits for: those may use the room the others
+        leave in the budget (shm budget.reserve), so they can always be written."""
+        keys = [f"{epoch}:{s}" for s in self.ready.missing(epoch, seqs)]
+        if keys or self._wanting:
+            self._segments.want(keys)
+            self._wanting = bool(keys)
 
     def finish_epoch(self, epoch: int) -> None:
         with self._lock:

@@ -64,6 +64,11 @@ class ReadyTasks:
         with self._cond:
             return list(self._ready.values())
 
+    def missing(self, epoch: int, seqs: Iterable[int]) -> list[int]:
+        """Those of ``seqs`` not ready (yet) in ``epoch``."""
+        with self._cond:
+            return [s for s in seqs if (epoch, s) not in self._ready]
+
     def take(
         self,
         epoch: int,

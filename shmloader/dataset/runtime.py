@@ -261,7 +261,9 @@ class Runtime:
     def _starved(self) -> bool:
         if self._largest_segment == 0:
             return False
-        return self.handle.in_use() + self._largest_segment > self.handle.budget
+        # Readers of tasks the sampler is not waiting for leave room for one more segment
+        # (shm budget.reserve), so they are stuck once less than two segments' room is left.
+        return self.handle.in_use() + 2 * self._largest_segment > self.handle.budget
 
     # -- maintenance thread --------------------------------------------------------------
     def _maintain(self) -> None:

@@ -50,6 +50,10 @@ class Feed(Protocol):
         """True when readers wait for shared-memory budget (more tasks cannot arrive)."""
         ...
 
+    def want(self, epoch: int, seqs: list[int]) -> None:
+        """The sampler is about to wait for these tasks (empty: for none)."""
+        ...
+
     def epoch_rows(self, epoch: int) -> int:
         """Rows this consumer delivers in ``epoch`` (planned; skipped bad records excepted)."""
         ...
@@ -107,7 +111,9 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             # read, not a whole window (the sizes depend on nothing but the position).
             block, pending = pending[:size], pending[size:]
             size = min(size * 2, self.window)
+            feed.want(epoch, block)
             tasks = feed.ready.take(epoch, block, starved=feed.starved)
+            feed.want(epoch, [])
             if len(tasks) < len(block):
                 got = {t.seq for t in tasks}
                 pending = [s for s in block if s not in got] + pending

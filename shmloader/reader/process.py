@@ -100,6 +100,14 @@ class _Renewer:
         self._thread.join()
 
 
+GIVE_WAY_EVERY = 0.5  # seconds between looks at what the sampler waits for, while blocked
+
+
+def _key(lease: Any) -> str:
+    """How the sampler names a task it waits for (DataPlane.want)."""
+    return f"{lease.epoch}:{lease.seq}"
+
+
 class Reader:
     """One reader's loop; ``run`` returns when the master is finished or the pool says stop."""
 
@@ -112,6 +120,8 @@ class Reader:
         self.client = MasterClient(config.master_address, token=config.token)
         self._renewer = _Renewer(self.client, config.lease_timeout / 3)
         self._stop = False
+        self._queue: list[Any] = []  # leases held and not served yet
+        self._next_look = 0.0
 
     def should_stop(self) -> bool:
         if self._stop:
@@ -127,54 +137,102 @@ class Reader:
         delay = self.config.idle_poll
         try:
             while not self.should_stop():
-                # Two at a time: half the round trips, and the next task is at hand.
-                reply = self.client.lease(self.config.consumer, self.config.lease_ahead)
-                if not reply.leases:
-                    if reply.finished:
-                        self.conn.send(Finished())
-                        return
-                    time.sleep(delay)
-                    delay = min(delay * 2, 0.5)
-                    continue
-                delay = self.config.idle_poll
-                self._renewer.hold([lease.lease_id for lease in reply.leases])
-                for lease in reply.leases:
-                    if self.should_stop():
-                        break  # the rest lapse on their own; the trainer is going away
-                    try:
-                        self._serve(lease)
-                    finally:
+                if not self._queue:
+                    # A few at a time: fewer round trips, and the next task is at hand.
+                    reply = self.client.lease(self.config.consumer, self.config.lease_ahead)
+                    if not reply.leases:
+                        if reply.finished:
+                            self.conn.send(Finished())
+                            return
+                        time.sleep(delay)
+                        delay = min(delay * 2, 0.5)
+                        continue
+                    delay = self.config.idle_poll
+                    self._take(reply.leases)
+                # In the order the sampler consumes tasks: the task it waits for is never
+                # stuck behind one it does not need yet.
+                self._queue.sort(key=lambda lease: (lease.epoch, lease.seq))
+                lease = self._queue.pop(0)
+                done = False
+                try:
+                    done = self._serve(lease)
+                finally:
+                    if done or self.should_stop():
                         self._renewer.drop(lease.lease_id)
+                    else:  # gave way to a task the sampler waits for: serve it again later
+                        self._queue.append(lease)
         except StoreClosedError:
             return  # the trainer is closing the dataset
         finally:
             self._renewer.close()
             self.client.close()
 
-    def _serve(self, lease: Any) -> None:
+    def _take(self, leases: Any) -> None:
+        self._renewer.hold([lease.lease_id for lease in leases])
+        self._queue.extend(leases)
+
+    def _give_way(self, lease: Any) -> bool:
+        """While waiting for budget for ``lease``: should it step aside for a task the sampler
+        waits for? Such a task (e.g. one whose reader died, leased again) would otherwise wait
+        behind this one, whose segment cannot fit while the sampler waits: neither would move.
+        Looks twice a second; may lease one more task to find it.
+        """
+        now = time.monotonic()
+        if now < self._next_look:
+            return False
+        self._next_look = now + GIVE_WAY_EVERY
+        wanted = self.config.store.wanted()
+        if not wanted or _key(lease) in wanted:
+            return False
+        if any(_key(other) in wanted for other in self._queue):
+            return True
+        if len(self._queue) >= self.config.lease_ahead:
+            return False
+        reply = self.client.lease(self.config.consumer, 1)
+        self._take(reply.leases)
+        return any(_key(other) in wanted for other in reply.leases)
+
+    def _serve(self, lease: Any) -> bool:
+        """Read, write and announce ``lease``'s task; False if it gave way (see _give_way)."""
         self.conn.send(Started(lease.lease_id, lease.epoch, lease.task_id))
         began = time.monotonic()
+        gave_way = False
+
+        def stop_waiting() -> bool:
+            nonlocal gave_way
+            gave_way = gave_way or self._give_way(lease)
+            return gave_way or self.should_stop()
+
         try:
             if lease.path not in self.config.allowed_paths:
                 raise ConfigError(f"{lease.path}: not a file of the planned dataset; not opened")
             if (lease.epoch, lease.seq) in self.config.skip_tasks:
                 self._announce(lease, began, "", 0, 0, ())
-                return
+                return True
             shard = Shard(lease.path, lease.stop)
             result = self.config.source.read_result(shard, lease.start, lease.stop)
             name = new_segment_name()
             self.conn.send(Sealing(lease.lease_id, name))
-            info = self.config.store.write(result.batch, name=name, should_stop=self.should_stop)
+            store = self.config.store
+            info = store.write(
+                result.batch,
+                name=name,
+                should_stop=stop_waiting,
+                # The sampler may be waiting for this very task: then it may use the room
+                # other tasks' segments leave free (shm budget.reserve).
+                urgent=lambda: _key(lease) in store.wanted(),
+            )
         except StoreClosedError:
             raise
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             self.client.fail(lease.lease_id, error)
             self.conn.send(Failed(lease.lease_id, lease.epoch, lease.task_id, lease.path, error))
-            return
-        if info is None:  # stopped while waiting for budget: the lease lapses on its own
-            return
+            return True
+        if info is None:  # stopped, or gave way, while waiting for budget; nothing written
+            return not gave_way
         self._announce(lease, began, info.name, info.num_rows, info.nbytes, result.skipped)
+        return True
 
     def _announce(
         self,

@@ -31,7 +31,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ..errors import ShmSpaceError, StoreClosedError
 from .names import (
@@ -85,13 +85,22 @@ def locked(dataset_path: str) -> Iterator[None]:
 _sealed_sizes: dict[str, dict[str, int]] = {}
 
 
+class Scan(NamedTuple):
+    """What a directory scan finds: bytes in use (segments sealed or being written), the
+    spares with their sizes, and the largest segment."""
+
+    in_use: int
+    spares: dict[str, int]
+    largest: int
+
+
 def usage(dataset_path: str) -> int:
     """Bytes of segments, sealed or being written; exact only under :func:`locked`."""
-    return scan(dataset_path)[0]
+    return scan(dataset_path).in_use
 
 
-def scan(dataset_path: str) -> tuple[int, dict[str, int]]:
-    """Bytes of segments sealed or being written, and the spares with their sizes."""
+def scan(dataset_path: str) -> Scan:
+    """Sizes of the store's files, by kind; exact only under :func:`locked`."""
     try:
         entries = list(os.scandir(dataset_path))
     except FileNotFoundError as exc:
@@ -100,7 +109,7 @@ def scan(dataset_path: str) -> tuple[int, dict[str, int]]:
     known = _sealed_sizes.get(dataset_path, {})
     stable: dict[str, int] = {}
     spares: dict[str, int] = {}
-    total = 0
+    total = largest = 0
     for entry in entries:
         # Only segments (sealed or being written) and spares hold memory; other files (the
         # lock, the dataset's gather ledger folder) are bookkeeping.
@@ -121,8 +130,9 @@ def scan(dataset_path: str) -> tuple[int, dict[str, int]]:
             spares[name] = size
         else:
             total += size
+            largest = max(largest, size)
     _sealed_sizes[dataset_path] = stable
-    return total, spares
+    return Scan(total, spares, largest)
 
 
 def reap_dead_writers(dataset_path: str, *, dry_run: bool = False) -> list[tuple[str, int]]:
@@ -168,12 +178,19 @@ def reserve(
     *,
     timeout: float | None = None,
     should_stop: StopSignal | None = None,
+    urgent: Callable[[], bool] | None = None,
 ) -> str | None:
     """Create an unsealed segment of exactly ``nbytes`` once it fits in ``budget``.
 
     Returns its path, or None if ``should_stop`` became true while waiting. Raises
     :class:`TimeoutError` after ``timeout`` seconds of waiting, :class:`ShmSpaceError` if
     ``nbytes`` exceeds the whole budget (waiting would never end).
+
+    ``urgent``: given by writers whose consumer takes segments in an order of its own (the
+    dataset's sampler). Such a writer leaves room for one more segment, as large as the
+    largest in the store, unless ``urgent()`` says the consumer is waiting for this very one:
+    otherwise segments the consumer cannot use yet could fill the budget while the one it
+    waits for has no room, and both would wait forever.
     """
     if nbytes > budget:
         raise ShmSpaceError(
@@ -187,8 +204,12 @@ def reserve(
     last_reap = start
     while True:
         with locked(dataset_path):
-            used, spares = scan(dataset_path)
-            if used + nbytes <= budget:
+            used, spares, largest = scan(dataset_path)
+            keep = 0 if urgent is None else max(nbytes, largest)
+            fits = used + nbytes + keep <= budget
+            if not fits and keep and used + nbytes <= budget:
+                fits = urgent is not None and urgent()
+            if fits:
                 return _take_room(dataset_path, nbytes, budget - used - nbytes, spares)
         now = time.monotonic()
         if now - last_reap >= _REAP_EVERY:

@@ -20,6 +20,7 @@ import errno
 import os
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -34,6 +35,7 @@ from .sizes import format_size, parse_size
 from .space import check_space, resolve_base_dir
 
 DEFAULT_MAX_OPEN = 64
+WANTED_NAME = "wanted"  # keys of the segments the consumer waits for (see want / wanted)
 
 
 class SegmentInfo(NamedTuple):
@@ -93,11 +95,13 @@ class StoreHandle:
         timeout: float | None = None,
         should_stop: _budget.StopSignal | None = None,
         name: str | None = None,
+        urgent: Callable[[], bool] | None = None,
     ) -> SegmentInfo | None:
         """Write ``batch`` into a new sealed segment, waiting for budget if needed.
 
         ``name``: the segment name to seal under (from ``new_segment_name()``), for a writer
-        that tells someone the name before it seals; a fresh one by default.
+        that tells someone the name before it seals; a fresh one by default. ``urgent``: see
+        :func:`shmloader.shm.budget.reserve` (with :meth:`wanted` / :meth:`want`).
 
         Returns None if ``should_stop`` (an Event or a callable) turned true while waiting;
         raises :class:`TimeoutError` after waiting ``timeout`` seconds, :class:`ShmSpaceError`
@@ -108,7 +112,12 @@ class StoreHandle:
             raise ValueError(f"{name!r} is not a segment name (expected 'seg-' + 32 hex digits)")
         nbytes = ipc_file_size(batch)
         temp = _budget.reserve(
-            self.path, nbytes, self.budget, timeout=timeout, should_stop=should_stop
+            self.path,
+            nbytes,
+            self.budget,
+            timeout=timeout,
+            should_stop=should_stop,
+            urgent=urgent,
         )
         if temp is None:
             return None
@@ -254,6 +263,26 @@ class StoreHandle:
                 raise FileExistsError(errno.EEXIST, f"segment {new_name} exists already", dst)
             os.rename(src, dst)
 
+    def want(self, keys: Sequence[str]) -> None:
+        """Say which segments the consumer waits for now (``keys`` of the writer's choosing,
+        e.g. ``"epoch:seq"``); writers of those may use the room others leave (see write)."""
+        path = os.path.join(self.path, WANTED_NAME)
+        temp = f"{path}.{os.getpid()}"
+        try:
+            with open(temp, "w") as f:
+                f.write("\n".join(keys))
+            os.replace(temp, path)
+        except FileNotFoundError as exc:
+            raise _budget.closed_error(self.path) from exc
+
+    def wanted(self) -> set[str]:
+        """The keys last given to :meth:`want` (empty if none)."""
+        try:
+            with open(os.path.join(self.path, WANTED_NAME)) as f:
+                return set(f.read().split())
+        except FileNotFoundError:
+            return set()
+
     def in_use(self) -> int:
         """Bytes held by sealed and unsealed segments now (exact: taken under the lock)."""
         with _budget.locked(self.path):
@@ -263,8 +292,8 @@ class StoreHandle:
         """Bytes of all the store's files: segments, sealed or not, and spares kept for reuse
         (never more than the budget)."""
         with _budget.locked(self.path):
-            used, spares = _budget.scan(self.path)
-        return used + sum(spares.values())
+            found = _budget.scan(self.path)
+        return found.in_use + sum(found.spares.values())
 
     def segments(self) -> dict[str, int]:
         """Sealed segment names and sizes, e.g. to find segments nobody announced."""
