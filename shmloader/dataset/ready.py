@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ..errors import ShmloaderError
@@ -77,12 +77,15 @@ class ReadyTasks:
         starved: Callable[[], bool] | None = None,
         poll: float = 0.05,
         patience: float = 1.0,
+        later: Sequence[int] = (),
     ) -> list[ReadyTask]:
         """Wait for the tasks ``seqs`` of ``epoch`` and return them in ``seqs`` order.
 
         If ``starved()`` stays true for ``patience`` seconds (readers blocked on the shared-memory
         budget, so the missing tasks cannot arrive until some are consumed), return the ready
-        subset instead of deadlocking; it is never empty.
+        subset instead of deadlocking; if none of ``seqs`` is ready, ready tasks among ``later``
+        (the epoch's following tasks) instead, as many as ``seqs`` has: consuming them frees
+        room. The result is never empty.
         """
         wanted = list(seqs)
         starved_since: float | None = None
@@ -92,6 +95,8 @@ class ReadyTasks:
                 have = [s for s in wanted if (epoch, s) in self._ready]
                 if len(have) == len(wanted):
                     break
+                if not have:
+                    have = [s for s in later if (epoch, s) in self._ready][: len(wanted)]
                 if have and starved is not None and starved():
                     now = time.monotonic()
                     starved_since = starved_since or now

@@ -112,11 +112,11 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             block, pending = pending[:size], pending[size:]
             size = min(size * 2, self.window)
             feed.want(epoch, block)
-            tasks = feed.ready.take(epoch, block, starved=feed.starved)
+            tasks = feed.ready.take(epoch, block, starved=feed.starved, later=pending)
             feed.want(epoch, [])
-            if len(tasks) < len(block):
-                got = {t.seq for t in tasks}
-                pending = [s for s in block if s not in got] + pending
+            got = {t.seq for t in tasks}
+            if got != set(block):  # starved: part of the block, or later tasks in its place
+                pending = [s for s in block if s not in got] + [s for s in pending if s not in got]
             parts = [feed.admit(t) for t in tasks]
             indices = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
             if self.shuffle and len(indices) > 1:

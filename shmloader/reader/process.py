@@ -101,6 +101,7 @@ class _Renewer:
 
 
 GIVE_WAY_EVERY = 0.5  # seconds between looks at what the sampler waits for, while blocked
+MAX_HELD = 4  # a reader blocked on the budget holds at most this many times lease_ahead tasks
 
 
 def _key(lease: Any) -> str:
@@ -186,8 +187,9 @@ class Reader:
             return False
         if any(_key(other) in wanted for other in self._queue):
             return True
-        if len(self._queue) >= self.config.lease_ahead:
+        if len(self._queue) >= MAX_HELD * self.config.lease_ahead:
             return False
+        # Leases are handed out retries first: a task whose reader died comes to us now.
         reply = self.client.lease(self.config.consumer, 1)
         self._take(reply.leases)
         return any(_key(other) in wanted for other in reply.leases)
