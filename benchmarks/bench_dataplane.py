@@ -163,11 +163,15 @@ def main() -> None:
                     if c == "e"
                     else {c: None, f"{c}:inproc": None, f"{c}:inproc:torch": None}
                     if c in ("c", "d")
+                    else {"b": None, "b:inproc": None}
+                    if c == "b"
                     else {c: None}
                 )
                 for key, how in jobs.items():
                     spec = dict(base, contender=c, how=how)
-                    if c in ("a", "b"):
+                    if key == "b:inproc":  # (b) with no worker: no batch crosses processes
+                        spec["workers"] = 0
+                    elif c in ("a", "b"):
                         spec["workers"] = args.workers_torch
                     elif key in ("c", "d"):
                         spec.update(workers=args.workers_shm, readers=args.readers)
