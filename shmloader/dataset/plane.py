@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import ShmloaderError
+from ..reader.messages import task_key
 from .consumed import Ranges, row_records, to_ranges, union
 from .gather import SegmentRows, encode_indices, group_by_segment
 from .ledger import LedgerReader
@@ -237,7 +238,7 @@ class DataPlane:
     def want(self, epoch: int, seqs: list[int]) -> None:
         """Tell readers which tasks the sampler waits for: those may use the room the others
         leave in the budget (shm budget.reserve), so they can always be written."""
-        keys = [f"{epoch}:{s}" for s in self.ready.missing(epoch, seqs)]
+        keys = [task_key(epoch, s) for s in self.ready.missing(epoch, seqs)]
         if keys or self._wanting:
             self._segments.want(keys)
             self._wanting = bool(keys)

@@ -268,13 +268,7 @@ class RecordFile:
         ``"raise"`` it is raised. Either way a file that no longer matches its index raises
         IndexMismatchError. Argument errors are raised here, not on first iteration.
         """
-        if on_error not in ON_ERROR_CHOICES:
-            raise ConfigError(f"on_error={on_error!r}; use one of {ON_ERROR_CHOICES}")
-        _check_bounds(start, stop)
-        n = self.num_records
-        if stop is None or stop > n:
-            raise ConfigError(f"{self.path}: range [{start}, {stop}) exceeds its {n} records")
-        return self._iter_range(start, stop, on_error == "skip", verify)
+        return self._iter_range(start, stop, self._skip_bad(start, stop, on_error), verify)
 
     def read_runs(
         self, start: int, stop: int, *, on_error: str = "raise", verify: bool = True
@@ -284,14 +278,17 @@ class RecordFile:
         A :class:`Run` holds consecutive good records (first index, byte offsets, payloads);
         a :class:`Bad` one skipped corrupt record (only with ``on_error="skip"``).
         """
+        return self._iter_runs(start, stop, self._skip_bad(start, stop, on_error), verify)
+
+    def _skip_bad(self, start: int, stop: int | None, on_error: str) -> bool:
+        """Check a range read's arguments; whether corrupt records are skipped."""
         if on_error not in ON_ERROR_CHOICES:
             raise ConfigError(f"on_error={on_error!r}; use one of {ON_ERROR_CHOICES}")
         _check_bounds(start, stop)
-        if stop > self.num_records:
-            raise ConfigError(
-                f"{self.path}: range [{start}, {stop}) exceeds its {self.num_records} records"
-            )
-        return self._iter_runs(start, stop, on_error == "skip", verify)
+        n = self.num_records
+        if stop is None or stop > n:
+            raise ConfigError(f"{self.path}: range [{start}, {stop}) exceeds its {n} records")
+        return on_error == "skip"
 
     def _iter_runs(
         self, start: int, stop: int, skip_bad: bool, verify: bool

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from ..sources.base import SkippedRecord
 
 
+def task_key(epoch: int, seq: int) -> str:
+    """How the sampler names a task it waits for to the readers (``StoreHandle.want``)."""
+    return f"{epoch}:{seq}"
+
+
 @dataclass(frozen=True)
 class Started:
     """The reader holds ``lease_id`` and is reading it (its segment is not sealed yet)."""

@@ -180,6 +180,7 @@ class ReaderPool:
     def _handle(self, info: ReaderInfo, message: Message) -> None:
         if isinstance(message, Started):
             info.current_lease = message.lease_id
+            info.sealing = None  # a task it gave way from named a segment it never wrote
         elif isinstance(message, Sealing):
             info.sealing = message.segment
         elif isinstance(message, Ready):

@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import ConfigError, StoreClosedError
 from ..shm.names import new_segment_name
 from ..sources.base import Shard, SkippedRecord, Source
-from .messages import Failed, Finished, Ready, Sealing, Started
+from .messages import Failed, Finished, Ready, Sealing, Started, task_key
 
 PR_SET_PDEATHSIG = 1
 
@@ -105,8 +105,7 @@ MAX_HELD = 4  # a reader blocked on the budget holds at most this many times lea
 
 
 def _key(lease: Any) -> str:
-    """How the sampler names a task it waits for (DataPlane.want)."""
-    return f"{lease.epoch}:{lease.seq}"
+    return task_key(lease.epoch, lease.seq)
 
 
 class Reader:

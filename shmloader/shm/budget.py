@@ -207,8 +207,8 @@ def reserve(
             used, spares, largest = scan(dataset_path)
             keep = 0 if urgent is None else max(nbytes, largest)
             fits = used + nbytes + keep <= budget
-            if not fits and keep and used + nbytes <= budget:
-                fits = urgent is not None and urgent()
+            if not fits and urgent is not None and used + nbytes <= budget:
+                fits = urgent()
             if fits:
                 return _take_room(dataset_path, nbytes, budget - used - nbytes, spares)
         now = time.monotonic()
@@ -237,14 +237,15 @@ def _take_room(dataset_path: str, nbytes: int, room: int, spares: dict[str, int]
     # The smallest spare that is large enough, else the largest: the fewest new pages.
     fits = [n for n in spares if spares[n] >= nbytes]
     name = min(fits, key=spares.__getitem__) if fits else max(spares, key=spares.__getitem__)
-    spares = dict(spares)
-    del spares[name]
+    kept = sum(spares.values()) - spares[name]
     for extra in sorted(spares, key=spares.__getitem__, reverse=True):
-        if sum(spares.values()) <= room:
+        if kept <= room:
             break
+        if extra == name:
+            continue
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(dataset_path, extra))
-        del spares[extra]
+        kept -= spares[extra]
     path = os.path.join(dataset_path, new_temp_name())
     try:
         os.rename(os.path.join(dataset_path, name), path)
