@@ -38,7 +38,7 @@ def _epochs(
         _check(spec, epoch, rows, total)
         entry: dict[str, Any] = {"rows": rows, "seconds": seconds}
         if sampler is not None:
-            entry["pss"] = sampler.mark()
+            entry["pss"], entry["cpu"] = sampler.mark()
         out.append(entry)
     return out
 
@@ -78,7 +78,9 @@ def run_loader(spec: Spec) -> dict[str, Any]:
 
         fns = DECODE if kind == "c" else DECODE_BATCH
         key = "decode" if kind == "c" else "decode_batch"
-        src = shmloader.RecordFileSource(spec["paths"], **{key: fns[spec["dataset"]]})
+        src = shmloader.RecordFileSource(
+            spec["paths"], **{key: fns[spec["dataset"]]}, views=spec.get("views", False)
+        )
         src.schema  # noqa: B018 - inferred once here instead of once per reader
         ds = shmloader.SharedTaskDataset(
             src,

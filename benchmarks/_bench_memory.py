@@ -1,9 +1,13 @@
-"""PSS of a process tree, sampled from a thread while a benchmark runs.
+"""PSS and CPU time of a process tree, sampled from a thread while a benchmark runs.
 
 PSS (proportional set size) splits every shared page among the processes that map it, so the
 sum over trainer + workers + readers counts shared memory once: the honest figure for what the
 job costs. Segments in /dev/shm that no process maps are in nobody's PSS; ``shm_dir`` adds
 their size as a separate figure so they are not hidden.
+
+CPU time (user + system, per role) between two marks, divided by the samples delivered, is
+the cost of a sample across every process: steadier from run to run than samples/s, which on
+two shared cores moves with how the scheduler places three busy processes.
 """
 
 from __future__ import annotations
@@ -25,19 +29,23 @@ def role_of(proc: psutil.Process) -> str:
     return "reader" if "shmloader.reader" in cmdline else "worker"
 
 
-def pss_by_role() -> dict[str, int]:
-    """PSS (bytes) of this process ("trainer") and its descendants, summed per role."""
+def usage_by_role() -> tuple[dict[str, int], dict[str, float]]:
+    """PSS (bytes) and CPU seconds so far of this process ("trainer") and its descendants,
+    summed per role."""
+    pss = {"trainer": 0, "worker": 0, "reader": 0}
+    cpu = {"trainer": 0.0, "worker": 0.0, "reader": 0.0}
     me = psutil.Process()
-    out = {"trainer": me.memory_full_info().pss, "worker": 0, "reader": 0}
-    for child in me.children(recursive=True):
-        role = role_of(child)
+    for proc in [me, *me.children(recursive=True)]:
+        role = "trainer" if proc is me else role_of(proc)
+        if role not in pss:
+            continue
         try:
-            pss = child.memory_full_info().pss
+            pss[role] += proc.memory_full_info().pss
+            times = proc.cpu_times()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-        if role in out:
-            out[role] += pss
-    return out
+        cpu[role] += times.user + times.system
+    return pss, cpu
 
 
 def dir_bytes(path: str | None) -> int:
@@ -60,12 +68,13 @@ class Sampler:
 
     interval: float = 0.5
     shm_dir: str | None = None
-    samples: list[tuple[dict[str, int], int]] = field(default_factory=list)
+    samples: list[tuple[dict[str, int], int, dict[str, float]]] = field(default_factory=list)
     _since: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     def start(self) -> Sampler:
+        self.sample()  # the zero point of the first window's CPU time
         self._thread = threading.Thread(target=self._run, name="pss-sampler", daemon=True)
         self._thread.start()
         return self
@@ -75,16 +84,22 @@ class Sampler:
             self.sample()
 
     def sample(self) -> None:
-        self.samples.append((pss_by_role(), dir_bytes(self.shm_dir)))
+        pss, cpu = usage_by_role()
+        self.samples.append((pss, dir_bytes(self.shm_dir), cpu))
 
-    def mark(self) -> dict[str, float]:
-        """Peak PSS per role (MiB) and of the total, over the samples since the last mark."""
+    def mark(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Peak PSS per role (MiB) and of the total, over the samples since the last mark;
+        and CPU seconds per role spent since the last mark."""
+        before = self.samples[max(self._since - 1, 0)][2]
         self.sample()
         window, self._since = self.samples[self._since :], len(self.samples)
         peak = {role: max(s[0][role] for s in window) / MiB for role in window[-1][0]}
         peak["total"] = max(sum(s[0].values()) for s in window) / MiB
         peak["shm_files"] = max(s[1] for s in window) / MiB
-        return peak
+        # A restarted process starts from zero again: never count negative time.
+        after = window[-1][2]
+        cpu = {role: max(after[role] - before.get(role, 0.0), 0.0) for role in after}
+        return peak, cpu
 
     def stop(self) -> None:
         self._stop.set()

@@ -161,7 +161,12 @@ def main() -> None:
                     if c == "gather"
                     else {"e": None, "e:sorted": "sorted"}
                     if c == "e"
-                    else {c: None, f"{c}:inproc": None, f"{c}:inproc:torch": None}
+                    else {
+                        c: None,
+                        f"{c}:inproc": None,
+                        f"{c}:inproc:torch": None,
+                        f"{c}:inproc:views": None,
+                    }
                     if c in ("c", "d")
                     else {"b": None, "b:inproc": None}
                     if c == "b"
@@ -180,6 +185,8 @@ def main() -> None:
                         spec.update(workers=0, readers=args.readers_inproc)
                     if key.endswith(":torch"):
                         spec["loader"] = "torch"
+                    if key.endswith(":views"):  # payloads as memoryviews, no copy each
+                        spec["views"] = True
                     warm(paths)
                     results[name][key] = run_child(spec)
                     print(

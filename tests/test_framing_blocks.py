@@ -78,3 +78,30 @@ def test_read_runs_detects_a_file_that_changed_under_its_index(tmp_path: Path) -
     write_records(path, [b"b" * 11] * 20, index=False)
     with pytest.raises(IndexMismatchError):
         list(rf.read_runs(0, 20))
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_read_runs_with_views_hands_out_memoryviews_of_the_same_payloads(
+    tmp_path: Path, compression: str | None
+) -> None:
+    path = str(tmp_path / "v.tfrecord")
+    payloads = [bytes([i % 251]) * (100 + i) for i in range(60)]
+    write_records(path, payloads, compression=compression)
+    runs = list(RecordFile(path).read_runs(5, 55, views=True))
+    got = [p for run in runs if isinstance(run, Run) for p in run.payloads]
+    assert all(type(p) is memoryview for p in got)
+    assert [bytes(p) for p in got] == payloads[5:55]
+
+
+def test_the_walk_that_names_a_corrupt_record_hands_out_views_too(tmp_path: Path) -> None:
+    path = str(tmp_path / "v.tfrecord")
+    payloads = [bytes([i % 251]) * (100 + i) for i in range(60)]
+    write_records(path, payloads)
+    data = bytearray(Path(path).read_bytes())
+    data[int(RecordFile(path).offsets[20]) + 13] ^= 0xFF
+    Path(path).write_bytes(bytes(data))
+    items = list(RecordFile(path).read_runs(5, 55, on_error="skip", views=True))
+    good = [p for x in items if isinstance(x, Run) for p in x.payloads]
+    assert all(type(p) is memoryview for p in good)
+    assert [bytes(p) for p in good] == payloads[5:20] + payloads[21:55]
+    assert [x.record for x in items if isinstance(x, Bad)] == [20]

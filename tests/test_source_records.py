@@ -277,3 +277,51 @@ def test_decoder_schema_is_used_without_guessing(tmp_path):
     assert source.schema == decoder.schema
     batch = source.read(source.plan()[0], 0, 4)
     assert [len(v) for v in batch.column("v").to_pylist()] == lengths
+
+
+seen_types: set[type] = set()
+
+
+def typed_decode(p: Any) -> Mapping[str, Any]:
+    seen_types.add(type(p))
+    return decode(p)
+
+
+def typed_decode_batch(ps: list[Any]) -> Mapping[str, Any]:
+    seen_types.update(map(type, ps))
+    return decode_batch(ps)
+
+
+@pytest.mark.parametrize("mode", ["decode", "decode_batch"])
+def test_views_hand_memoryviews_and_read_the_same_batches(
+    files: list[tuple[str, list[int]]], mode: str
+) -> None:
+    path = files[0][0]
+    kwargs: dict[str, Any] = {mode: typed_decode if mode == "decode" else typed_decode_batch}
+    plain = RecordFileSource(path, **kwargs)
+    viewed = RecordFileSource(path, **kwargs, views=True)
+    shard = plain.plan()[0]
+    seen_types.clear()
+    expected = plain.read(shard, 2, 45)
+    assert seen_types == {bytes}
+    seen_types.clear()
+    assert viewed.schema == plain.schema  # inferred from a memoryview as well
+    assert viewed.read(shard, 2, 45).equals(expected)
+    assert seen_types == {memoryview}
+    # Travels to readers: the option is part of the pickled source.
+    assert pickle.loads(pickle.dumps(viewed)).views is True
+
+
+def test_views_keep_errors_and_skips_exact(files: list[tuple[str, list[int]]]) -> None:
+    path, labels = files[0]
+    offsets = RecordFile(path).offsets
+    strict = RecordFileSource(path, decode=picky_decode, views=True)
+    with pytest.raises(DecodeError) as info:
+        strict.read(strict.plan()[0], 1, 20)
+    assert (info.value.index, info.value.offset) == (5, int(offsets[5]))
+    lenient = RecordFileSource(path, decode_batch=picky_decode_batch, on_error="skip", views=True)
+    result = lenient.read_result(lenient.plan()[0], 0, len(labels))
+    assert [s.index for s in result.skipped] == [i for i, y in enumerate(labels) if y % 5 == 0]
+    assert result.batch.column("y").to_pylist() == [y for y in labels if y % 5]
+    with pytest.raises(ConfigError, match="views=True needs decode"):
+        RecordFileSource(path, views=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import crc32c as _crc32c_impl
 import numpy as np
@@ -190,11 +190,15 @@ def iter_chunks(
 
 
 class Run(NamedTuple):
-    """Consecutive good records: the first one's index, their byte offsets and payloads."""
+    """Consecutive good records: the first one's index, their byte offsets and payloads.
+
+    Payloads are ``bytes``, or zero-copy ``memoryview`` slices of the block read when views
+    were asked for (:func:`iter_indexed_runs`).
+    """
 
     first: int
     offsets: list[int]
-    payloads: list[bytes]
+    payloads: list[Any]
 
 
 class Bad(NamedTuple):
@@ -214,6 +218,7 @@ def iter_indexed_runs(
     *,
     skip_bad: bool,
     verify: bool,
+    views: bool = False,
 ) -> Iterator[Run | Bad]:
     """Records ``[start, stop)`` of a source positioned at ``offsets[start]``, in runs.
 
@@ -223,6 +228,9 @@ def iter_indexed_runs(
     find what is wrong: frames not where the index says raise IndexMismatchError; with
     ``skip_bad`` a corrupt record becomes a :class:`Bad` and reading resumes at the next
     indexed offset.
+
+    ``views``: payloads are ``memoryview`` slices of the block instead of ``bytes`` copies
+    (each keeps its whole block alive; blocks are never reused, so a view stays valid).
     """
     i = start
     while i < stop:
@@ -239,20 +247,24 @@ def iter_indexed_runs(
                 offset=lo + len(buf),
             )
         rel = offsets[i : j + 1].astype(np.int64) - lo
-        payloads = split_indexed(buf, rel, verify)
+        payloads = split_indexed(memoryview(buf) if views else buf, rel, verify)
         if payloads is not None:
             yield Run(i, (rel[:-1] + lo).tolist(), payloads)
         else:
-            yield from _walk_block(buf, lo, rel.tolist(), i, j, path, skip_bad, verify)
+            for item in _walk_block(buf, lo, rel.tolist(), i, j, path, skip_bad, verify):
+                if views and isinstance(item, Run):
+                    item = item._replace(payloads=[memoryview(p) for p in item.payloads])
+                yield item
         i = j
 
 
-def split_indexed(buf: bytes, rel: np.ndarray, verify: bool) -> list[bytes] | None:
+def split_indexed(buf: bytes | memoryview, rel: np.ndarray, verify: bool) -> list[Any] | None:
     """The payloads of ``buf`` if it holds exactly the valid frames starting at ``rel[:-1]``.
 
     ``rel`` gives each frame's start in ``buf`` and, last, ``len(buf)``. Lengths, length CRCs
     and payload CRCs are compared for all frames at once with numpy; None means some frame is
     not what the index says or is corrupt, and the caller walks the block to say which.
+    The payloads are slices of ``buf``: ``bytes`` copies, or views of a ``memoryview``.
     """
     starts = rel[:-1]
     lengths = np.diff(rel) - FRAME_OVERHEAD

@@ -271,14 +271,23 @@ class RecordFile:
         return self._iter_range(start, stop, self._skip_bad(start, stop, on_error), verify)
 
     def read_runs(
-        self, start: int, stop: int, *, on_error: str = "raise", verify: bool = True
+        self,
+        start: int,
+        stop: int,
+        *,
+        on_error: str = "raise",
+        verify: bool = True,
+        views: bool = False,
     ) -> Iterator[Run | Bad]:
         """What :meth:`read_range` yields, a run of good records at a time (for bulk readers).
 
         A :class:`Run` holds consecutive good records (first index, byte offsets, payloads);
-        a :class:`Bad` one skipped corrupt record (only with ``on_error="skip"``).
+        a :class:`Bad` one skipped corrupt record (only with ``on_error="skip"``). With
+        ``views=True`` the payloads are zero-copy ``memoryview`` slices of the blocks read
+        (up to 16 MiB each, kept alive while any of their views is) instead of ``bytes``.
         """
-        return self._iter_runs(start, stop, self._skip_bad(start, stop, on_error), verify)
+        skip_bad = self._skip_bad(start, stop, on_error)
+        return self._iter_runs(start, stop, skip_bad, verify, views)
 
     def _skip_bad(self, start: int, stop: int | None, on_error: str) -> bool:
         """Check a range read's arguments; whether corrupt records are skipped."""
@@ -291,14 +300,21 @@ class RecordFile:
         return on_error == "skip"
 
     def _iter_runs(
-        self, start: int, stop: int, skip_bad: bool, verify: bool
+        self, start: int, stop: int, skip_bad: bool, verify: bool, views: bool = False
     ) -> Iterator[Run | Bad]:
         if start == stop:
             return
         offsets = self.offsets
         with open_source(self.path, self.compression, int(offsets[start])) as source:
             yield from _framing.iter_indexed_runs(
-                source, self.path, offsets, start, stop, skip_bad=skip_bad, verify=verify
+                source,
+                self.path,
+                offsets,
+                start,
+                stop,
+                skip_bad=skip_bad,
+                verify=verify,
+                views=views,
             )
 
     def _iter_range(

@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import ConfigError, StoreClosedError
 from ..shm.names import new_segment_name
 from ..sources.base import Shard, SkippedRecord, Source
+from .heap import keep_freed_memory
 from .messages import Failed, Finished, Ready, Sealing, Started, task_key
 
 PR_SET_PDEATHSIG = 1
@@ -291,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     fd, parent = int(args[0]), int(args[1])
     _die_with_parent(parent)
+    keep_freed_memory()
     # The trainer's Ctrl-C reaches the whole process group; the trainer stops us itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with _connection(fd) as conn:

@@ -37,8 +37,9 @@ from ._decoding import (
 from .base import BaseSource, ReadResult, Shard, SkippedRecord, check_on_error
 from .columns import BatchBuilder, infer_schema, infer_schema_from_columns
 
-Decode = Callable[[bytes], Mapping[str, Any]]
-DecodeBatch = Callable[[list[bytes]], Mapping[str, Any]]
+# Payloads are bytes, or memoryviews with ``views=True``.
+Decode = Callable[[Any], Mapping[str, Any]]
+DecodeBatch = Callable[[list[Any]], Mapping[str, Any]]
 
 RAW_SCHEMA = pa.schema([pa.field("record", pa.binary())])
 _OPEN_FILES = 16  # RecordFiles (with their loaded offsets) kept per process
@@ -55,6 +56,14 @@ class RecordFileSource(BaseSource):
     ``on_error="skip"`` leaves out records whose framing is corrupt or whose decode fails or
     does not fit the schema, and reports each as a :class:`SkippedRecord`; ``"raise"`` raises
     a DataError naming file, record and byte offset.
+
+    ``views=True`` hands the decode functions ``memoryview`` slices of the blocks read from the
+    file instead of a ``bytes`` copy of every payload: one copy of every record less, which
+    shows on large records (12 KB images: see docs/performance.md). The functions must then
+    take any bytes-like object: ``numpy.frombuffer``, ``b"".join``, ``int.from_bytes``,
+    ``struct.unpack_from`` and slicing do; ``bytes`` methods (``.decode()``, ``.split()``)
+    and hashing do not. A view keeps its whole block (up to 16 MiB) alive, so copy what a
+    decode function keeps beyond its return.
     """
 
     _LOCAL = ("_files", "_builder")
@@ -69,6 +78,7 @@ class RecordFileSource(BaseSource):
         compression: str | None = "auto",
         *,
         index_dir: str | None = None,
+        views: bool = False,
     ) -> None:
         super().__init__()
         if decode is not None and decode_batch is not None:
@@ -89,6 +99,9 @@ class RecordFileSource(BaseSource):
         self.on_error = check_on_error(on_error)
         self.compression = compression
         self.index_dir = index_dir
+        if views and decode is None and decode_batch is None:
+            raise ConfigError("views=True needs decode or decode_batch (raw records are bytes)")
+        self.views = bool(views)
         if schema is None and decode is None and decode_batch is None:
             schema = RAW_SCHEMA
         if schema is None:
@@ -135,11 +148,12 @@ class RecordFileSource(BaseSource):
 
     def _read(self, shard: Shard, start: int, stop: int) -> ReadResult:
         path = shard.path
-        payloads: list[bytes] = []
+        payloads: list[Any] = []  # bytes, or memoryviews with ``views``
         indexes: list[int] = []  # record index and byte offset of each payload
         offsets: list[int] = []
         skipped: list[SkippedRecord] = []
-        for run in self._file(path).read_runs(start, stop, on_error=self.on_error):
+        runs = self._file(path).read_runs(start, stop, on_error=self.on_error, views=self.views)
+        for run in runs:
             if isinstance(run, Bad):
                 record_failure(path, At(run.record, run.offset), run.error, self.on_error, skipped)
             else:
@@ -179,13 +193,17 @@ class RecordFileSource(BaseSource):
         """From the first record that decodes, in plan order (see :func:`infer_schema_from`)."""
         return infer_schema_from(self._first_payloads(), self._schema_of)
 
-    def _first_payloads(self) -> Iterator[tuple[str, At, bytes | CorruptRecordError]]:
+    def _first_payloads(
+        self,
+    ) -> Iterator[tuple[str, At, bytes | memoryview | CorruptRecordError]]:
         for shard in self.plan():
             stop = min(shard.num_records, INFER_ATTEMPTS)
             for idx, off, payload in self._file(shard.path).read_range(0, stop, on_error="skip"):
-                yield shard.path, At(idx, off), payload
+                # With views, a memoryview: what the decode functions will be given.
+                view = memoryview(payload) if self.views and isinstance(payload, bytes) else None
+                yield shard.path, At(idx, off), payload if view is None else view
 
-    def _schema_of(self, path: str, payload: bytes | CorruptRecordError) -> pa.Schema:
+    def _schema_of(self, path: str, payload: bytes | memoryview | CorruptRecordError) -> pa.Schema:
         if isinstance(payload, CorruptRecordError):
             raise payload
         if self.decode is not None:
