@@ -11,8 +11,8 @@ an int64 label per record, 264 bytes, batch 1024) and *images* (3x64x64 uint8 + 
 (a) a plain map-style torch Dataset: one record read and decoded per ``__getitem__``, default
     collate, ``shuffle=True``; (b) the same with a vectorised ``__getitems__``;
 (c) ``SharedTaskDataset`` with a per-record ``decode``; (d) with ``decode_batch``; both in
-    ``shmloader.DataLoader``, and once more in the plain torch DataLoader (``sampler=ds.sampler()``,
-    ``collate_fn=ds.collate``);
+    ``shmloader.DataLoader``, once more in the plain torch DataLoader (``sampler=ds.sampler()``,
+    ``collate_fn=ds.collate``), and once with ``RecordFileSource(..., views=True)``;
 (e) single-core ``numpy.take`` of the same shuffled rows from one in-memory array (the ceiling);
 and the gather alone: decoded rows already in shared memory gathered into batches in one
 process (``Gatherer.gather``, and the bare ``gather()`` copy).
@@ -20,7 +20,8 @@ process (``Gatherer.gather``, and the bare ``gather()`` copy).
 Each contender runs in a fresh process after the files were read once (warm page cache);
 samples/s is measured over epochs 2..E (epoch 1 includes start-up), time to first batch from
 constructing the dataset to receiving batch 1. Memory is the peak of the summed PSS of the
-trainer, its DataLoader workers and its readers, sampled every 0.5 s, per epoch.
+trainer, its DataLoader workers and its readers, sampled every 0.5 s, per epoch; CPU time per
+sample is their user + system time over epochs 2..E divided by the samples delivered.
 """
 
 from __future__ import annotations

@@ -4,14 +4,14 @@ A reader allocates a task's worth of memory several times per task: file blocks,
 the joined bytes of a ``decode_batch``, contiguous columns. For 4096 records of 12 KB images
 that is 50 MiB each time. glibc serves blocks above its mmap threshold (32 MiB at most by
 default) with a fresh ``mmap`` and unmaps them on ``free``, so every task faults all those
-pages in again, zero-filled by the kernel. On the data-plane benchmark's images, joining a
-task's payloads took 7.5 µs per record that way and 2.3 µs with freed memory kept, and a
-reader's whole read, decode and write went from 55,000 to 102,000 records/s.
+pages in again, zero-filled by the kernel. For the data-plane benchmark's images, its
+``decode_batch`` (a join) took 5.8 µs per record that way and 1.1 µs with freed memory kept,
+and a reader's steps together 14.3 and 8.7 µs (``benchmarks/bench_reader_steps.py``).
 
 Raising the mmap and trim thresholds sends freed blocks back to the heap, where the next task
 reuses them. The price is that a reader stays near its peak resident memory, about one task's
-working set (+55 MiB PSS per reader on that benchmark; ``Stats`` reports every reader's PSS).
-Only glibc has these knobs; elsewhere this does nothing.
+working set (docs/performance.md; ``Stats`` reports every reader's PSS). Only glibc has these
+knobs; elsewhere this does nothing.
 """
 
 from __future__ import annotations

@@ -59,7 +59,8 @@ class RecordFileSource(BaseSource):
 
     ``views=True`` hands the decode functions ``memoryview`` slices of the blocks read from the
     file instead of a ``bytes`` copy of every payload: one copy of every record less, which
-    shows on large records (12 KB images: see docs/performance.md). The functions must then
+    pays off for large records (12 KB images: see docs/performance.md) and not for small ones,
+    where a memoryview costs more than a small ``bytes``. The functions must then
     take any bytes-like object: ``numpy.frombuffer``, ``b"".join``, ``int.from_bytes``,
     ``struct.unpack_from`` and slicing do; ``bytes`` methods (``.decode()``, ``.split()``)
     and hashing do not. A view keeps its whole block (up to 16 MiB) alive, so copy what a
