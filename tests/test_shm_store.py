@@ -239,6 +239,21 @@ def test_released_segments_are_reused_by_the_next_writer(tmp_path: Path) -> None
         assert store.held() == store.in_use() == second.nbytes
 
 
+def test_writers_take_the_spare_released_last(tmp_path: Path) -> None:
+    # Gathering processes keep their mappings of the files they released last (kept.py).
+    with SegmentStore.create("8MiB", base_dir=tmp_path) as store:
+        infos = [store.write(make_batch(500, seed=s)) for s in range(3)]
+        inodes = []
+        for info in infos:
+            assert info is not None
+            inodes.append(_files(store)[info.name][0])
+            store.release(info.name)
+        for want in reversed(inodes):
+            again = store.write(make_batch(500, seed=7))
+            assert again is not None
+            assert _files(store)[again.name][0] == want
+
+
 def test_spares_give_way_so_the_budget_holds(tmp_path: Path) -> None:
     one = ipc_file_size(make_batch(2000))
     with SegmentStore.create(4 * one, base_dir=tmp_path) as store:

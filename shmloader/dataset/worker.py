@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..shm.kept import KeptMappings
 from ..shm.region import Placed, Region
 from .gather import ColumnView, SegmentRows, gather, group_rows, segment_views, split_indices
 from .ledger import LedgerWriter, ledger_dir
@@ -27,6 +28,10 @@ REGION_EXTRA = 1 << 30
 # How often a worker looks for released segments to unmap: often enough that an unlinked
 # segment's memory comes back promptly, rarely enough to cost nothing per batch.
 SWEEP_SECONDS = 0.05
+# Mappings of released segments kept for the files' next segments (shm/kept.py): at most
+# this many, and this share of the budget.
+KEPT_MAX = 256
+KEPT_BUDGET_SHARE = 2  # half the budget
 
 
 class Gatherer:
@@ -41,6 +46,7 @@ class Gatherer:
         self._region: Region | None = None
         self._no_region = False
         self._placed: dict[int, Placed] = {}
+        self._kept: KeptMappings | None = None
 
     def report_to(self, sink: Callable[[np.ndarray, list[SegmentRows]], None]) -> None:
         """In the trainer, hand gathered indices to ``sink`` (the data plane) directly.
@@ -84,13 +90,20 @@ class Gatherer:
             budget = int(self.store.budget)  # type: ignore[attr-defined]
             self._region = Region.create(REGION_PER_BUDGET * budget + REGION_EXTRA)
             self._no_region = self._region is None
+            if self._region is not None:
+                self._kept = KeptMappings(self._region, KEPT_MAX, budget // KEPT_BUDGET_SHARE)
         return self._region
 
     def _open_in_region(self, slot: int, region: Region) -> dict[str, ColumnView] | None:
         name = slot_name(slot)
         # None when the region is full (of released segments the next sweep unmaps; not
-        # swept here: segments of the batch being gathered must stay mapped).
-        opened = self.store.open_in(name, region)  # type: ignore[attr-defined]
+        # swept here: segments of the batch being gathered must stay mapped). Kept mappings
+        # are used by nothing, so they go first.
+        kept = self._kept
+        opened = self.store.open_in(name, region, kept.take if kept else None)  # type: ignore[attr-defined]
+        if opened is None and kept:
+            kept.clear()
+            opened = self.store.open_in(name, region)  # type: ignore[attr-defined]
         if opened is None:
             return None
         batch, placed = opened
@@ -110,6 +123,8 @@ class Gatherer:
         """Unmap every segment mapped here (the trainer's gatherer, when the dataset closes)."""
         self._views.clear()
         self._placed.clear()
+        if self._kept is not None:
+            self._kept.forget()  # unmapped with the whole region just below
         self.store.drop_all()  # type: ignore[attr-defined]
         if self._region is not None:
             self._region.close()
@@ -131,11 +146,13 @@ class Gatherer:
         return out
 
     def _forget_released(self, in_use: set[int]) -> None:
-        """Drop views of released segments (one directory listing, not a stat per segment)."""
+        """Drop views of released segments (one directory listing, not a stat per segment);
+        keep their mappings for the files' next segments while the files exist."""
         try:
-            present = set(os.listdir(self._store_path()))
+            entries = list(os.scandir(self._store_path()))
         except FileNotFoundError:
-            present = set()
+            entries = []
+        present = {entry.name for entry in entries}
         for slot in list(self._views):
             if slot in in_use:
                 continue
@@ -143,7 +160,9 @@ class Gatherer:
             if name not in present or len(self._views) > MAX_CACHED_SEGMENTS:
                 del self._views[slot]
                 placed = self._placed.pop(slot, None)
-                if placed is not None and self._region is not None:
-                    self._region.unmap(placed)  # its views are gone (just above)
+                if placed is not None and self._kept is not None:
+                    self._kept.keep(placed)  # its views are gone (just above)
                 else:
                     self.store.drop(name)  # type: ignore[attr-defined]
+        if self._kept:
+            self._kept.sweep(entry.inode() for entry in entries)

@@ -234,11 +234,17 @@ def _take_room(dataset_path: str, nbytes: int, room: int, spares: dict[str, int]
     lock); spares beyond the ``room`` left in the budget are removed."""
     if not spares:
         return _create(dataset_path, nbytes)
-    # The smallest spare that is large enough, else the largest: the fewest new pages.
+    # The smallest spare that is large enough, else the largest: the fewest new pages. Among
+    # equals the one released last (names sort by release time), and the first removed are
+    # the largest, oldest ones: gathering processes keep their mappings of the files they
+    # released last (kept.py), so those are the ones worth writing into again.
     fits = [n for n in spares if spares[n] >= nbytes]
-    name = min(fits, key=spares.__getitem__) if fits else max(spares, key=spares.__getitem__)
+    if fits:
+        name = max(fits, key=lambda n: (-spares[n], n))
+    else:
+        name = max(spares, key=lambda n: (spares[n], n))
     kept = sum(spares.values()) - spares[name]
-    for extra in sorted(spares, key=spares.__getitem__, reverse=True):
+    for extra in sorted(spares, key=lambda n: (-spares[n], n)):
         if kept <= room:
             break
         if extra == name:

@@ -6,7 +6,8 @@ registry and no daemon, can decide from the name alone whether the owner is gone
 - dataset directory: ``shmloader-<owner pid>-<owner start>-<random>`` (in the base directory);
 - segment being written: ``tmp-<writer pid>-<writer start>-<random>`` (inside the dataset);
 - sealed segment: ``seg-<random>`` (belongs to the dataset owner, whoever wrote it);
-- spare: ``spare-<random>``, a released segment kept for a writer to reuse (the owner's too).
+- spare: ``spare-<when><random>``, a released segment kept for a writer to reuse (the owner's
+  too); ``<when>`` (16 hex digits of the monotonic clock) makes names sort by release time.
 
 The start token guards against pid reuse. On Linux it is the process start time in clock ticks
 since boot (``/proc/<pid>/stat`` field 22): exact and identical for every reader. psutil's
@@ -21,6 +22,7 @@ import os
 import re
 import secrets
 import sys
+import time
 import uuid
 
 import psutil
@@ -92,7 +94,8 @@ def new_segment_name() -> str:
 
 
 def new_spare_name() -> str:
-    return f"{SPARE_PREFIX}{uuid.uuid4().hex}"
+    # Fixed width, so that names sort as the release times do (see budget._take_room).
+    return f"{SPARE_PREFIX}{time.monotonic_ns():016x}{uuid.uuid4().hex}"
 
 
 def parse_dataset_name(name: str) -> tuple[int, int] | None:

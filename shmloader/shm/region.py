@@ -39,11 +39,13 @@ MAX_ALIGN = 1 << 20
 
 
 class Placed(NamedTuple):
-    """Where a file was mapped: byte offset in the region, mapped length, its bytes."""
+    """Where a file was mapped: byte offset in the region, mapped length, its bytes, and
+    the file's inode (while mapped, the file exists, so no other file can have it)."""
 
     offset: int
     length: int
     buffer: pa.Buffer
+    inode: int = -1
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -116,7 +118,21 @@ class Region:
             self._release(offset, span)
             raise OSError(errno, f"mapping a segment into the gather region: {os.strerror(errno)}")
         # ``base=self``: a buffer keeps the region (and so the reservation) alive.
-        return Placed(offset, span, pa.foreign_buffer(address, length, base=self))
+        buffer = pa.foreign_buffer(address, length, base=self)
+        return Placed(offset, span, buffer, os.fstat(fd).st_ino)
+
+    def adopt(self, placed: Placed, length: int) -> Placed:
+        """The same mapping, for the file's new contents of ``length`` bytes (no syscall).
+
+        For a file rewritten in place (a spare segment written again): the mapping is
+        shared, so it shows what was written, and its page tables are still filled in,
+        where a new mapping would fault every page in again. ``length`` must fit in it.
+        """
+        if length > placed.length:
+            raise ValueError(f"{length} bytes do not fit in a mapping of {placed.length}")
+        address = self.base + placed.offset
+        buffer = pa.foreign_buffer(address, length, base=self)
+        return Placed(placed.offset, placed.length, buffer, placed.inode)
 
     def unmap(self, placed: Placed) -> None:
         """Give the file's pages back; its part of the region is reserved again, not freed.

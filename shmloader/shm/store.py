@@ -175,11 +175,19 @@ class StoreHandle:
             self._close_mapping(next(iter(self._maps)))
         return batch
 
-    def open_in(self, name: str, region: Region) -> tuple[pa.RecordBatch, Placed] | None:
+    def open_in(
+        self,
+        name: str,
+        region: Region,
+        reuse: Callable[[int, int], Placed | None] | None = None,
+    ) -> tuple[pa.RecordBatch, Placed] | None:
         """The segment's batch mapped into ``region`` (None if it has no room left).
 
         Not cached here: the caller owns the placement and calls ``region.unmap`` once no
-        array of the batch is used any more (reading one afterwards faults).
+        array of the batch is used any more (reading one afterwards faults). ``reuse(inode,
+        size)`` may return the caller's mapping of the same file, kept from when it was an
+        earlier segment (segment files are written again as spares): it is adopted instead
+        of mapping the file anew.
         """
         path = self._segment_path(name)
         try:
@@ -187,7 +195,12 @@ class StoreHandle:
         except FileNotFoundError as exc:
             raise self._missing(name, path) from exc
         try:
-            placed = region.map_file(fd, os.fstat(fd).st_size)
+            info = os.fstat(fd)
+            kept = reuse(info.st_ino, info.st_size) if reuse is not None else None
+            if kept is not None:
+                placed: Placed | None = region.adopt(kept, info.st_size)
+            else:
+                placed = region.map_file(fd, info.st_size)
         finally:
             os.close(fd)
         if placed is None:
