@@ -5,6 +5,9 @@ sum over trainer + workers + readers counts shared memory once: the honest figur
 job costs. Segments in /dev/shm that no process maps are in nobody's PSS; ``shm_dir`` adds
 their size as a separate figure so they are not hidden.
 
+"Every page once" adds the two without overlap: the processes' PSS minus the PSS of their
+mappings of store files (``/proc/PID/smaps``), plus the store's files.
+
 CPU time (user + system, per role) between two marks, divided by the samples delivered, is
 the cost of a sample across every process: steadier from run to run than samples/s, which on
 two shared cores moves with how the scheduler places three busy processes.
@@ -29,11 +32,12 @@ def role_of(proc: psutil.Process) -> str:
     return "reader" if "shmloader.reader" in cmdline else "worker"
 
 
-def usage_by_role() -> tuple[dict[str, int], dict[str, float]]:
+def usage_by_role(shm_dir: str | None = None) -> tuple[dict[str, int], dict[str, float], int]:
     """PSS (bytes) and CPU seconds so far of this process ("trainer") and its descendants,
-    summed per role."""
+    summed per role; and the part of their PSS that maps files under ``shm_dir``."""
     pss = {"trainer": 0, "worker": 0, "reader": 0}
     cpu = {"trainer": 0.0, "worker": 0.0, "reader": 0.0}
+    mapped = 0
     me = psutil.Process()
     for proc in [me, *me.children(recursive=True)]:
         role = "trainer" if proc is me else role_of(proc)
@@ -42,10 +46,14 @@ def usage_by_role() -> tuple[dict[str, int], dict[str, float]]:
         try:
             pss[role] += proc.memory_full_info().pss
             times = proc.cpu_times()
+            if shm_dir:
+                # Paths of removed files end in " (deleted)": still under the folder.
+                maps = proc.memory_maps(grouped=True)
+                mapped += sum(m.pss for m in maps if m.path.startswith(shm_dir + os.sep))
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
         cpu[role] += times.user + times.system
-    return pss, cpu
+    return pss, cpu, mapped
 
 
 def dir_bytes(path: str | None) -> int:
@@ -68,7 +76,7 @@ class Sampler:
 
     interval: float = 0.5
     shm_dir: str | None = None
-    samples: list[tuple[dict[str, int], int, dict[str, float]]] = field(default_factory=list)
+    samples: list[tuple[dict[str, int], int, dict[str, float], int]] = field(default_factory=list)
     _since: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -84,8 +92,8 @@ class Sampler:
             self.sample()
 
     def sample(self) -> None:
-        pss, cpu = usage_by_role()
-        self.samples.append((pss, dir_bytes(self.shm_dir), cpu))
+        pss, cpu, mapped = usage_by_role(self.shm_dir)
+        self.samples.append((pss, dir_bytes(self.shm_dir), cpu, mapped))
 
     def mark(self) -> tuple[dict[str, float], dict[str, float]]:
         """Peak PSS per role (MiB) and of the total, over the samples since the last mark;
@@ -96,6 +104,9 @@ class Sampler:
         peak = {role: max(s[0][role] for s in window) / MiB for role in window[-1][0]}
         peak["total"] = max(sum(s[0].values()) for s in window) / MiB
         peak["shm_files"] = max(s[1] for s in window) / MiB
+        # Every page once: the processes' PSS without their mappings of store files, plus
+        # the store's files (mapped or not, each counted once, whoever maps it).
+        peak["once"] = max(sum(s[0].values()) - s[3] + s[1] for s in window) / MiB
         # A restarted process starts from zero again: never count negative time.
         after = window[-1][2]
         cpu = {role: max(after[role] - before.get(role, 0.0), 0.0) for role in after}

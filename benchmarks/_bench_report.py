@@ -93,18 +93,19 @@ def report(results: dict[str, dict[str, dict[str, Any]]], args: Any) -> None:
         print(f"### {name}: {res[next(iter(res))]['epochs'][0]['rows']:,} records\n")
         print(
             "| contender | processes | samples/s | vs (a) | vs (b) | vs (e) "
-            "| first batch | peak PSS | shm files |"
+            "| first batch | peak PSS | shm files | peak memory, each page once |"
         )
-        print("|---|---|--:|--:|--:|--:|--:|--:|--:|")
+        print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
         for key, r in res.items():
             pss = [ep["pss"] for ep in r["epochs"] if "pss" in ep]
             peak = f"{max(p['total'] for p in pss):,.0f} MiB" if pss else "-"
             shm = f"{max(p['shm_files'] for p in pss):,.0f} MiB" if pss else "-"
+            once = f"{max(p['once'] for p in pss):,.0f} MiB" if pss else "-"
             ttfb = f"{r['ttfb']:.2f} s" if "ttfb" in r else "-"
             print(
                 f"| {NAMES[key]} | {_procs(key, args)} | {rates[key]:,.0f} "
                 f"| {_ratio(rates[key], a)} | {_ratio(rates[key], b)} | {_ratio(rates[key], e)} "
-                f"| {ttfb} | {peak} | {shm} |"
+                f"| {ttfb} | {peak} | {shm} | {once} |"
             )
         print()
         _memory_table(res)
