@@ -59,6 +59,14 @@ def test_stats_count_what_the_loop_received_and_waited(tmp_path):
     assert stats.loop_wait_seconds > 0
     assert stats.records_consumed == 40
     assert "waited" in str(stats)
+    # The trainer gathered, so it maps segment files (released ones it keeps for reuse):
+    # counted once, as files, in the job's memory.
+    (trainer,) = [p for p in stats.processes if p.role == "trainer"]
+    assert trainer.memory is not None and trainer.memory.pss_segments > 0
+    held = stats.shm_in_use + stats.shm_spare
+    assert held > 0
+    assert stats.total_memory == stats.total_pss - trainer.memory.pss_segments + held
+    assert "each page once" in str(stats)
 
 
 def test_readers_outlive_the_thread_that_started_the_dataset(tmp_path):

@@ -114,3 +114,24 @@ def test_the_gatherer_reads_a_rewritten_spare_through_its_kept_mapping(tmp_path:
         g.gather(encode_indices(1, np.arange(3)))
         assert len(g._kept) == 0
         g.close()
+
+
+def test_dataloader_workers_unmap_instead_of_keeping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Mapped pages count in the PSS of whoever maps them: a worker's stays that of the
+    # segments it reads.
+    import shmloader.dataset.worker as worker_module
+
+    monkeypatch.setattr(worker_module, "in_worker", lambda: True)
+    with SegmentStore.create("64MiB", base_dir=str(tmp_path)) as store:
+        handle = store.handle()
+        g = Gatherer(handle, ["x", "id"])
+        _write(store, 0, np.arange(10))
+        _write(store, 1, np.arange(10, 20))
+        g.gather(encode_indices(0, np.arange(10)))
+        handle.release(slot_name(0))
+        g._next_sweep = 0.0
+        g.gather(encode_indices(1, np.arange(10)))
+        assert g._kept is not None and len(g._kept) == 0 and 0 not in g._placed
+        g.close()

@@ -119,7 +119,8 @@ def segment_views(batch: pa.RecordBatch, region: Region | None = None) -> Segmen
     return SegmentViews(views, batch.num_rows)
 
 
-def _in_worker() -> bool:
+def in_worker() -> bool:
+    """Whether this process is a DataLoader worker."""
     return torch.utils.data.get_worker_info() is not None
 
 
@@ -145,7 +146,7 @@ def _alloc(specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[tuple[torch.Te
     and tensors of one storage travel as one. In the training process nothing is sent, and a
     plain tensor per column costs half as much to make as views into one storage.
     """
-    if not _in_worker():
+    if not in_worker():
         plain = [torch.empty(shape, dtype=_torch_dtype(dtype)) for shape, dtype in specs]
         return [(tensor, tensor.numpy()) for tensor in plain]
     offsets, nbytes = [], 0

@@ -16,7 +16,15 @@ import numpy as np
 
 from ..shm.kept import KeptMappings
 from ..shm.region import Placed, Region
-from .gather import ColumnView, SegmentRows, gather, group_rows, segment_views, split_indices
+from .gather import (
+    ColumnView,
+    SegmentRows,
+    gather,
+    group_rows,
+    in_worker,
+    segment_views,
+    split_indices,
+)
 from .ledger import LedgerWriter, ledger_dir
 from .plane import slot_name
 
@@ -29,7 +37,9 @@ REGION_EXTRA = 1 << 30
 # segment's memory comes back promptly, rarely enough to cost nothing per batch.
 SWEEP_SECONDS = 0.05
 # Mappings of released segments kept for the files' next segments (shm/kept.py): at most
-# this many, and this share of the budget.
+# this many, and this share of the budget. Only where the training process gathers itself:
+# a DataLoader worker unmaps them, so that its PSS stays that of the segments it reads
+# (mapped pages count in the PSS of whoever maps them, though the files exist regardless).
 KEPT_MAX = 256
 KEPT_BUDGET_SHARE = 2  # half the budget
 
@@ -160,8 +170,10 @@ class Gatherer:
             if name not in present or len(self._views) > MAX_CACHED_SEGMENTS:
                 del self._views[slot]
                 placed = self._placed.pop(slot, None)
-                if placed is not None and self._kept is not None:
+                if placed is not None and self._kept is not None and not in_worker():
                     self._kept.keep(placed)  # its views are gone (just above)
+                elif placed is not None and self._region is not None:
+                    self._region.unmap(placed)
                 else:
                     self.store.drop(name)  # type: ignore[attr-defined]
         if self._kept:

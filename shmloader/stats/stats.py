@@ -2,7 +2,10 @@
 
 Memory is measured with psutil per process (RSS, USS, and PSS, which splits shared pages among
 the processes mapping them: the honest figure for "how much does this job use", since shared
-memory segments are mapped by several processes at once).
+memory segments are mapped by several processes at once). Segment files are memory whether
+or not anyone maps them, and gathering processes keep mappings of released segments for
+reuse (``shm/kept.py``), so :attr:`Stats.total_memory` counts the store's files once, as
+files, and the processes' PSS without their mappings of them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ class Memory:
     rss: int
     uss: int
     pss: int
+    # The part of ``pss`` that maps this dataset's segment files.
+    pss_segments: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,13 @@ class Stats:
         """PSS of the trainer, its DataLoader workers and its readers together."""
         return sum(p.memory.pss for p in self.processes if p.memory is not None)
 
+    @property
+    def total_memory(self) -> int:
+        """What the job holds, every page once: the processes' PSS without their mappings of
+        segment files, plus all segment files (in use and spare)."""
+        mapped = sum(p.memory.pss_segments for p in self.processes if p.memory is not None)
+        return self.total_pss - mapped + self.shm_in_use + self.shm_spare
+
     def __str__(self) -> str:
         mib = 1 << 20
         lines = [
@@ -81,7 +93,8 @@ class Stats:
             f"records consumed: {self.records_consumed}, skipped: {self.records_skipped}, "
             f"task failures: {self.task_failures}, quarantined: {self.quarantined_tasks}",
             f"epochs started/finished at the master: {self.epochs_started}/{self.epochs_finished}",
-            f"memory (PSS) of trainer + workers + readers: {self.total_pss / mib:.1f} MiB",
+            f"memory (PSS) of trainer + workers + readers: {self.total_pss / mib:.1f} MiB; "
+            f"with the segment files, each page once: {self.total_memory / mib:.1f} MiB",
         ]
         if self.batches_delivered:
             lines.append(
@@ -98,12 +111,21 @@ class Stats:
         return "\n".join(lines)
 
 
-def memory_of(pid: int) -> Memory | None:
+def memory_of(pid: int, segments_dir: str | None = None) -> Memory | None:
+    """Memory of process ``pid``; with ``segments_dir``, also the PSS of its mappings of
+    files in that folder (from ``/proc/PID/smaps``: a few milliseconds per process)."""
     try:
-        info = psutil.Process(pid).memory_full_info()
+        proc = psutil.Process(pid)
+        info = proc.memory_full_info()
+        mapped = 0
+        if segments_dir is not None and hasattr(proc, "memory_maps"):
+            prefix = segments_dir.rstrip(os.sep) + os.sep  # removed files end in " (deleted)"
+            maps = proc.memory_maps(grouped=True)
+            mapped = sum(m.pss for m in maps if m.path.startswith(prefix))
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
-    return Memory(rss=info.rss, uss=info.uss, pss=getattr(info, "pss", info.uss))
+    pss = getattr(info, "pss", info.uss)
+    return Memory(rss=info.rss, uss=info.uss, pss=pss, pss_segments=mapped)
 
 
 def collect_stats(ds: SharedTaskDataset) -> Stats:
@@ -126,12 +148,12 @@ def collect_stats(ds: SharedTaskDataset) -> Stats:
         for r in reader_infos
     ]
     reader_pids = {r.pid for r in reader_infos}
+    handle = runtime.store.handle()
     me = os.getpid()
-    processes = [ProcessStats(me, "trainer", memory_of(me))]
+    processes = [ProcessStats(me, "trainer", memory_of(me, handle.path))]
     for child in psutil.Process(me).children(recursive=False):
         role = "reader" if child.pid in reader_pids else "worker"
-        processes.append(ProcessStats(child.pid, role, memory_of(child.pid)))
-    handle = runtime.store.handle()
+        processes.append(ProcessStats(child.pid, role, memory_of(child.pid, handle.path)))
     progress = runtime.client.progress()
     in_use = handle.in_use()
     return Stats(
