@@ -197,7 +197,9 @@ def run_gather(spec: Spec) -> dict[str, Any]:
             slots: list[tuple[int, int]] = []
             for batch in segments:
                 slot = epoch * len(segments) + len(slots)
-                handle.rename(handle.write(batch).name, slot_name(slot))
+                info = handle.write(batch)
+                assert info is not None  # None only when told to stop waiting
+                handle.rename(info.name, slot_name(slot))
                 slots.append((slot, batch.num_rows))
             if spec["how"] == "warm":  # segments mapped and every page touched beforehand
                 for slot, _n in slots:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from _bench_child import run_script_child  # noqa: E402
 from _bench_decoders import LAYOUTS  # noqa: E402
 
 BATCH = {"tabular": 1024, "images": 128}
@@ -74,17 +74,7 @@ def warm(paths: list[str]) -> None:
 
 
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
-    env = dict(os.environ)
-    # Readers unpickle the decode functions by module name: _bench_decoders must be importable
-    # in them without loading this script (which multiprocessing's preparation would do).
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH")) if p)
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = run_script_child(__file__, spec)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             result: dict[str, Any] = json.loads(line[7:])

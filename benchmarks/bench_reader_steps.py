@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -102,6 +101,7 @@ def main() -> None:
     if args.child:
         child(json.loads(args.child))
         return
+    from _bench_child import run_script_child
     from bench_dataplane import write_dataset
 
     records = args.records or (40_000 if args.dataset == "images" else 400_000)
@@ -110,20 +110,15 @@ def main() -> None:
         print(f"{args.dataset}: {records:,} records, tasks of {RECORDS_PER_TASK}; µs per record")
         print(f"\n| process | payloads | {' | '.join(STEPS)} | total |")
         print("|---|---|" + "--:|" * (len(STEPS) + 1))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
         for heap in ("default", "reader"):
             for views in (False, True):
                 spec = dict(
                     paths=paths, dataset=args.dataset, views=views, heap=heap, repeat=args.repeat
                 )
-                out = subprocess.run(
-                    [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                    env=env,
-                ).stdout
-                result = json.loads(out)
+                proc = run_script_child(__file__, spec)
+                if proc.returncode:
+                    raise RuntimeError(f"{spec} failed:\n{proc.stdout}\n{proc.stderr}")
+                result = json.loads(proc.stdout)
                 if result is None:
                     print(f"| {heap} | - | (no glibc: keep_freed_memory does nothing) |")
                     continue
