@@ -113,7 +113,8 @@ class Stats:
 
 def memory_of(pid: int, segments_dir: str | None = None) -> Memory | None:
     """Memory of process ``pid``; with ``segments_dir``, also the PSS of its mappings of
-    files in that folder (from ``/proc/PID/smaps``: a few milliseconds per process)."""
+    files in that folder (from ``/proc/PID/smaps``: milliseconds per process, tens of them
+    for a trainer that maps hundreds of segments)."""
     try:
         proc = psutil.Process(pid)
         info = proc.memory_full_info()
