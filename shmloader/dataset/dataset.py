@@ -19,6 +19,7 @@ from ..errors import ConfigError, ShmloaderError
 from ..shm.sizes import parse_size
 from ..shm.store import SegmentStore
 from ..sources.base import Source
+from .ring import RingBatch
 from .runtime import Runtime, RuntimeConfig
 from .sampler import DEFAULT_SHUFFLE_WINDOW, TaskSampler
 from .worker import Gatherer
@@ -161,16 +162,24 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         return len(self.sampler())
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        batch = self.__getitems__([index])
+        batch = self._gather([index], ring=False)
+        assert isinstance(batch, dict)
         return {k: (v[0] if isinstance(v, (list, torch.Tensor)) else v) for k, v in batch.items()}
 
-    def __getitems__(self, indices: Sequence[int] | np.ndarray) -> dict[str, Any]:
+    def __getitems__(self, indices: Sequence[int] | np.ndarray) -> dict[str, Any] | RingBatch:
+        """The batch: a dict of tensors; in a worker of ``shmloader.DataLoader``, a
+        :class:`~shmloader.dataset.ring.RingBatch` that the loader turns into one."""
+        return self._gather(indices, ring=True)
+
+    def _gather(
+        self, indices: Sequence[int] | np.ndarray, *, ring: bool
+    ) -> dict[str, Any] | RingBatch:
         gatherer = self._gatherer
         if gatherer is None:
             raise ShmloaderError("this SharedTaskDataset is closed")
         if not gatherer.columns:
             gatherer.columns = self._discover_columns(gatherer, indices)
-        return gatherer.gather(indices)
+        return gatherer.gather(indices, ring=ring)
 
     @staticmethod
     def _discover_columns(gatherer: Gatherer, indices: Sequence[int] | np.ndarray) -> list[str]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -250,6 +250,7 @@ def gather(
     columns: Sequence[str],
     region: Region | None = None,
     grouped: tuple[list[SegmentRows], np.ndarray] | None = None,
+    alloc: Callable[[list[tuple[tuple[int, ...], np.dtype]]], list[Any]] | None = None,
 ) -> dict[str, object]:
     """Gather ``indices`` into one batch: column name -> tensor (or list, see below).
 
@@ -261,6 +262,8 @@ def gather(
     With ``region`` (the segments' views were made in it), a dense column whose segments all
     line up in the region is copied with one ``take`` for the whole batch; otherwise one per
     segment. ``grouped``: what :func:`group_rows` gives for ``indices``, if known already.
+    ``alloc(specs)``: ``(value, numpy array)`` per dense column, the array to fill and the
+    value that stands for the column in the batch; tensors by default (``_alloc``).
     """
     groups, rows = grouped if grouped is not None else group_rows(indices)
     n = groups[-1].stop
@@ -268,7 +271,8 @@ def gather(
     first = segments[0]
     dense = [name for name in columns if first[name].dense is not None]
     protos = [first[name].dense for name in dense]
-    outputs = _alloc([((n, *p.shape[1:]), p.dtype) for p in protos if p is not None])
+    specs = [((n, *p.shape[1:]), p.dtype) for p in protos if p is not None]
+    outputs = (alloc or _alloc)(specs)
     # Segments of one layout need their rows checked once, not once per column.
     layout = getattr(first, "layout", None)
     alike = layout is not None and all(getattr(v, "layout", None) == layout for v in segments)

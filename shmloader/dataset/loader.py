@@ -8,6 +8,7 @@ resumed run delivers the rest of the epoch, each row once.
 
 from __future__ import annotations
 
+import mmap
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import torch.utils.data
 
 from ..errors import ConfigError
 from .dataset import SharedTaskDataset
+from .ring import RingBatch
 from .sampler import TaskSampler
 from .state import loader_state, restore_state
 
@@ -87,6 +89,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         if dataset._runtime is not None:
             dataset._runtime.plane.set_complete_on_delivery(True)
         self._recorder = _RecordingBatchSampler(dataset.sampler(), batch_size, drop_last)
+        self._rings: dict[str, mmap.mmap] = {}  # workers' batch rings, mapped here (ring.py)
         super().__init__(
             dataset,
             # torch hands each batch to __getitems__ unchanged, arrays as well as lists.
@@ -98,7 +101,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         plane = self.dataset.runtime.plane  # type: ignore[attr-defined]
         began = time.perf_counter()  # the loop waits for data from here (workers start too) ...
-        batches = self._in_process() if self._plain_in_process() else super().__iter__()
+        batches = self._in_process() if self._plain_in_process() else self._through_torch()
         while True:
             try:
                 batch = next(batches)
@@ -119,6 +122,29 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         getitems = self.dataset.__getitems__  # type: ignore[attr-defined]
         for indices in self._recorder:
             yield getitems(indices)
+
+    def _through_torch(self) -> Iterator[dict[str, Any]]:
+        """torch's iterator; workers hand batches over through rings of slots (ring.py),
+        copied out here, unless batches are pinned (torch's pinning thread wants tensors)."""
+        gatherer = self.dataset._gatherer  # type: ignore[attr-defined]
+        rings = self.num_workers > 0 and not self.pin_memory and gatherer is not None
+        if rings:
+            # Workers copy the gatherer when they start: set for them only, so that the
+            # workers of another, plain DataLoader over this dataset use torch's transport.
+            gatherer.ring_slots = (self.prefetch_factor or 2) + 2
+        try:
+            batches = super().__iter__()  # starts the workers (or wakes persistent ones)
+        finally:
+            if rings:
+                gatherer.ring_slots = 0
+        try:
+            for batch in batches:
+                yield batch.materialize(self._rings) if isinstance(batch, RingBatch) else batch
+        finally:
+            if not self.persistent_workers:  # the workers are gone, and their rings with them
+                for mapping in self._rings.values():
+                    mapping.close()
+                self._rings.clear()
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loop is: the epoch and the rows of it already delivered (JSON-able)."""

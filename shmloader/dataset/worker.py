@@ -19,6 +19,7 @@ from ..shm.region import Placed, Region
 from .gather import (
     ColumnView,
     SegmentRows,
+    _alloc,
     gather,
     group_rows,
     in_worker,
@@ -27,6 +28,7 @@ from .gather import (
 )
 from .ledger import LedgerWriter, ledger_dir
 from .plane import slot_name
+from .ring import BatchRing, RingBatch, specs_bytes
 
 MAX_CACHED_SEGMENTS = 64
 # Address space reserved for mapping segments (no memory: see shm/region.py). Segments in use
@@ -48,6 +50,10 @@ class Gatherer:
     def __init__(self, store: object, columns: Sequence[str]) -> None:
         self.store = store  # StoreHandle: picklable, never deletes the store
         self.columns = list(columns)
+        # Slots of a batch ring per DataLoader worker (ring.py); 0: torch's transport.
+        self.ring_slots = 0
+        self._ring: BatchRing | None = None
+        self._ring_pid = -1
         self._ledger = LedgerWriter(ledger_dir(self._store_path()))
         self._views: OrderedDict[int, dict[str, ColumnView]] = OrderedDict()
         self._next_sweep = 0.0
@@ -71,10 +77,11 @@ class Gatherer:
         return str(self.store.path)  # type: ignore[attr-defined]
 
     def __getstate__(self) -> dict[str, object]:
-        return {"store": self.store, "columns": self.columns}
+        return {"store": self.store, "columns": self.columns, "ring_slots": self.ring_slots}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__(state["store"], state["columns"])  # type: ignore[misc]
+        self.ring_slots = int(state.get("ring_slots", 0))  # type: ignore[call-overload]
 
     def views(self, slot: int) -> dict[str, ColumnView]:
         cached = self._views.get(slot)
@@ -140,10 +147,20 @@ class Gatherer:
             self._region.close()
             self._region = None
 
-    def gather(self, indices: Sequence[int] | np.ndarray) -> dict[str, object]:
+    def gather(
+        self, indices: Sequence[int] | np.ndarray, *, ring: bool = False
+    ) -> dict[str, object] | RingBatch:
+        """The batch of ``indices``: a dict of tensors, or with ``ring`` in a DataLoader worker
+        of ``shmloader.DataLoader``, a :class:`RingBatch` the training process copies out."""
         idx = np.asarray(indices, dtype=np.int64)
         grouped = group_rows(idx)
-        out = gather(self.views, idx, self.columns, self._region_here(), grouped)
+        into = _RingAlloc(self) if ring and self.ring_slots and in_worker() else None
+        try:
+            out = gather(self.views, idx, self.columns, self._region_here(), grouped, into)
+        except BaseException:
+            if into is not None:
+                into.give_back()
+            raise
         # Only after the copy: from now on the trainer may release these rows' segments.
         if self._sink is not None and self._sink_pid == os.getpid():
             self._sink(idx, grouped[0])
@@ -153,7 +170,19 @@ class Gatherer:
         if now >= self._next_sweep or len(self._views) > MAX_CACHED_SEGMENTS:
             self._forget_released(set(np.unique(split_indices(idx)[0]).tolist()))
             self._next_sweep = now + SWEEP_SECONDS
+        if into is not None and into.ring is not None and into.slot is not None:
+            return RingBatch(into.ring.path, into.slot, into.ring.slot_bytes, out)
         return out
+
+    def _ring_for(self, nbytes: int) -> BatchRing | None:
+        """This worker's ring, made for batches of about ``nbytes`` on first use."""
+        if self._ring_pid != os.getpid():  # a forked child: its own ring, not the parent's
+            self._ring, self._ring_pid = None, os.getpid()
+            try:
+                self._ring = BatchRing.create(self._store_path(), self.ring_slots, nbytes)
+            except OSError:
+                self._ring = None  # no room in /dev/shm: torch's transport, as before
+        return self._ring
 
     def _forget_released(self, in_use: set[int]) -> None:
         """Drop views of released segments (one directory listing, not a stat per segment);
@@ -178,3 +207,25 @@ class Gatherer:
                     self.store.drop(name)  # type: ignore[attr-defined]
         if self._kept:
             self._kept.sweep(entry.inode() for entry in entries)
+
+
+class _RingAlloc:
+    """The gather's allocator in a worker: a ring slot if one is free, else torch's storage."""
+
+    def __init__(self, gatherer: Gatherer) -> None:
+        self.gatherer = gatherer
+        self.ring: BatchRing | None = None
+        self.slot: int | None = None
+
+    def __call__(self, specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[object]:
+        nbytes = specs_bytes(specs)
+        ring = self.gatherer._ring_for(nbytes)
+        slot = ring.claim(nbytes) if ring is not None else None
+        if ring is None or slot is None:
+            return list(_alloc(specs))
+        self.ring, self.slot = ring, slot
+        return ring.alloc(slot, specs)
+
+    def give_back(self) -> None:
+        if self.ring is not None and self.slot is not None:
+            self.ring.release(self.slot)
