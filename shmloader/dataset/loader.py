@@ -19,7 +19,7 @@ import torch.utils.data
 
 from ..errors import ConfigError
 from .dataset import SharedTaskDataset
-from .ring import RingBatch
+from .ring import MAX_RING_SLOTS, RingBatch
 from .sampler import TaskSampler
 from .state import loader_state, restore_state
 
@@ -131,7 +131,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         if rings:
             # Workers copy the gatherer when they start: set for them only, so that the
             # workers of another, plain DataLoader over this dataset use torch's transport.
-            gatherer.ring_slots = (self.prefetch_factor or 2) + 2
+            # A worker has at most prefetch_factor batches in flight, one more being made.
+            gatherer.ring_slots = min((self.prefetch_factor or 2) + 2, MAX_RING_SLOTS)
         try:
             batches = super().__iter__()  # starts the workers (or wakes persistent ones)
         finally:

@@ -32,6 +32,7 @@ import torch
 
 RING_PREFIX = "ring-"
 _HEADER = 4096  # slot flags, one byte each; slots start page-aligned after it
+MAX_RING_SLOTS = 64  # more would only hold memory: torch keeps fewer batches in flight
 _ALIGN = 64
 
 
@@ -88,8 +89,8 @@ class BatchRing:
     @classmethod
     def create(cls, directory: str, slots: int, batch_bytes: int) -> BatchRing:
         slot_bytes = -(-max(batch_bytes + batch_bytes // 4, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
-        if slots > _HEADER:
-            raise ValueError(f"at most {_HEADER} slots, got {slots}")
+        if not 0 < slots <= MAX_RING_SLOTS:
+            raise ValueError(f"1 to {MAX_RING_SLOTS} slots, got {slots}")
         name = f"{RING_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
         path = os.path.join(directory, name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
