@@ -136,7 +136,9 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return tdtype
 
 
-def _alloc(specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[tuple[torch.Tensor, np.ndarray]]:
+def alloc_outputs(
+    specs: list[tuple[tuple[int, ...], np.dtype]],
+) -> list[tuple[torch.Tensor, np.ndarray]]:
     """Output tensors (and numpy views of them) for the dense columns of one batch.
 
     In a DataLoader worker all columns share one storage of torch shared memory, as
@@ -263,7 +265,7 @@ def gather(
     line up in the region is copied with one ``take`` for the whole batch; otherwise one per
     segment. ``grouped``: what :func:`group_rows` gives for ``indices``, if known already.
     ``alloc(specs)``: ``(value, numpy array)`` per dense column, the array to fill and the
-    value that stands for the column in the batch; tensors by default (``_alloc``).
+    value that stands for the column in the batch; tensors by default (``alloc_outputs``).
     """
     groups, rows = grouped if grouped is not None else group_rows(indices)
     n = groups[-1].stop
@@ -272,7 +274,7 @@ def gather(
     dense = [name for name in columns if first[name].dense is not None]
     protos = [first[name].dense for name in dense]
     specs = [((n, *p.shape[1:]), p.dtype) for p in protos if p is not None]
-    outputs = (alloc or _alloc)(specs)
+    outputs = (alloc or alloc_outputs)(specs)
     # Segments of one layout need their rows checked once, not once per column.
     layout = getattr(first, "layout", None)
     alike = layout is not None and all(getattr(v, "layout", None) == layout for v in segments)

@@ -19,7 +19,7 @@ from ..shm.region import Placed, Region
 from .gather import (
     ColumnView,
     SegmentRows,
-    _alloc,
+    alloc_outputs,
     gather,
     group_rows,
     in_worker,
@@ -222,7 +222,7 @@ class _RingAlloc:
         ring = self.gatherer._ring_for(nbytes)
         slot = ring.claim(nbytes) if ring is not None else None
         if ring is None or slot is None:
-            return list(_alloc(specs))
+            return list(alloc_outputs(specs))
         self.ring, self.slot = ring, slot
         return ring.alloc(slot, specs)
 
