@@ -14,7 +14,8 @@ import torch.utils.data
 from _dataset_helpers import dataset, ids_of, write_dataset
 
 import shmloader
-from shmloader.dataset.ring import RING_PREFIX, BatchRing, RingBatch, RingColumn, specs_bytes
+from shmloader.dataset.gather import block_layout
+from shmloader.dataset.ring import RING_PREFIX, BatchRing, RingBatch, RingColumn
 
 SIZES = [400, 333]
 
@@ -27,9 +28,10 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
 
 def test_a_slot_is_copied_out_and_freed(tmp_path: Path) -> None:
     specs = [((4, 3), np.dtype(np.float32)), ((4,), np.dtype(np.int64))]
-    ring = BatchRing.create(str(tmp_path), slots=2, batch_bytes=specs_bytes(specs))
+    _, nbytes = block_layout(specs)
+    ring = BatchRing.create(str(tmp_path), slots=2, batch_bytes=nbytes)
     assert os.path.basename(ring.path).startswith(RING_PREFIX)
-    first, second = ring.claim(specs_bytes(specs)), ring.claim(specs_bytes(specs))
+    first, second = ring.claim(nbytes), ring.claim(nbytes)
     assert (first, second) == (0, 1)
     assert ring.claim(1) is None  # both busy: the worker falls back, never waits
     assert ring.claim(ring.slot_bytes + 1) is None

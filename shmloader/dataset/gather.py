@@ -151,11 +151,7 @@ def alloc_outputs(
     if not in_worker():
         plain = [torch.empty(shape, dtype=_torch_dtype(dtype)) for shape, dtype in specs]
         return [(tensor, tensor.numpy()) for tensor in plain]
-    offsets, nbytes = [], 0
-    for shape, dtype in specs:
-        offsets.append(nbytes)
-        size = math.prod(shape) * dtype.itemsize
-        nbytes += -(-size // _ALIGN) * _ALIGN
+    offsets, nbytes = block_layout(specs)
     storage = torch.UntypedStorage._new_shared(max(nbytes, 1))
     out = []
     for (shape, dtype), offset in zip(specs, offsets, strict=True):
@@ -164,6 +160,16 @@ def alloc_outputs(
         )
         out.append((tensor, tensor.numpy()))
     return out
+
+
+def block_layout(specs: list[tuple[tuple[int, ...], np.dtype]]) -> tuple[list[int], int]:
+    """Where each column of a batch starts when all lie in one block (each on a cache line),
+    and the block's size."""
+    offsets, nbytes = [], 0
+    for shape, dtype in specs:
+        offsets.append(nbytes)
+        nbytes += -(-math.prod(shape) * dtype.itemsize // _ALIGN) * _ALIGN
+    return offsets, nbytes
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -252,7 +258,7 @@ def gather(
     columns: Sequence[str],
     region: Region | None = None,
     grouped: tuple[list[SegmentRows], np.ndarray] | None = None,
-    alloc: Callable[[list[tuple[tuple[int, ...], np.dtype]]], list[Any]] | None = None,
+    alloc: Callable[[list[tuple[tuple[int, ...], np.dtype]]], Sequence[Any]] | None = None,
 ) -> dict[str, object]:
     """Gather ``indices`` into one batch: column name -> tensor (or list, see below).
 

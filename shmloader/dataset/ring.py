@@ -20,7 +20,6 @@ the worker's when it exits, the loader's when it drops it.
 
 from __future__ import annotations
 
-import math
 import mmap
 import os
 import secrets
@@ -30,10 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from .gather import block_layout
+
 RING_PREFIX = "ring-"
 _HEADER = 4096  # slot flags, one byte each; slots start page-aligned after it
 MAX_RING_SLOTS = 64  # more would only hold memory: torch keeps fewer batches in flight
-_ALIGN = 64
 
 
 @dataclass(frozen=True)
@@ -69,9 +69,7 @@ class RingBatch:
                     continue
                 dtype = np.dtype(column.dtype)
                 source = np.ndarray(column.shape, dtype, buffer=mm, offset=base + column.offset)
-                tensor = torch.from_numpy(np.empty(column.shape, dtype))
-                tensor.numpy()[...] = source
-                out[name] = tensor
+                out[name] = torch.from_numpy(source.copy())
         finally:
             mm[self.slot] = 0  # free, once copied (or failed: the batch is lost either way)
         return out
@@ -112,22 +110,19 @@ class BatchRing:
 
     def alloc(self, slot: int, specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[Any]:
         """``(RingColumn, numpy view)`` per spec: where the gather writes each column."""
-        out, offset = [], 0
         base = _HEADER + slot * self.slot_bytes
-        for shape, dtype in specs:
-            view = np.ndarray(shape, dtype, buffer=self._mm, offset=base + offset)
-            out.append((RingColumn(offset, tuple(shape), dtype.str), view))
-            offset += -(-math.prod(shape) * dtype.itemsize // _ALIGN) * _ALIGN
-        return out
+        offsets, _ = block_layout(specs)
+        return [
+            (
+                RingColumn(offset, tuple(shape), dtype.str),
+                np.ndarray(shape, dtype, buffer=self._mm, offset=base + offset),
+            )
+            for (shape, dtype), offset in zip(specs, offsets, strict=True)
+        ]
 
     def release(self, slot: int) -> None:
         """Give back a slot that was claimed but not filled (the gather failed)."""
         self._mm[slot] = 0
-
-
-def specs_bytes(specs: list[tuple[tuple[int, ...], np.dtype]]) -> int:
-    """Bytes a batch of these columns takes in a slot (each column cache-line aligned)."""
-    return sum(-(-math.prod(s) * d.itemsize // _ALIGN) * _ALIGN for s, d in specs)
 
 
 def _map(path: str) -> mmap.mmap:

@@ -20,6 +20,7 @@ from .gather import (
     ColumnView,
     SegmentRows,
     alloc_outputs,
+    block_layout,
     gather,
     group_rows,
     in_worker,
@@ -28,7 +29,7 @@ from .gather import (
 )
 from .ledger import LedgerWriter, ledger_dir
 from .plane import slot_name
-from .ring import BatchRing, RingBatch, specs_bytes
+from .ring import BatchRing, RingBatch
 
 MAX_CACHED_SEGMENTS = 64
 # Address space reserved for mapping segments (no memory: see shm/region.py). Segments in use
@@ -217,12 +218,12 @@ class _RingAlloc:
         self.ring: BatchRing | None = None
         self.slot: int | None = None
 
-    def __call__(self, specs: list[tuple[tuple[int, ...], np.dtype]]) -> list[object]:
-        nbytes = specs_bytes(specs)
+    def __call__(self, specs: list[tuple[tuple[int, ...], np.dtype]]) -> Sequence[object]:
+        _, nbytes = block_layout(specs)
         ring = self.gatherer._ring_for(nbytes)
         slot = ring.claim(nbytes) if ring is not None else None
         if ring is None or slot is None:
-            return list(alloc_outputs(specs))
+            return alloc_outputs(specs)
         self.ring, self.slot = ring, slot
         return ring.alloc(slot, specs)
 

@@ -44,9 +44,6 @@ class KeptMappings:
 
     def keep(self, placed: Placed) -> None:
         """Keep ``placed`` (no array over it may be used any more); trims to the caps."""
-        if placed.inode < 0:
-            self.region.unmap(placed)
-            return
         self._drop(placed.inode)  # an older mapping of the same file: one is enough
         self._kept[placed.inode] = placed
         self._bytes += placed.length

@@ -45,7 +45,7 @@ class Placed(NamedTuple):
     offset: int
     length: int
     buffer: pa.Buffer
-    inode: int = -1
+    inode: int
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -105,8 +105,10 @@ class Region:
         if want <= MAX_ALIGN:
             self.align = want
 
-    def map_file(self, fd: int, length: int) -> Placed | None:
-        """Map ``length`` bytes of open file ``fd`` read-only; None if no room is left."""
+    def map_file(self, fd: int, length: int, inode: int | None = None) -> Placed | None:
+        """Map ``length`` bytes of open file ``fd`` read-only; None if no room is left.
+
+        ``inode``: the file's, if the caller has it from an ``fstat`` already."""
         span = -(-max(length, 1) // PAGE) * PAGE
         offset = self._allocate(span)
         if offset is None:
@@ -119,7 +121,7 @@ class Region:
             raise OSError(errno, f"mapping a segment into the gather region: {os.strerror(errno)}")
         # ``base=self``: a buffer keeps the region (and so the reservation) alive.
         buffer = pa.foreign_buffer(address, length, base=self)
-        return Placed(offset, span, buffer, os.fstat(fd).st_ino)
+        return Placed(offset, span, buffer, os.fstat(fd).st_ino if inode is None else inode)
 
     def adopt(self, placed: Placed, length: int) -> Placed:
         """The same mapping, for the file's new contents of ``length`` bytes (no syscall).

@@ -200,7 +200,7 @@ class StoreHandle:
             if kept is not None:
                 placed: Placed | None = region.adopt(kept, info.st_size)
             else:
-                placed = region.map_file(fd, info.st_size)
+                placed = region.map_file(fd, info.st_size, info.st_ino)
         finally:
             os.close(fd)
         if placed is None:
