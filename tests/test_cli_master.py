@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -59,6 +61,34 @@ def test_serves_until_sigint_then_prints_progress(records: Path) -> None:
     assert proc.returncode == 0, err
     assert "stopped: 0 of 2 epoch(s) finished, 5 tasks, 9 records per epoch" in out
     assert "epoch 0 (open): 4/10 records done" in out and "completed 2" in out
+
+
+# tgkill(2): deliver a signal to one thread, as the kernel may do with a process's SIGINT.
+_TGKILL = {"x86_64": 234, "aarch64": 131}.get(platform.machine())
+
+
+@pytest.mark.skipif(sys.platform != "linux" or _TGKILL is None, reason="needs Linux tgkill")
+def test_stops_when_sigint_lands_on_a_grpc_thread(records: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "shmloader", "master", str(records / "*.tfrecord")]
+    proc = subprocess.Popen(
+        [*cmd, "--records-per-task", "2"], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("shmloader master listening on")
+        others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+        assert others, "the master has no threads besides the main one"
+        assert (
+            ctypes.CDLL(None, use_errno=True).syscall(_TGKILL, proc.pid, others[-1], signal.SIGINT)
+            == 0
+        )
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and "stopped:" in out
 
 
 def test_argument_errors(records: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -133,7 +133,10 @@ def run(args: argparse.Namespace) -> int:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         print(f"shmloader master listening on {master.address}", flush=True)
-        while not stop.wait(3600):
+        # A short wait, not one long one: the kernel may deliver SIGINT to one of gRPC's
+        # threads, which does not interrupt the main thread's wait, and Python runs the
+        # handler only when the main thread next executes bytecode.
+        while not stop.wait(0.25):
             pass
     finally:
         for s, handler in previous.items():
