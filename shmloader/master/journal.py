@@ -17,7 +17,6 @@ atomic rename and truncate, which object stores do not offer. docs/master.md has
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from .. import _flock
 from ..errors import ConfigError, CorruptRecordError, MasterError
 from ..formats.checksum import masked_crc32c
 from ..formats.tfrecord import decode_frames, encode_frame
@@ -183,7 +183,7 @@ class Journal:
         if self.dispatcher.sink is self:
             self.dispatcher.sink = None
         if self._lock_fd is not None:
-            os.close(self._lock_fd)
+            _flock.release(self._lock_fd)
             self._lock_fd = None
 
     def __enter__(self) -> Journal:
@@ -203,14 +203,11 @@ class Journal:
         return os.path.join(self.directory, name)
 
     def _lock(self) -> None:
-        fd = os.open(self._file("lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            os.close(fd)
+        fd = _flock.hold(self._file("lock"))
+        if fd is None:
             raise ConfigError(
                 f"journal {self.directory} is in use by another master (its lock file is held)"
-            ) from exc
+            )
         self._lock_fd = fd
 
     def _check_config(self) -> None:

@@ -26,13 +26,13 @@ ones keep fitting; with equal-sized tasks (the usual case) this does not starve 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple, Protocol
 
+from .._flock import exclusive
 from ..errors import ShmSpaceError, StoreClosedError
 from .names import (
     LOCK_NAME,
@@ -68,16 +68,14 @@ def closed_error(dataset_path: str) -> StoreClosedError:
 
 @contextmanager
 def locked(dataset_path: str) -> Iterator[None]:
-    """Hold the dataset's lock. A fresh descriptor each time, so threads exclude each other too."""
-    try:
-        fd = os.open(os.path.join(dataset_path, LOCK_NAME), os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError as exc:
-        raise closed_error(dataset_path) from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    """Hold the dataset's lock (threads of one process exclude each other too, and a fork
+    meanwhile cannot leave it held: see ``_flock.py``)."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(exclusive(os.path.join(dataset_path, LOCK_NAME)))
+        except FileNotFoundError as exc:
+            raise closed_error(dataset_path) from exc
         yield
-    finally:
-        os.close(fd)  # closing the last descriptor releases the flock
 
 
 # Sizes of sealed segments seen by this process, per dataset: sealed files never change size,
