@@ -103,6 +103,7 @@ def test_the_gatherer_reads_a_rewritten_spare_through_its_kept_mapping(tmp_path:
         assert g._placed[2].offset == offset and len(g._kept) == 0  # the kept one, taken
         assert got["id"].tolist() == list(range(1000, 1100))  # the new rows, never stale ones
         assert np.array_equal(got["x"].numpy()[:, 3], np.arange(1000, 1100, dtype=np.float32))
+        assert g._parsed.hits == 1  # same place, same metadata: segment 0's views were used
         # A kept mapping whose file a writer removed (to make room) goes at the next sweep.
         handle.release(slot_name(2))
         g._next_sweep = 0.0

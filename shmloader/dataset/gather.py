@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import pyarrow as pa
@@ -98,6 +98,9 @@ class SegmentViews(dict[str, ColumnView]):
             for name, v in views.items()
             if v.dense is not None
         )
+        # Where each dense column's rows start in the region, in ``layout`` order: a batch
+        # stacks these (one row per segment) instead of reading them column by column.
+        self.firsts = tuple(views[name].first for name, *_ in self.layout)
 
 
 def segment_views(batch: pa.RecordBatch, region: Region | None = None) -> SegmentViews:
@@ -149,8 +152,9 @@ def alloc_outputs(
     plain tensor per column costs half as much to make as views into one storage.
     """
     if not in_worker():
-        plain = [torch.empty(shape, dtype=_torch_dtype(dtype)) for shape, dtype in specs]
-        return [(tensor, tensor.numpy()) for tensor in plain]
+        # numpy allocates, torch wraps: half the cost of torch.empty and .numpy().
+        arrays = [np.empty(shape, dtype) for shape, dtype in specs]
+        return [(torch.from_numpy(array), array) for array in arrays]
     offsets, nbytes = block_layout(specs)
     storage = torch.UntypedStorage._new_shared(max(nbytes, 1))
     out = []
@@ -274,40 +278,26 @@ def gather(
     value that stands for the column in the batch; tensors by default (``alloc_outputs``).
     """
     groups, rows = grouped if grouped is not None else group_rows(indices)
-    n = groups[-1].stop
+    n = len(rows)
     segments = [views_of(g.slot) for g in groups]
     first = segments[0]
     dense = [name for name in columns if first[name].dense is not None]
-    protos = [first[name].dense for name in dense]
-    specs = [((n, *p.shape[1:]), p.dtype) for p in protos if p is not None]
-    outputs = (alloc or alloc_outputs)(specs)
+    protos = [_dense(first, name) for name in dense]
+    outputs = (alloc or alloc_outputs)([((n, *p.shape[1:]), p.dtype) for p in protos])
     # Segments of one layout need their rows checked once, not once per column.
     layout = getattr(first, "layout", None)
     alike = layout is not None and all(getattr(v, "layout", None) == layout for v in segments)
-    counts = [g.stop - g.start for g in groups] if len(groups) > 1 else None
-    for name, proto, (_tensor, target) in zip(dense, protos, outputs, strict=True):
-        assert proto is not None
-        # Bounds and types are checked here, so the takes can use mode="clip": with the
-        # default "raise", numpy copies through a temporary buffer when out= is given.
-        checked = None
-        if not alike or name == dense[0]:
-            checked = [
-                _checked(views[name], group, name, proto)
-                for group, views in zip(groups, segments, strict=True)
-            ]
-        residue = first[name].residue
-        if region is not None and alike and residue is not None:
-            # All segments line up in the region: one take for the whole batch.
-            starts = np.array([views[name].first for views in segments], dtype=np.int64)
-            if counts is not None:
-                starts = np.repeat(starts, counts)
-            view = region.rows(proto.dtype, proto.shape[1:], residue)
-            view.take(starts + rows, axis=0, out=target, mode="clip")
-            continue
-        arrays = checked if checked is not None else [views[name].dense for views in segments]
-        for group, array in zip(groups, arrays, strict=True):
-            assert array is not None
-            array.take(group.rows, axis=0, out=target[group.start : group.stop], mode="clip")
+    if alike:
+        _check_rows(groups, segments)
+    if alike and region is not None and _in_region(first, dense):
+        _take_from_region(region, first, segments, groups, rows, outputs)
+    else:
+        for name, proto, (_tensor, target) in zip(dense, protos, outputs, strict=True):
+            for group, views in zip(groups, segments, strict=True):
+                array = _dense(views, name) if alike else _checked(views, group, name, proto)
+                # Bounds and types are checked above, so the takes can use mode="clip": with
+                # the default "raise", numpy copies through a temporary buffer given out=.
+                array.take(group.rows, axis=0, out=target[group.start : group.stop], mode="clip")
     out: dict[str, object] = {}
     results = iter(outputs)
     for name in columns:
@@ -318,9 +308,69 @@ def gather(
     return out
 
 
-def _checked(view: ColumnView, group: SegmentRows, name: str, proto: np.ndarray) -> np.ndarray:
+def _dense(views: dict[str, ColumnView], name: str) -> np.ndarray:
+    array = views[name].dense
+    assert array is not None  # callers ask only for dense columns
+    return array
+
+
+def _in_region(first: dict[str, ColumnView], dense: list[str]) -> bool:
+    """Whether the batch's dense columns are all placed in the region, in the segment's own
+    column order (the order of ``first.layout``)."""
+    layout = getattr(first, "layout", ())
+    return (
+        bool(dense)
+        and len(layout) == len(dense)
+        and all(
+            entry[0] == name and entry[3] is not None
+            for entry, name in zip(layout, dense, strict=True)
+        )
+    )
+
+
+def _take_from_region(
+    region: Region,
+    first: dict[str, ColumnView],
+    segments: list[dict[str, ColumnView]],
+    groups: list[SegmentRows],
+    rows: np.ndarray,
+    outputs: Sequence[Any],
+) -> None:
+    """All segments line up in the region: one take per column for the whole batch.
+
+    Row ``r`` of group ``g`` lies at region row ``firsts[g][c] + r`` of column ``c``; the
+    positions of every column are made at once, as a (columns, rows) array.
+    """
+    assert isinstance(first, SegmentViews)
+    if len(groups) == 1:
+        positions = np.add.outer(np.asarray(first.firsts, dtype=np.int64), rows)
+    else:
+        firsts = np.array([cast(SegmentViews, v).firsts for v in segments], dtype=np.int64)
+        positions = np.repeat(firsts.T, [g.stop - g.start for g in groups], axis=1)
+        positions += rows
+    for (_name, dtype, row_shape, residue), where, (_tensor, target) in zip(
+        first.layout, positions, outputs, strict=True
+    ):
+        assert residue is not None  # see _in_region
+        view = region.rows(dtype, row_shape, residue)
+        view.take(where, axis=0, out=target, mode="clip")
+
+
+def _check_rows(groups: list[SegmentRows], segments: list[dict[str, ColumnView]]) -> None:
+    """Every group's rows exist in its segment (segments of one layout: checked once)."""
+    for group, views in zip(groups, segments, strict=True):
+        if group.max_row >= views.num_rows:  # type: ignore[attr-defined]
+            raise IndexError(
+                f"row {group.max_row} of segment slot {group.slot} is out of range: "
+                f"it has {views.num_rows} rows"  # type: ignore[attr-defined]
+            )
+
+
+def _checked(
+    views: dict[str, ColumnView], group: SegmentRows, name: str, proto: np.ndarray
+) -> np.ndarray:
     """The segment's dense array, if it matches the batch's first segment and holds the rows."""
-    array = view.dense
+    array = views[name].dense
     if array is None or array.dtype != proto.dtype or array.shape[1:] != proto.shape[1:]:
         raise ConfigError(f"column {name!r} changes type or shape between segments")
     if group.max_row >= len(array):

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..shm.kept import KeptMappings
 from ..shm.region import Placed, Region
+from ..shm.store import read_segment
 from .gather import (
     ColumnView,
     SegmentRows,
@@ -28,6 +29,7 @@ from .gather import (
     split_indices,
 )
 from .ledger import LedgerWriter, ledger_dir
+from .parsed import ParsedViews
 from .plane import slot_name
 from .ring import BatchRing, RingBatch
 
@@ -44,6 +46,9 @@ SWEEP_SECONDS = 0.05
 # a DataLoader worker unmaps them, so that its PSS stays that of the segments it reads
 # (mapped pages count in the PSS of whoever maps them, though the files exist regardless).
 KEPT_MAX = 256
+# Parsed segments whose views a new segment at the same place may use (parsed.py): one per
+# place in the region that segments are mapped at, so a few hundred cover any steady state.
+PARSED_MAX = 256
 KEPT_BUDGET_SHARE = 2  # half the budget
 
 
@@ -64,6 +69,7 @@ class Gatherer:
         self._no_region = False
         self._placed: dict[int, Placed] = {}
         self._kept: KeptMappings | None = None
+        self._parsed = ParsedViews(PARSED_MAX)
 
     def report_to(self, sink: Callable[[np.ndarray, list[SegmentRows]], None]) -> None:
         """In the trainer, hand gathered indices to ``sink`` (the data plane) directly.
@@ -118,22 +124,29 @@ class Gatherer:
         # swept here: segments of the batch being gathered must stay mapped). Kept mappings
         # are used by nothing, so they go first.
         kept = self._kept
-        opened = self.store.open_in(name, region, kept.take if kept else None)  # type: ignore[attr-defined]
-        if opened is None and kept:
+        placed = self.store.place_in(name, region, kept.take if kept else None)  # type: ignore[attr-defined]
+        if placed is None and kept:
             kept.clear()
-            opened = self.store.open_in(name, region)  # type: ignore[attr-defined]
-        if opened is None:
+            placed = self.store.place_in(name, region)  # type: ignore[attr-defined]
+        if placed is None:
             return None
-        batch, placed = opened
-        views = segment_views(batch, region)
-        align = region.align
-        for view in views.values():
-            if view.dense is not None and view.dense.ndim:
-                region.fit_rows(view.dense.strides[0])
-        if region.align != align:  # the first segment: place it again, aligned for its rows
-            del views, batch
-            region.unmap(placed)
-            return self._open_in_region(slot, region)
+        views = self._parsed.find(placed)
+        if views is None:
+            try:
+                batch = read_segment(placed.buffer)
+            except BaseException:
+                region.unmap(placed)
+                raise
+            views = segment_views(batch, region)
+            align = region.align
+            for view in views.values():
+                if view.dense is not None and view.dense.ndim:
+                    region.fit_rows(view.dense.strides[0])
+            if region.align != align:  # the first segment: place it again, aligned for its rows
+                del views, batch
+                region.unmap(placed)
+                return self._open_in_region(slot, region)
+            self._parsed.remember(placed, batch, views)
         self._placed[slot] = placed
         return views
 
@@ -141,6 +154,7 @@ class Gatherer:
         """Unmap every segment mapped here (the trainer's gatherer, when the dataset closes)."""
         self._views.clear()
         self._placed.clear()
+        self._parsed.clear()
         if self._kept is not None:
             self._kept.forget()  # unmapped with the whole region just below
         self.store.drop_all()  # type: ignore[attr-defined]

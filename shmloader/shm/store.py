@@ -38,6 +38,15 @@ DEFAULT_MAX_OPEN = 64
 WANTED_NAME = "wanted"  # keys of the segments the consumer waits for (see want / wanted)
 
 
+def read_segment(buffer: pa.Buffer) -> pa.RecordBatch:
+    """The batch of a segment file's bytes, zero-copy.
+
+    Parsed from one buffer of the whole mapping, not from a file object: the file reader's
+    many small reads cost about 4x more per segment.
+    """
+    return pa.ipc.open_file(buffer).get_batch(0)
+
+
 class SegmentInfo(NamedTuple):
     """What crosses processes about a segment: its name, rows and size in bytes."""
 
@@ -164,9 +173,7 @@ class StoreHandle:
         except FileNotFoundError as exc:
             raise self._missing(name, path) from exc
         try:
-            # Parsing from one zero-copy buffer of the whole mapping, not from the file object:
-            # the file reader's many small reads cost about 4x more per segment.
-            batch = pa.ipc.open_file(mm.read_buffer()).get_batch(0)
+            batch = read_segment(mm.read_buffer())
         except BaseException:
             mm.close()
             raise
@@ -175,41 +182,36 @@ class StoreHandle:
             self._close_mapping(next(iter(self._maps)))
         return batch
 
-    def open_in(
+    def place_in(
         self,
         name: str,
         region: Region,
         reuse: Callable[[int, int], Placed | None] | None = None,
-    ) -> tuple[pa.RecordBatch, Placed] | None:
-        """The segment's batch mapped into ``region`` (None if it has no room left).
+    ) -> Placed | None:
+        """The segment's file mapped into ``region``, not parsed (None if it has no room
+        left; :func:`read_segment` parses it).
 
         Not cached here: the caller owns the placement and calls ``region.unmap`` once no
-        array of the batch is used any more (reading one afterwards faults). ``reuse(inode,
+        array over it is used any more (reading one afterwards faults). ``reuse(inode,
         size)`` may return the caller's mapping of the same file, kept from when it was an
         earlier segment (segment files are written again as spares): it is adopted instead
         of mapping the file anew.
         """
         path = self._segment_path(name)
         try:
+            if reuse is not None:  # a kept mapping needs no descriptor: one stat finds it
+                info = os.stat(path)
+                kept = reuse(info.st_ino, info.st_size)
+                if kept is not None:
+                    return region.adopt(kept, info.st_size)
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError as exc:
             raise self._missing(name, path) from exc
         try:
-            info = os.fstat(fd)
-            kept = reuse(info.st_ino, info.st_size) if reuse is not None else None
-            if kept is not None:
-                placed: Placed | None = region.adopt(kept, info.st_size)
-            else:
-                placed = region.map_file(fd, info.st_size, info.st_ino)
+            info = os.fstat(fd)  # of the file opened (a sealed segment never changes)
+            return region.map_file(fd, info.st_size, info.st_ino)
         finally:
             os.close(fd)
-        if placed is None:
-            return None
-        try:
-            return pa.ipc.open_file(placed.buffer).get_batch(0), placed
-        except BaseException:
-            region.unmap(placed)
-            raise
 
     def _missing(self, name: str, path: str) -> Exception:
         if not os.path.isdir(self.path):
