@@ -14,6 +14,7 @@ import torch.utils.data
 from _dataset_helpers import dataset, ids_of, write_dataset
 
 import shmloader
+from shmloader.dataset import ring as ring_module
 from shmloader.dataset.gather import block_layout
 from shmloader.dataset.ring import RING_PREFIX, BatchRing, RingBatch, RingColumn
 
@@ -41,8 +42,7 @@ def test_a_slot_is_copied_out_and_freed(tmp_path: Path) -> None:
     batch = RingBatch(ring.path, 1, ring.slot_bytes, {"x": placed[0][0], "id": placed[1][0]})
     batch.columns["name"] = ["a", "b", "c", "d"]  # other columns travel as they are
     batch = pickle.loads(pickle.dumps(batch))  # what crosses from the worker
-    rings: dict[str, Any] = {}
-    out = batch.materialize(rings)
+    out = batch.materialize()
     assert isinstance(out["x"], torch.Tensor) and out["x"].shape == (4, 3)
     assert out["x"].flatten().tolist() == list(range(12))
     assert out["id"].tolist() == [7, 8, 9, 10] and out["name"] == ["a", "b", "c", "d"]
@@ -53,8 +53,21 @@ def test_a_slot_is_copied_out_and_freed(tmp_path: Path) -> None:
     ring.release(0)
     assert ring.claim(1) == 0
     assert isinstance(placed[0][0], RingColumn)
-    for mapping in rings.values():
-        mapping.close()
+    # A batch that arrives and is dropped unread (torch discards those in flight when a loop
+    # breaks off) frees its slot; the worker's own copy, pickled and dropped, does not.
+    sent = RingBatch(ring.path, 0, ring.slot_bytes, {"id": placed[1][0]})
+    arrived = pickle.loads(pickle.dumps(sent))
+    del sent
+    assert ring.claim(1) is None  # both slots still busy
+    del arrived
+    assert ring.claim(1) == 0
+    ring_module.forget(str(tmp_path))
+    assert not ring_module._MAPPED
+
+
+def _mapped_rings(ds: Any) -> list[str]:
+    store = str(ds.runtime.store.path)
+    return [p for p in ring_module._MAPPED if os.path.dirname(p) == store]
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
@@ -76,7 +89,7 @@ def test_workers_hand_batches_over_through_rings(
                 assert isinstance(batch, dict) and isinstance(batch["id"], torch.Tensor)
                 got += ids_of(batch)
             assert sorted(got) == expected
-        assert len(dl._rings) == 2  # one ring per worker, mapped here: the path was taken
+        assert len(_mapped_rings(ds)) == 2  # one ring per worker, mapped here: the path was taken
         gatherer = ds._gatherer
         assert gatherer is not None and gatherer.ring_slots == 0  # set for the workers only
         # A plain DataLoader's workers, started afterwards, use torch's transport.
@@ -100,6 +113,27 @@ def test_without_persistent_workers_the_rings_go_with_each_epoch(
         dl = shmloader.DataLoader(ds, batch_size=50, num_workers=2)
         for _ in range(2):
             assert sorted(i for batch in dl for i in ids_of(batch)) == expected
-            assert dl._rings == {}  # unmapped here; the files were unlinked when first mapped
+            assert _mapped_rings(ds) == []  # unmapped; the files were unlinked when first mapped
             store = Path(ds.runtime.store.path)
             assert not [p for p in store.iterdir() if p.name.startswith(RING_PREFIX)]
+
+
+def test_batches_dropped_by_a_broken_off_loop_free_their_slots(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    # With persistent workers, torch discards the batches in flight when the next pass
+    # starts. Their slots must come back, or after a few such passes every batch would take
+    # torch's slower transport.
+    directory, expected = data
+    with dataset(directory, tmp_path, epochs=None) as ds:
+        dl = shmloader.DataLoader(ds, batch_size=20, num_workers=2, persistent_workers=True)
+        for _ in range(3):
+            for _batch in dl:
+                break  # batches of both workers are in flight (prefetch)
+        got = [i for batch in dl for i in ids_of(batch)]
+        assert set(got) <= set(expected) and len(got) == len(set(got))
+        rings = _mapped_rings(ds)
+        assert len(rings) == 2
+        slots = ds._gatherer.ring_slots or 4  # set for the workers only; 4: prefetch 2 + 2
+        busy = [bytes(ring_module._MAPPED[p][:slots]) for p in rings]
+        assert busy == [bytes(slots)] * 2, f"slots still taken after a full pass: {busy}"

@@ -19,6 +19,7 @@ from ..errors import ConfigError, ShmloaderError
 from ..shm.sizes import parse_size
 from ..shm.store import SegmentStore
 from ..sources.base import Source
+from . import ring
 from .ring import RingBatch
 from .runtime import Runtime, RuntimeConfig
 from .sampler import DEFAULT_SHUFFLE_WINDOW, TaskSampler
@@ -208,6 +209,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         if self._gatherer is not None:
             self._gatherer.close()  # the trainer's own mappings (num_workers=0)
         if self._store is not None:
+            ring.forget(self._store.path)  # persistent workers' rings, mapped here
             self._store.close()
 
     def __enter__(self) -> SharedTaskDataset:

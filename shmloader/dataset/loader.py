@@ -8,7 +8,6 @@ resumed run delivers the rest of the epoch, each row once.
 
 from __future__ import annotations
 
-import mmap
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import numpy as np
 import torch.utils.data
 
 from ..errors import ConfigError
+from . import ring
 from .dataset import SharedTaskDataset
 from .ring import MAX_RING_SLOTS, RingBatch
 from .sampler import TaskSampler
@@ -89,7 +89,6 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         if dataset._runtime is not None:
             dataset._runtime.plane.set_complete_on_delivery(True)
         self._recorder = _RecordingBatchSampler(dataset.sampler(), batch_size, drop_last)
-        self._rings: dict[str, mmap.mmap] = {}  # workers' batch rings, mapped here (ring.py)
         super().__init__(
             dataset,
             # torch hands each batch to __getitems__ unchanged, arrays as well as lists.
@@ -140,12 +139,11 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                 gatherer.ring_slots = 0
         try:
             for batch in batches:
-                yield batch.materialize(self._rings) if isinstance(batch, RingBatch) else batch
+                yield batch.materialize() if isinstance(batch, RingBatch) else batch
         finally:
-            if not self.persistent_workers:  # the workers are gone, and their rings with them
-                for mapping in self._rings.values():
-                    mapping.close()
-                self._rings.clear()
+            if rings and not self.persistent_workers:  # the workers are gone, their rings too
+                del batches  # torch's iterator drops the batches still in flight: slots freed
+                ring.forget(gatherer.store.path)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loop is: the epoch and the rows of it already delivered (JSON-able)."""

@@ -9,8 +9,10 @@ dataset's store (mapped once), and returns a :class:`RingBatch`: a few numbers a
 columns. The training process copies the slot out into fresh tensors (one ``memcpy``) and
 marks it free.
 
-A slot is busy from the worker's claim until the training process has copied it. When no slot
-is free (the loop broke off with batches in flight, say) or a batch does not fit, the worker
+A slot is busy from the worker's claim until the training process has copied it, or has
+dropped the batch unread: when a loop breaks off, torch discards the batches in flight (with
+persistent workers, as the next pass starts), and a :class:`RingBatch` that arrived and goes
+unread frees its slot as it goes. When no slot is free or a batch does not fit, the worker
 falls back to torch's transport: never a wait. The first byte of each slot's flag is written
 by the claimer (1) and by the copier (0) only, after the copy; the batch itself travels through
 torch's queue (a pipe), which orders the worker's writes before the copy. The training process
@@ -34,6 +36,8 @@ from .gather import block_layout
 RING_PREFIX = "ring-"
 _HEADER = 4096  # slot flags, one byte each; slots start page-aligned after it
 MAX_RING_SLOTS = 64  # more would only hold memory: torch keeps fewer batches in flight
+# The training process's maps of its workers' ring files, by path (see mapped / forget).
+_MAPPED: dict[str, mmap.mmap] = {}
 
 
 @dataclass(frozen=True)
@@ -47,19 +51,26 @@ class RingColumn:
 
 @dataclass
 class RingBatch:
-    """A batch a worker left in slot ``slot`` of ring file ``path`` (picklable, small)."""
+    """A batch a worker left in slot ``slot`` of ring file ``path`` (picklable, small).
+
+    Where it arrives (unpickled, in the training process) it owes the slot back: copied out
+    by :meth:`materialize`, or freed when dropped unread.
+    """
 
     path: str
     slot: int
     slot_bytes: int
     columns: dict[str, Any] = field(default_factory=dict)  # RingColumn or the value itself
 
-    def materialize(self, rings: dict[str, mmap.mmap]) -> dict[str, Any]:
-        """Copy the slot out into tensors and free it; ``rings`` caches this process's maps."""
-        mm = rings.get(self.path)
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._owed = True
+
+    def materialize(self) -> dict[str, Any]:
+        """Copy the slot out into tensors and free it."""
+        mm = mapped(self.path)
         if mm is None:
-            mm = rings[self.path] = _map(self.path)
-            os.unlink(self.path)  # memory goes with the last mapping (docstring above)
+            raise FileNotFoundError(f"batch ring {self.path} is gone (its worker exited?)")
         base = _HEADER + self.slot * self.slot_bytes
         out: dict[str, Any] = {}
         try:
@@ -71,8 +82,37 @@ class RingBatch:
                 source = np.ndarray(column.shape, dtype, buffer=mm, offset=base + column.offset)
                 out[name] = torch.from_numpy(source.copy())
         finally:
+            self._owed = False
             mm[self.slot] = 0  # free, once copied (or failed: the batch is lost either way)
         return out
+
+    def __del__(self) -> None:
+        if getattr(self, "_owed", False):  # dropped unread: its slot is free again
+            self._owed = False
+            mm = mapped(self.path)
+            if mm is not None:  # else the worker and its ring are gone: nothing to free
+                mm[self.slot] = 0
+
+
+def mapped(path: str) -> mmap.mmap | None:
+    """This process's map of ring file ``path``, made on first use (None if the file is
+    gone). The file is unlinked once mapped here: its memory goes with the last mapping, the
+    worker's when it exits, this process's at :func:`forget`."""
+    mm = _MAPPED.get(path)
+    if mm is None:
+        try:
+            mm = _map(path)
+        except FileNotFoundError:
+            return None
+        _MAPPED[path] = mm
+        os.unlink(path)
+    return mm
+
+
+def forget(directory: str) -> None:
+    """Unmap the rings of ``directory`` (a store) mapped here: its workers are gone."""
+    for path in [p for p in _MAPPED if os.path.dirname(p) == directory]:
+        _MAPPED.pop(path).close()
 
 
 class BatchRing:
