@@ -1,44 +1,72 @@
 """Data sources: what the master plans from and what readers read (DESIGN.md, part 'sources').
 
 Every source speaks the protocol in :mod:`shmloader.sources.base`; see docs/sources.md.
+
+Names are imported on first use: a reader process unpickles one source, and importing every
+source's module (the CSV source pulls in ``pyarrow.compute``) cost each reader, and the
+training process, about 0.1 s before its first batch.
 """
 
-from .arrow import ArrowSource
-from .base import BaseSource, ReadResult, Shard, SkippedRecord, Source
-from .columns import (
-    BatchBuilder,
-    as_tensor_column,
-    column_to_numpy,
-    columns_to_batch,
-    infer_schema,
-    records_to_batch,
-    tensor_type,
-)
-from .csv import CSVSource
-from .factory import source_for_paths
-from .jsonl import JSONLSource
-from .parquet import ParquetSource
-from .records import RecordFileSource
-from .webdataset import WebDatasetSource
+from __future__ import annotations
 
-__all__ = [
-    "ArrowSource",
-    "BaseSource",
-    "BatchBuilder",
-    "CSVSource",
-    "JSONLSource",
-    "ParquetSource",
-    "ReadResult",
-    "RecordFileSource",
-    "Shard",
-    "SkippedRecord",
-    "Source",
-    "WebDatasetSource",
-    "as_tensor_column",
-    "column_to_numpy",
-    "columns_to_batch",
-    "infer_schema",
-    "records_to_batch",
-    "source_for_paths",
-    "tensor_type",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names for type checkers (``as``: re-exported)
+    from .arrow import ArrowSource as ArrowSource
+    from .base import BaseSource as BaseSource
+    from .base import ReadResult as ReadResult
+    from .base import Shard as Shard
+    from .base import SkippedRecord as SkippedRecord
+    from .base import Source as Source
+    from .columns import BatchBuilder as BatchBuilder
+    from .columns import as_tensor_column as as_tensor_column
+    from .columns import column_to_numpy as column_to_numpy
+    from .columns import columns_to_batch as columns_to_batch
+    from .columns import infer_schema as infer_schema
+    from .columns import records_to_batch as records_to_batch
+    from .columns import tensor_type as tensor_type
+    from .csv import CSVSource as CSVSource
+    from .factory import source_for_paths as source_for_paths
+    from .jsonl import JSONLSource as JSONLSource
+    from .parquet import ParquetSource as ParquetSource
+    from .records import RecordFileSource as RecordFileSource
+    from .webdataset import WebDatasetSource as WebDatasetSource
+
+# public name -> submodule that defines it
+_EXPORTS: dict[str, str] = {
+    "ArrowSource": "arrow",
+    "BaseSource": "base",
+    "ReadResult": "base",
+    "Shard": "base",
+    "SkippedRecord": "base",
+    "Source": "base",
+    "BatchBuilder": "columns",
+    "as_tensor_column": "columns",
+    "column_to_numpy": "columns",
+    "columns_to_batch": "columns",
+    "infer_schema": "columns",
+    "records_to_batch": "columns",
+    "tensor_type": "columns",
+    "CSVSource": "csv",
+    "source_for_paths": "factory",
+    "JSONLSource": "jsonl",
+    "ParquetSource": "parquet",
+    "RecordFileSource": "records",
+    "WebDatasetSource": "webdataset",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shmloader.sources' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
