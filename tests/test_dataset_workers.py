@@ -89,3 +89,32 @@ def test_a_pass_after_the_last_epoch_is_empty(tmp_path: Path, data: tuple[Path, 
         assert passes(dl, 1) == [expected]
         assert len(ds) == 0 and len(dl) == 0
         assert list(dl) == []
+
+
+def _ledger_files(ds: Any) -> list[str]:
+    folder = Path(ds.runtime.store.path) / "ledger"
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def test_our_workers_write_no_ledger_and_everything_is_released(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    # shmloader.DataLoader marks rows gathered as the loop receives them; a plain
+    # DataLoader's workers must still report through the ledger (nothing else would: the
+    # segments would never be released).
+    directory, expected = data
+    with dataset(directory, tmp_path / "ours", epochs=2) as ds:
+        ours = shmloader.DataLoader(ds, batch_size=50, num_workers=2, persistent_workers=True)
+        assert passes(ours, 2) == [expected] * 2
+        assert _ledger_files(ds) == []
+        assert ds._gatherer is not None and ds._gatherer.write_ledger  # for the workers only
+        ds.runtime.plane.poll()  # what the maintenance thread does every few ms
+        assert ds.stats().shm_in_use == 0  # every segment released
+    with dataset(directory, tmp_path / "plain", epochs=1) as ds:
+        plain = torch.utils.data.DataLoader(
+            ds, batch_size=50, sampler=ds.sampler(), collate_fn=ds.collate, num_workers=1
+        )
+        assert passes(plain, 1) == [expected]
+        assert _ledger_files(ds) != []
+        ds.runtime.plane.poll()
+        assert ds.stats().shm_in_use == 0

@@ -107,7 +107,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             except StopIteration:
                 return
             plane.record_wait(time.perf_counter() - began)  # ... to here
-            plane.delivered(self._recorder.issued.popleft())
+            # Workers of this loader write no ledger: rows are marked gathered here.
+            plane.delivered(self._recorder.issued.popleft(), gathered=self.num_workers > 0)
             yield batch
             began = time.perf_counter()
 
@@ -126,17 +127,21 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         """torch's iterator; workers hand batches over through rings of slots (ring.py),
         copied out here, unless batches are pinned (torch's pinning thread wants tensors)."""
         gatherer = self.dataset._gatherer  # type: ignore[attr-defined]
-        rings = self.num_workers > 0 and not self.pin_memory and gatherer is not None
+        workers = self.num_workers > 0 and gatherer is not None
+        rings = workers and not self.pin_memory
+        # Workers copy the gatherer when they start: set for them only, so that the workers
+        # of another, plain DataLoader over this dataset use torch's transport and write the
+        # ledger. A worker has at most prefetch_factor batches in flight, one more being made.
         if rings:
-            # Workers copy the gatherer when they start: set for them only, so that the
-            # workers of another, plain DataLoader over this dataset use torch's transport.
-            # A worker has at most prefetch_factor batches in flight, one more being made.
             gatherer.ring_slots = min((self.prefetch_factor or 2) + 2, MAX_RING_SLOTS)
+        if workers:
+            gatherer.write_ledger = False  # __iter__ marks rows gathered as they arrive
         try:
             batches = super().__iter__()  # starts the workers (or wakes persistent ones)
         finally:
-            if rings:
+            if workers:
                 gatherer.ring_slots = 0
+                gatherer.write_ledger = True
         try:
             for batch in batches:
                 yield batch.materialize() if isinstance(batch, RingBatch) else batch

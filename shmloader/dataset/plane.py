@@ -276,20 +276,31 @@ class DataPlane:
             self.wait_seconds += seconds
             self.batches_delivered += 1
 
-    def delivered(self, indices: np.ndarray) -> None:
-        """The training loop received these samples (``shmloader.DataLoader`` only)."""
+    def delivered(self, indices: np.ndarray, *, gathered: bool = False) -> None:
+        """The training loop received these samples (``shmloader.DataLoader`` only).
+
+        ``gathered``: also mark them gathered, for batches of DataLoader workers that write no
+        ledger (``shmloader.DataLoader``'s: every row the loop receives was gathered, so the
+        ledger would only say it again, later).
+        """
         last, groups = self._grouped
-        if indices is not last:
-            self._mark(np.asarray(indices, dtype=np.int64), delivered=True)
-            return
-        self._grouped = (None, [])
-        self._mark_groups(groups, delivered=True)
+        if indices is last:
+            self._grouped = (None, [])
+        else:
+            idx = np.asarray(indices, dtype=np.int64)
+            if not len(idx):
+                return
+            groups = group_by_segment(idx)
+        self._mark_groups(groups, delivered=True, gathered=gathered)
 
     def _mark(self, indices: np.ndarray, *, delivered: bool) -> None:
         if len(indices):
             self._mark_groups(group_by_segment(indices), delivered=delivered)
 
-    def _mark_groups(self, groups: list[SegmentRows], *, delivered: bool) -> None:
+    def _mark_groups(
+        self, groups: list[SegmentRows], *, delivered: bool, gathered: bool = False
+    ) -> None:
+        """Flag the rows delivered (or gathered), with ``gathered`` both; settle each slot."""
         with self._lock:
             for group in groups:
                 state = self._slots.get(group.slot)
@@ -299,14 +310,14 @@ class DataPlane:
                     raise ShmloaderError(
                         f"sample index names slot {group.slot}, which is not admitted"
                     )
-                target = state.delivered if delivered else state.gathered
-                target[group.rows] = True
                 # A recount, not a count of fresh rows: exact if a row repeats, and a vectorised
                 # count over one segment's flags costs less than deduplicating the rows.
                 if delivered:
-                    state.n_delivered = int(np.count_nonzero(target))
-                else:
-                    state.n_gathered = int(np.count_nonzero(target))
+                    state.delivered[group.rows] = True
+                    state.n_delivered = int(np.count_nonzero(state.delivered))
+                if gathered or not delivered:
+                    state.gathered[group.rows] = True
+                    state.n_gathered = int(np.count_nonzero(state.gathered))
                 self._settle(state)
 
     def _settle(self, state: SlotState) -> None:

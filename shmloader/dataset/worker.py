@@ -58,6 +58,9 @@ class Gatherer:
         self.columns = list(columns)
         # Slots of a batch ring per DataLoader worker (ring.py); 0: torch's transport.
         self.ring_slots = 0
+        # False in the workers of shmloader.DataLoader: it marks rows gathered as the loop
+        # receives them (every row received was gathered), so a ledger would only repeat that.
+        self.write_ledger = True
         self._ring: BatchRing | None = None
         self._ring_pid = -1
         self._ledger = LedgerWriter(ledger_dir(self._store_path()))
@@ -84,11 +87,17 @@ class Gatherer:
         return str(self.store.path)  # type: ignore[attr-defined]
 
     def __getstate__(self) -> dict[str, object]:
-        return {"store": self.store, "columns": self.columns, "ring_slots": self.ring_slots}
+        return {
+            "store": self.store,
+            "columns": self.columns,
+            "ring_slots": self.ring_slots,
+            "write_ledger": self.write_ledger,
+        }
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__(state["store"], state["columns"])  # type: ignore[misc]
         self.ring_slots = int(state.get("ring_slots", 0))  # type: ignore[call-overload]
+        self.write_ledger = bool(state.get("write_ledger", True))
 
     def views(self, slot: int) -> dict[str, ColumnView]:
         cached = self._views.get(slot)
@@ -179,7 +188,7 @@ class Gatherer:
         # Only after the copy: from now on the trainer may release these rows' segments.
         if self._sink is not None and self._sink_pid == os.getpid():
             self._sink(idx, grouped[0])
-        else:
+        elif self.write_ledger:
             self._ledger.record(idx)
         now = time.monotonic()
         if now >= self._next_sweep or len(self._views) > MAX_CACHED_SEGMENTS:
