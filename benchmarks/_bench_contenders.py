@@ -170,7 +170,9 @@ def run_gather(spec: Spec) -> dict[str, Any]:
     Each epoch writes the segments first (untimed), then gathers window by window in the
     sampler's order and releases a window's segments once it is consumed, as the trainer does
     (so the worker's view cache holds what it holds in a real run). ``spec["how"]`` is
-    ``"Gatherer"`` (what ``__getitems__`` runs: gather + ledger + cache upkeep), ``"gather"``
+    ``"Gatherer"`` (what ``__getitems__`` runs in a plain DataLoader's worker: gather + ledger
+    + cache upkeep), ``"Gatherer-noledger"`` (the same without the ledger, as in the workers of
+    ``shmloader.DataLoader``), ``"gather"``
     (the copy alone, segments opened and first touched as it goes) or ``"warm"`` (the copy
     alone from segments opened and touched before the clock starts: no mapping costs).
     """
@@ -190,7 +192,8 @@ def run_gather(spec: Spec) -> dict[str, Any]:
     store = SegmentStore.create(spec["budget"])
     handle = store.handle()
     gatherer = Gatherer(handle, list(segments[0].schema.names))
-    copy = gatherer.gather if spec["how"] == "Gatherer" else None
+    gatherer.write_ledger = spec["how"] != "Gatherer-noledger"
+    copy = gatherer.gather if spec["how"].startswith("Gatherer") else None
     out = []
     try:
         for epoch in range(spec["epochs"]):

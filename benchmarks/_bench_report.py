@@ -34,6 +34,7 @@ NAMES = {
     "e": "(e) `numpy.take`, in memory, 1 core",
     "e:sorted": "(e) `numpy.take`, in memory, 1 core, each batch's indices sorted",
     "gather:Gatherer": "gather alone, `Gatherer.gather`",
+    "gather:Gatherer:noledger": "gather alone, `Gatherer.gather`, no ledger (our loader's workers)",
     "gather:gather": "gather alone, `gather()` copy only",
     "gather:warm": "gather alone, `gather()`, segments pre-mapped",
     "d:quarter": "(d) on 1/4 of the data",
@@ -194,7 +195,7 @@ def _targets(
     # The gather reads each batch's rows sorted, so it is held to the faster of the two
     # ceilings: the plain shuffled take and the same take with each batch sorted.
     ceiling = max((rates[k], k) for k in ("e", "e:sorted") if k in rates) if e else None
-    for key in ("gather:Gatherer", "gather:gather", "gather:warm"):
+    for key in ("gather:Gatherer", "gather:Gatherer:noledger", "gather:gather", "gather:warm"):
         if ceiling and key in rates:
             x = rates[key] / ceiling[0]
             out.append(

@@ -146,6 +146,7 @@ def main() -> None:
                 jobs = (
                     {
                         "gather:Gatherer": "Gatherer",
+                        "gather:Gatherer:noledger": "Gatherer-noledger",
                         "gather:gather": "gather",
                         "gather:warm": "warm",
                     }

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -64,7 +63,9 @@ class Gatherer:
         self._ring: BatchRing | None = None
         self._ring_pid = -1
         self._ledger = LedgerWriter(ledger_dir(self._store_path()))
-        self._views: OrderedDict[int, dict[str, ColumnView]] = OrderedDict()
+        # Views by slot, oldest first (slots arrive in order and are used a window at a
+        # time, so the first opened are the first done with: no LRU upkeep per lookup).
+        self._views: dict[int, dict[str, ColumnView]] = {}
         self._next_sweep = 0.0
         self._sink: Callable[[np.ndarray, list[SegmentRows]], None] | None = None
         self._sink_pid = -1
@@ -102,7 +103,6 @@ class Gatherer:
     def views(self, slot: int) -> dict[str, ColumnView]:
         cached = self._views.get(slot)
         if cached is not None:
-            self._views.move_to_end(slot)
             return cached
         region = self._region_here()
         views = self._open_in_region(slot, region) if region is not None else None
