@@ -247,13 +247,16 @@ def _sorted_groups(idx: np.ndarray) -> tuple[list[SegmentRows], np.ndarray]:
         cut = np.flatnonzero(np.diff(idx >> ROW_BITS)) + 1
         bounds = [0, *cut.tolist(), n]
         slots = (idx[bounds[:-1]] >> ROW_BITS).tolist()
-    # Sorted, so each group's last row is its largest (an empty group's is never read).
-    maxima = rows[np.asarray(bounds[1:]) - 1].tolist()
+    # Sorted, so each group's last row is its largest. Built with tuple.__new__: a batch has
+    # a group per segment, and the NamedTuple's own __new__ is a Python call each.
     return [
-        SegmentRows(slot, rows[a:b], a, b, m)
-        for slot, a, b, m in zip(slots, bounds[:-1], bounds[1:], maxima, strict=True)
+        _new_rows(SegmentRows, (slot, rows[a:b], a, b, int(rows[b - 1])))
+        for slot, a, b in zip(slots, bounds[:-1], bounds[1:], strict=True)
         if b > a
     ], rows
+
+
+_new_rows = tuple.__new__
 
 
 def gather(

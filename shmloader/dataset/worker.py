@@ -45,10 +45,10 @@ SWEEP_SECONDS = 0.05
 # a DataLoader worker unmaps them, so that its PSS stays that of the segments it reads
 # (mapped pages count in the PSS of whoever maps them, though the files exist regardless).
 KEPT_MAX = 256
+KEPT_BUDGET_SHARE = 2  # half the budget
 # Parsed segments whose views a new segment at the same place may use (parsed.py): one per
 # place in the region that segments are mapped at, so a few hundred cover any steady state.
 PARSED_MAX = 256
-KEPT_BUDGET_SHARE = 2  # half the budget
 
 
 class Gatherer:

@@ -1,0 +1,45 @@
+"""Grouping a batch's sample indices by segment (``dataset/gather.py``), against plain Python."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shmloader.dataset.gather import encode_indices, group_rows, split_indices
+from shmloader.errors import ConfigError
+
+
+def _reference(idx: np.ndarray) -> list[tuple[int, list[int], int, int, int]]:
+    """(slot, rows, start, stop, max row) per segment, segments in order of first slot value,
+    rows in index-list order within each: a stable sort by slot, as the gather promises."""
+    slots, rows = split_indices(idx)
+    order = sorted(range(len(idx)), key=lambda i: int(slots[i]))
+    out: list[tuple[int, list[int], int, int, int]] = []
+    for pos, i in enumerate(order):
+        slot, row = int(slots[i]), int(rows[i])
+        if out and out[-1][0] == slot:
+            out[-1][1].append(row)
+        else:
+            out.append((slot, [row], pos, pos, 0))
+    return [(s, r, a, a + len(r), max(r)) for s, r, a, _, _ in out]
+
+
+@pytest.mark.parametrize("spread", [1, 8, 3000])  # one segment, a window, slots far apart
+@pytest.mark.parametrize("sort", [True, False])
+def test_groups_match_a_stable_sort_by_segment(spread: int, sort: bool) -> None:
+    rng = np.random.default_rng(spread + sort)
+    for _ in range(20):
+        n = int(rng.integers(1, 300))
+        slots = rng.integers(5, 5 + spread, n)
+        idx = np.concatenate([encode_indices(int(s), rng.integers(0, 5000, 1)) for s in slots])
+        if sort:
+            idx = np.sort(idx)
+        groups, rows = group_rows(idx)
+        got = [(g.slot, g.rows.tolist(), g.start, g.stop, g.max_row) for g in groups]
+        assert got == _reference(idx)
+        assert rows.tolist() == [r for g in got for r in g[1]]  # all groups' rows, in order
+
+
+def test_an_empty_batch_is_refused() -> None:
+    with pytest.raises(ConfigError, match="empty batch"):
+        group_rows(np.empty(0, dtype=np.int64))
