@@ -266,6 +266,7 @@ def gather(
     region: Region | None = None,
     grouped: tuple[list[SegmentRows], np.ndarray] | None = None,
     alloc: Callable[[list[tuple[tuple[int, ...], np.dtype]]], Sequence[Any]] | None = None,
+    of_batch: BatchSegments | None = None,
 ) -> dict[str, object]:
     """Gather ``indices`` into one batch: column name -> tensor (or list, see below).
 
@@ -279,21 +280,21 @@ def gather(
     segment. ``grouped``: what :func:`group_rows` gives for ``indices``, if known already.
     ``alloc(specs)``: ``(value, numpy array)`` per dense column, the array to fill and the
     value that stands for the column in the batch; tensors by default (``alloc_outputs``).
+    ``of_batch``: :func:`batch_segments` of the groups' slots, if known already (the batches
+    of one shuffle window read the same segments).
     """
     groups, rows = grouped if grouped is not None else group_rows(indices)
     n = len(rows)
-    segments = [views_of(g.slot) for g in groups]
+    known = of_batch if of_batch is not None else batch_segments(views_of, [g.slot for g in groups])
+    segments, alike = known.views, known.alike
     first = segments[0]
     dense = [name for name in columns if first[name].dense is not None]
     protos = [_dense(first, name) for name in dense]
     outputs = (alloc or alloc_outputs)([((n, *p.shape[1:]), p.dtype) for p in protos])
-    # Segments of one layout need their rows checked once, not once per column.
-    layout = getattr(first, "layout", None)
-    alike = layout is not None and all(getattr(v, "layout", None) == layout for v in segments)
-    if alike:
+    if alike:  # segments of one layout need their rows checked once, not once per column
         _check_rows(groups, segments)
-    if alike and region is not None and _in_region(first, dense):
-        _take_from_region(region, first, segments, groups, rows, outputs)
+    if known.firsts is not None and region is not None and _in_region(first, dense):
+        _take_from_region(region, first, known.firsts, groups, rows, outputs)
     else:
         for name, proto, (_tensor, target) in zip(dense, protos, outputs, strict=True):
             for group, views in zip(groups, segments, strict=True):
@@ -331,25 +332,47 @@ def _in_region(first: dict[str, ColumnView], dense: list[str]) -> bool:
     )
 
 
+class BatchSegments(NamedTuple):
+    """The segments a batch reads, with what batches over the same segments share."""
+
+    views: list[dict[str, ColumnView]]
+    alike: bool  # all of one layout (``SegmentViews.layout``)
+    # Where each dense column's rows start in the region, per segment: (columns, segments).
+    # None unless alike.
+    firsts: np.ndarray | None
+
+
+def batch_segments(
+    views_of: Callable[[int], dict[str, ColumnView]], slots: Sequence[int]
+) -> BatchSegments:
+    views = [views_of(slot) for slot in slots]
+    layout = getattr(views[0], "layout", None)
+    alike = layout is not None and all(getattr(v, "layout", None) == layout for v in views)
+    firsts = None
+    if alike:
+        rows = [cast(SegmentViews, v).firsts for v in views]
+        firsts = np.ascontiguousarray(np.array(rows, dtype=np.int64).reshape(len(views), -1).T)
+    return BatchSegments(views, alike, firsts)
+
+
 def _take_from_region(
     region: Region,
     first: dict[str, ColumnView],
-    segments: list[dict[str, ColumnView]],
+    firsts: np.ndarray,
     groups: list[SegmentRows],
     rows: np.ndarray,
     outputs: Sequence[Any],
 ) -> None:
     """All segments line up in the region: one take per column for the whole batch.
 
-    Row ``r`` of group ``g`` lies at region row ``firsts[g][c] + r`` of column ``c``; the
+    Row ``r`` of group ``g`` lies at region row ``firsts[c, g] + r`` of column ``c``; the
     positions of every column are made at once, as a (columns, rows) array.
     """
     assert isinstance(first, SegmentViews)
     if len(groups) == 1:
-        positions = np.add.outer(np.asarray(first.firsts, dtype=np.int64), rows)
+        positions = firsts + rows  # (columns, 1) + (rows,)
     else:
-        firsts = np.array([cast(SegmentViews, v).firsts for v in segments], dtype=np.int64)
-        positions = np.repeat(firsts.T, [g.stop - g.start for g in groups], axis=1)
+        positions = np.repeat(firsts, [g.stop - g.start for g in groups], axis=1)
         positions += rows
     for (_name, dtype, row_shape, residue), where, (_tensor, target) in zip(
         first.layout, positions, outputs, strict=True

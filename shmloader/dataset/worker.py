@@ -17,9 +17,11 @@ from ..shm.kept import KeptMappings
 from ..shm.region import Placed, Region
 from ..shm.store import read_segment
 from .gather import (
+    BatchSegments,
     ColumnView,
     SegmentRows,
     alloc_outputs,
+    batch_segments,
     block_layout,
     gather,
     group_rows,
@@ -74,6 +76,9 @@ class Gatherer:
         self._placed: dict[int, Placed] = {}
         self._kept: KeptMappings | None = None
         self._parsed = ParsedViews(PARSED_MAX)
+        # The last batch's slots and segments (the batches of a shuffle window share them);
+        # forgotten whenever a view is dropped.
+        self._last: tuple[list[int], BatchSegments] | None = None
 
     def report_to(self, sink: Callable[[np.ndarray, list[SegmentRows]], None]) -> None:
         """In the trainer, hand gathered indices to ``sink`` (the data plane) directly.
@@ -161,6 +166,7 @@ class Gatherer:
 
     def close(self) -> None:
         """Unmap every segment mapped here (the trainer's gatherer, when the dataset closes)."""
+        self._last = None
         self._views.clear()
         self._placed.clear()
         self._parsed.clear()
@@ -178,9 +184,13 @@ class Gatherer:
         of ``shmloader.DataLoader``, a :class:`RingBatch` the training process copies out."""
         idx = np.asarray(indices, dtype=np.int64)
         grouped = group_rows(idx)
+        slots = [g.slot for g in grouped[0]]
+        last = self._last
+        if last is None or last[0] != slots:
+            last = self._last = (slots, batch_segments(self.views, slots))
         into = _RingAlloc(self) if ring and self.ring_slots and in_worker() else None
         try:
-            out = gather(self.views, idx, self.columns, self._region_here(), grouped, into)
+            out = gather(self.views, idx, self.columns, self._region_here(), grouped, into, last[1])
         except BaseException:
             if into is not None:
                 into.give_back()
@@ -222,6 +232,7 @@ class Gatherer:
             name = slot_name(slot)
             if name not in present or len(self._views) > MAX_CACHED_SEGMENTS:
                 del self._views[slot]
+                self._last = None
                 placed = self._placed.pop(slot, None)
                 if placed is not None and self._kept is not None and not in_worker():
                     self._kept.keep(placed)  # its views are gone (just above)
