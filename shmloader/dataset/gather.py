@@ -345,6 +345,9 @@ class BatchSegments(NamedTuple):
 def batch_segments(
     views_of: Callable[[int], dict[str, ColumnView]], slots: Sequence[int]
 ) -> BatchSegments:
+    """The views of ``slots`` and what a batch derives from them once, not per column: one
+    layout check for all, and the region starts as one array (a caller may keep the result
+    for the next batch over the same slots)."""
     views = [views_of(slot) for slot in slots]
     layout = getattr(views[0], "layout", None)
     alike = layout is not None and all(getattr(v, "layout", None) == layout for v in views)
