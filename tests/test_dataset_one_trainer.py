@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 
+import psutil
 import pytest
 
 import shmloader
 from shmloader.errors import ConfigError
 
 
-def test_second_trainer_on_an_elastic_master_is_refused(tmp_path):
+def test_second_trainer_on_an_elastic_master_is_refused(tmp_path, capfd):
     path = str(tmp_path / "r.tfrecord")
     shmloader.write_records(path, [bytes([i]) for i in range(50)])
     source = shmloader.RecordFileSource(path)
@@ -23,13 +24,22 @@ def test_second_trainer_on_an_elastic_master_is_refused(tmp_path):
         )
         try:
             first.start()
+            assert len(_reader_processes()) == 1
             with pytest.raises(ConfigError, match="already serves trainer"):
                 second.start()
+            # Its reader was started before the refusal (readers start with the master) and
+            # was told to stop before it had its configuration: it left quietly.
+            assert len(_reader_processes()) == 1
+            assert "Traceback" not in capfd.readouterr().err
             rows = [r for batch in torch_loader(first) for r in batch["record"]]
             assert sorted(rows) == [bytes([i]) for i in range(50)]
         finally:
             second.close()
             first.close()
+
+
+def _reader_processes() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children() if "shmloader.reader" in " ".join(p.cmdline())]
 
 
 def torch_loader(ds):

@@ -122,6 +122,15 @@ class Runtime:
         self.client: Any = None
         self.pool: ReaderPool | None = None
         try:
+            # Readers start first: their imports (a few tenths of a second) overlap the
+            # master's start and the registration; they get their configuration below.
+            self.pool = ReaderPool(
+                self._reader_config,
+                config.num_readers,
+                self._on_message,
+                on_reader_death=self._on_reader_death,
+                on_error=self._readers_failed,
+            ).launch()
             address = config.master or self._start_embedded()
             self.address = address
             self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -143,24 +152,8 @@ class Runtime:
                 prior=config.resume,
             )
             # The source's own plan, not the master's word: readers open only these files.
-            allowed = frozenset(shard.path for shard in config.source.plan())
-            self.pool = ReaderPool(
-                lambda i: ReaderConfig(
-                    index=i,
-                    master_address=address,
-                    consumer=self.consumer,
-                    source=config.source,
-                    store=handle,
-                    allowed_paths=allowed,
-                    lease_timeout=self.lease_timeout,
-                    token=config.token,
-                    skip_tasks=config.skip_tasks,
-                ),
-                config.num_readers,
-                self._on_message,
-                on_reader_death=self._on_reader_death,
-                on_error=self.plane.ready.fail,
-            ).start()
+            self._allowed = frozenset(shard.path for shard in config.source.plan())
+            self.pool.configure()
             self._thread = threading.Thread(
                 target=self._maintain, name="shmloader-maintenance", daemon=True
             )
@@ -168,6 +161,24 @@ class Runtime:
         except BaseException:
             self.close()
             raise
+
+    def _reader_config(self, index: int) -> ReaderConfig:
+        """What reader ``index`` needs (asked for once the master is up, and at restarts)."""
+        config = self.config
+        return ReaderConfig(
+            index=index,
+            master_address=self.address,
+            consumer=self.consumer,
+            source=config.source,
+            store=self.handle,
+            allowed_paths=self._allowed,
+            lease_timeout=self.lease_timeout,
+            token=config.token,
+            skip_tasks=config.skip_tasks,
+        )
+
+    def _readers_failed(self, exc: BaseException) -> None:
+        self.plane.ready.fail(exc)
 
     def _check_only_consumer(self) -> None:
         """In elastic mode one master feeds one trainer: the sampler expects every task.

@@ -77,6 +77,8 @@ class ReaderPool:
         self._procs: dict[int, _Proc] = {}
         self._stopping = threading.Event()
         self._started = threading.Event()
+        self._configure = threading.Event()  # configure() was called: send the configs
+        self._configured = threading.Event()  # ... and they were sent (or failed)
         self._start_error: BaseException | None = None
         self._thread: threading.Thread | None = None
         # What spawn would send, used only if the source refers into the training script.
@@ -85,8 +87,14 @@ class ReaderPool:
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> ReaderPool:
-        """Start the readers from the pool's own thread, and return once they are started.
+        """Start the readers and configure them (:meth:`launch`, then :meth:`configure`)."""
+        return self.launch().configure()
 
+    def launch(self) -> ReaderPool:
+        """Start the reader processes from the pool's own thread; return once they are.
+
+        They import what they need (a few tenths of a second) and then wait for their
+        configuration, so a caller can start them before its master and register meanwhile.
         Readers ask Linux to kill them when their parent goes (the parent-death signal), and
         Linux means the parent *thread*: started from the caller's thread, they would die with
         it. The relay thread lives as long as the pool, and restarts come from it anyway.
@@ -98,7 +106,20 @@ class ReaderPool:
             raise self._start_error
         return self
 
+    def configure(self) -> ReaderPool:
+        """Send every launched reader its configuration (``make_config`` is called now);
+        return once sent. Raises what making it raised (a source that cannot be pickled)."""
+        self._configure.set()
+        self._configured.wait()
+        if self._start_error is not None:
+            raise self._start_error
+        return self
+
     def _spawn(self, info: ReaderInfo) -> None:
+        self._launch(info)
+        self._send_config(info)
+
+    def _launch(self, info: ReaderInfo) -> None:
         ours, theirs = socket.socketpair()
         try:
             popen = subprocess.Popen(
@@ -108,11 +129,14 @@ class ReaderPool:
             )
         finally:
             theirs.close()
-        conn = Connection(ours.detach())
-        conn.send((self._prep, pickle.dumps(self._make_config(info.index))))
         info.pid = popen.pid
         info.current_lease = None
-        self._procs[info.index] = _Proc(popen, conn)
+        self._procs[info.index] = _Proc(popen, Connection(ours.detach()))
+
+    def _send_config(self, info: ReaderInfo) -> None:
+        blob = pickle.dumps(self._make_config(info.index))  # a failure here is the caller's
+        with contextlib.suppress(OSError):  # it died already: the relay loop restarts it
+            self._procs[info.index].conn.send((self._prep, blob))
 
     def stop(self, timeout: float = STOP_SECONDS) -> None:
         """Ask readers to stop, then make sure they have; idempotent."""
@@ -137,12 +161,24 @@ class ReaderPool:
     def _loop(self) -> None:
         try:
             for info in self.readers:
-                self._spawn(info)
+                self._launch(info)
+        except BaseException as exc:
+            self._start_error = exc
+            self._configured.set()
+            return
+        finally:
+            self._started.set()
+        try:
+            while not self._configure.wait(0.05):
+                if self._stopping.is_set():
+                    return  # stopped before configured: stop() told the readers
+            for info in self.readers:
+                self._send_config(info)
         except BaseException as exc:
             self._start_error = exc
             return
         finally:
-            self._started.set()
+            self._configured.set()
         try:
             while not self._stopping.is_set():
                 self._step()

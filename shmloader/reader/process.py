@@ -296,7 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     # The trainer's Ctrl-C reaches the whole process group; the trainer stops us itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with _connection(fd) as conn:
-        prep, blob = conn.recv()
+        first = conn.recv()
+        if first == "stop":  # stopped before it was configured (the trainer failed to start)
+            return 0
+        prep, blob = first
         config = _load_config(prep, blob)
         Reader(config, conn, parent).run()
     return 0
