@@ -291,14 +291,13 @@ def gather(
     dense = [name for name in columns if first[name].dense is not None]
     protos = [_dense(first, name) for name in dense]
     outputs = (alloc or alloc_outputs)([((n, *p.shape[1:]), p.dtype) for p in protos])
-    if alike:  # segments of one layout need their rows checked once, not once per column
-        _check_rows(groups, segments)
+    _check_rows(groups, segments)  # once per segment, not once per column
     if known.firsts is not None and region is not None and _in_region(first, dense):
         _take_from_region(region, first, known.firsts, groups, rows, outputs)
     else:
         for name, proto, (_tensor, target) in zip(dense, protos, outputs, strict=True):
             for group, views in zip(groups, segments, strict=True):
-                array = _dense(views, name) if alike else _checked(views, group, name, proto)
+                array = _dense(views, name) if alike else _checked(views, name, proto)
                 # Bounds and types are checked above, so the takes can use mode="clip": with
                 # the default "raise", numpy copies through a temporary buffer given out=.
                 array.take(group.rows, axis=0, out=target[group.start : group.stop], mode="clip")
@@ -386,7 +385,7 @@ def _take_from_region(
 
 
 def _check_rows(groups: list[SegmentRows], segments: list[dict[str, ColumnView]]) -> None:
-    """Every group's rows exist in its segment (segments of one layout: checked once)."""
+    """Every group's rows exist in its segment (all its columns have its row count)."""
     for group, views in zip(groups, segments, strict=True):
         if group.max_row >= views.num_rows:  # type: ignore[attr-defined]
             raise IndexError(
@@ -395,18 +394,12 @@ def _check_rows(groups: list[SegmentRows], segments: list[dict[str, ColumnView]]
             )
 
 
-def _checked(
-    views: dict[str, ColumnView], group: SegmentRows, name: str, proto: np.ndarray
-) -> np.ndarray:
-    """The segment's dense array, if it matches the batch's first segment and holds the rows."""
+def _checked(views: dict[str, ColumnView], name: str, proto: np.ndarray) -> np.ndarray:
+    """The segment's dense array, if it matches the batch's first segment (its rows are
+    checked by :func:`_check_rows`)."""
     array = views[name].dense
     if array is None or array.dtype != proto.dtype or array.shape[1:] != proto.shape[1:]:
         raise ConfigError(f"column {name!r} changes type or shape between segments")
-    if group.max_row >= len(array):
-        raise IndexError(
-            f"row {group.max_row} of segment slot {group.slot} is out of range: "
-            f"it has {len(array)} rows"
-        )
     return array
 
 

@@ -256,7 +256,7 @@ class DataPlane:
         with self._poll_lock:
             gathered = self._ledger.poll()
             if len(gathered):
-                self._mark(gathered, delivered=False)
+                self._mark_groups(group_by_segment(gathered), gathered=True)
         self.flush_completions()
 
     def gathered(self, indices: np.ndarray, groups: list[SegmentRows] | None = None) -> None:
@@ -268,7 +268,7 @@ class DataPlane:
         if groups is None:
             groups = group_by_segment(indices)
         self._grouped = (indices, groups)
-        self._mark_groups(groups, delivered=False)
+        self._mark_groups(groups, gathered=True)
 
     def record_wait(self, seconds: float) -> None:
         """The loop waited ``seconds`` for its next batch (``shmloader.DataLoader`` only)."""
@@ -291,16 +291,12 @@ class DataPlane:
             if not len(idx):
                 return
             groups = group_by_segment(idx)
-        self._mark_groups(groups, delivered=True, gathered=gathered)
-
-    def _mark(self, indices: np.ndarray, *, delivered: bool) -> None:
-        if len(indices):
-            self._mark_groups(group_by_segment(indices), delivered=delivered)
+        self._mark_groups(groups, gathered=gathered, delivered=True)
 
     def _mark_groups(
-        self, groups: list[SegmentRows], *, delivered: bool, gathered: bool = False
+        self, groups: list[SegmentRows], *, gathered: bool, delivered: bool = False
     ) -> None:
-        """Flag the rows delivered (or gathered), with ``gathered`` both; settle each slot."""
+        """Flag the rows gathered and/or delivered; settle each slot."""
         with self._lock:
             for group in groups:
                 state = self._slots.get(group.slot)
@@ -315,7 +311,7 @@ class DataPlane:
                 if delivered:
                     state.delivered[group.rows] = True
                     state.n_delivered = int(np.count_nonzero(state.delivered))
-                if gathered or not delivered:
+                if gathered:
                     state.gathered[group.rows] = True
                     state.n_gathered = int(np.count_nonzero(state.gathered))
                 self._settle(state)

@@ -27,7 +27,6 @@ from .gather import (
     group_rows,
     in_worker,
     segment_views,
-    split_indices,
 )
 from .ledger import LedgerWriter, ledger_dir
 from .parsed import ParsedViews
@@ -202,7 +201,7 @@ class Gatherer:
             self._ledger.record(idx)
         now = time.monotonic()
         if now >= self._next_sweep or len(self._views) > MAX_CACHED_SEGMENTS:
-            self._forget_released(set(np.unique(split_indices(idx)[0]).tolist()))
+            self._forget_released(set(slots))
             self._next_sweep = now + SWEEP_SECONDS
         if into is not None and into.ring is not None and into.slot is not None:
             return RingBatch(into.ring.path, into.slot, into.ring.slot_bytes, out)

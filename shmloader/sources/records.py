@@ -200,9 +200,10 @@ class RecordFileSource(BaseSource):
         for shard in self.plan():
             stop = min(shard.num_records, INFER_ATTEMPTS)
             for idx, off, payload in self._file(shard.path).read_range(0, stop, on_error="skip"):
-                # With views, a memoryview: what the decode functions will be given.
-                view = memoryview(payload) if self.views and isinstance(payload, bytes) else None
-                yield shard.path, At(idx, off), payload if view is None else view
+                if self.views and isinstance(payload, bytes):
+                    yield shard.path, At(idx, off), memoryview(payload)  # as decode gets it
+                else:
+                    yield shard.path, At(idx, off), payload
 
     def _schema_of(self, path: str, payload: bytes | memoryview | CorruptRecordError) -> pa.Schema:
         if isinstance(payload, CorruptRecordError):
