@@ -9,9 +9,13 @@ functions), then does in one process what a reader does for each task of 4096 re
 1. ``RecordFile.read_runs``: read the blocks, check every frame against the index and its
    CRCs, hand out the payloads (``bytes`` copies, or ``memoryview`` slices with ``views``);
 2. the benchmark's ``decode_batch`` (joins the payloads, one ``numpy.frombuffer``);
-3. ``BatchBuilder.from_columns``: the Arrow batch (a copy where the arrays are strided);
-4. ``StoreHandle.write`` into a shared-memory segment, then ``release`` (it becomes a spare,
-   as in a real run).
+3. ``BatchBuilder.fixed_columns``: the columns checked against the schema, not converted
+   (the benchmark's are fixed-width; other columns would be built into an Arrow batch here);
+4. ``StoreHandle.write`` into a shared-memory segment, and ``release`` of the segment
+   written ``WINDOW`` tasks before (it becomes a spare for the next writes, as in a real run).
+   The first task of each size is built into an Arrow batch and written; the others are
+   copied from the strided arrays straight into the segment, by the layout the first one
+   taught (``shm/template.py``).
 
 Each configuration runs in a fresh interpreter, because ``keep_freed_memory`` (what reader
 processes call at start-up, ``shmloader/reader/heap.py``) changes the whole process's
@@ -22,6 +26,7 @@ allocator: ``default`` is a plain Python process, ``reader`` one that called it.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import sys
@@ -33,7 +38,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 RECORDS_PER_TASK = 4096
-STEPS = ("read_runs", "decode_batch", "from_columns", "write")
+WINDOW = 8  # segments in use at once, as in the sampler's default shuffle window
+STEPS = ("read_runs", "decode_batch", "fixed_columns", "write")
 
 
 def measure(paths: list[str], dataset: str, views: bool, repeat: int) -> dict[str, float]:
@@ -58,6 +64,7 @@ def measure(paths: list[str], dataset: str, views: bool, repeat: int) -> dict[st
     best = dict.fromkeys(STEPS, float("inf"))
     with SegmentStore.create(budget="1GiB") as store:
         handle = store.handle()
+        in_use: collections.deque[str] = collections.deque()
         for _ in range(repeat):
             spent = dict.fromkeys(STEPS, 0.0)
             for rf, a, b in tasks:
@@ -67,11 +74,14 @@ def measure(paths: list[str], dataset: str, views: bool, repeat: int) -> dict[st
                 t1 = time.perf_counter()
                 columns = decode_batch(payloads)
                 t2 = time.perf_counter()
-                batch = builder.from_columns(columns, len(payloads))
+                batch = builder.fixed_columns(columns, len(payloads))
+                assert batch is not None  # the benchmark's columns are fixed-width
                 t3 = time.perf_counter()
                 info = handle.write(batch)
                 assert info is not None  # None only when told to stop waiting
-                handle.release(info.name)
+                in_use.append(info.name)
+                if len(in_use) > WINDOW:  # released as the trainer does, a window later
+                    handle.release(in_use.popleft())
                 t4 = time.perf_counter()
                 for step, dt in zip(STEPS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
                     spent[step] += dt

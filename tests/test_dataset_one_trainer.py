@@ -69,13 +69,13 @@ def test_stats_count_what_the_loop_received_and_waited(tmp_path):
     assert stats.loop_wait_seconds > 0
     assert stats.records_consumed == 40
     assert "waited" in str(stats)
-    # The trainer gathered, so it maps segment files (released ones it keeps for reuse):
-    # counted once, as files, in the job's memory.
-    (trainer,) = [p for p in stats.processes if p.role == "trainer"]
-    assert trainer.memory is not None and trainer.memory.pss_segments > 0
+    # The trainer gathered and the reader wrote, so both map segment files (and keep them
+    # mapped for reuse): counted once, as files, in the job's memory.
+    mapped = {p.role: p.memory.pss_segments for p in stats.processes if p.memory is not None}
+    assert mapped["trainer"] > 0 and mapped["reader"] > 0
     held = stats.shm_in_use + stats.shm_spare
     assert held > 0
-    assert stats.total_memory == stats.total_pss - trainer.memory.pss_segments + held
+    assert stats.total_memory == stats.total_pss - sum(mapped.values()) + held
     assert "each page once" in str(stats)
 
 

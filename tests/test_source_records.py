@@ -16,6 +16,7 @@ import pytest
 from shmloader.errors import ConfigError, CorruptRecordError, DecodeError, SchemaMismatchError
 from shmloader.formats.tfrecord import RecordFile, write_records
 from shmloader.sources import RecordFileSource, Shard, Source, column_to_numpy
+from shmloader.sources.columns import FixedColumns
 
 DIM = 8
 SIZE = DIM * 4 + 8
@@ -104,6 +105,26 @@ def test_decode_and_decode_batch_give_identical_batches(files: list[tuple[str, l
     shard = a.plan()[0]
     assert a.read(shard, 3, 40).equals(b.read(shard, 3, 40))
     assert a.schema == b.schema
+
+
+def test_decode_batch_columns_are_handed_over_unconverted(
+    files: list[tuple[str, list[int]]],
+) -> None:
+    # A reader writes them into shared memory itself (shm/template.py): no batch is built.
+    path = files[0][0]
+    source = RecordFileSource(path, decode_batch=decode_batch)
+    shard = source.plan()[0]
+    result = source.read_result(shard, 3, 40)
+    fixed = result.content
+    assert isinstance(fixed, FixedColumns) and fixed.num_rows == 37
+    assert not fixed.arrays[0].flags.c_contiguous  # views of the joined payloads, as given
+    assert result.batch.equals(RecordFileSource(path, decode=decode).read(shard, 3, 40))
+    assert result.content is result.batch  # built once, on first use
+    assert result == source.read_result(shard, 3, 40)
+    # Per-record decode builds the batch itself.
+    assert isinstance(
+        RecordFileSource(path, decode=decode).read_result(shard, 3, 40).content, pa.RecordBatch
+    )
 
 
 def test_without_decode_batches_hold_raw_payloads(files: list[tuple[str, list[int]]]) -> None:

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import pyarrow as pa
 
 from ..shm.region import Placed
+from ..shm.template import all_buffers
 from .gather import SegmentViews
 
 
@@ -87,7 +88,7 @@ def _data_spans(batch: pa.RecordBatch, file: pa.Buffer) -> tuple[int, int] | Non
     lo, hi = file.address, file.address + file.size
     first, end = file.size, 0
     for column in batch.columns:
-        for buf in _all_buffers(column):
+        for buf in all_buffers(column):
             if buf is None or buf.size == 0:
                 continue
             if not (lo <= buf.address and buf.address + buf.size <= hi):
@@ -95,11 +96,3 @@ def _data_spans(batch: pa.RecordBatch, file: pa.Buffer) -> tuple[int, int] | Non
             first = min(first, buf.address - lo)
             end = max(end, buf.address + buf.size - lo)
     return (first, end) if end else (file.size, file.size)  # no data: compare it all
-
-
-def _all_buffers(array: pa.Array) -> list[pa.Buffer | None]:
-    """Every buffer of ``array``: its own and its children's, and a dictionary's."""
-    found = list(array.buffers())
-    if isinstance(array, pa.DictionaryArray):
-        found += _all_buffers(array.dictionary)
-    return found

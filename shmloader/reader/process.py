@@ -145,6 +145,8 @@ class Reader:
                         if reply.finished:
                             self.conn.send(Finished())
                             return
+                        # Idle: let go of mappings of files gone from the store meanwhile.
+                        self.config.store.sweep_written()
                         time.sleep(delay)
                         delay = min(delay * 2, 0.5)
                         continue
@@ -217,7 +219,7 @@ class Reader:
             self.conn.send(Sealing(lease.lease_id, name))
             store = self.config.store
             info = store.write(
-                result.batch,
+                result.content,  # fixed-width columns are written without building the batch
                 name=name,
                 should_stop=stop_waiting,
                 # The sampler may be waiting for this very task: then it may use the room

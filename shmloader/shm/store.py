@@ -6,8 +6,9 @@ the directory when it closes or exits. ``store.handle()`` is a small picklable
 segments but never deletes the store. Pickling the owner itself also yields a plain handle, so
 an owner captured by a Dataset sent to a spawned worker cannot delete anything there.
 
-Segments are plain files on tmpfs, written with ``write(2)`` (a full tmpfs gives ENOSPC, not the
-SIGBUS a write through a mapping would) and read through ``mmap``, read-only. Not
+Segments are plain files on tmpfs, written through a writable mapping that the writer keeps for
+the next segment written into the same file (``written.py``: its pages are allocated first, so a
+full tmpfs gives ENOSPC, not SIGBUS) and read through ``mmap``, read-only. Not
 ``multiprocessing.shared_memory``: its resource tracker unlinks segments created by a process
 when that process exits, and warns about "leaked" ones, which is wrong for segments handed
 between processes.
@@ -17,11 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import mmap
 import os
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 
@@ -33,8 +35,14 @@ from .reap import reap_stale
 from .region import Placed, Region
 from .sizes import format_size, parse_size
 from .space import check_space, resolve_base_dir
+from .template import Layout, Layouts, learn, write_columns
+from .written import WrittenMappings, write_ipc_into
+
+if TYPE_CHECKING:
+    from ..sources.columns import FixedColumns
 
 DEFAULT_MAX_OPEN = 64
+DEFAULT_MAX_WRITTEN = 256  # writable mappings a writer keeps (written.py)
 WANTED_NAME = "wanted"  # keys of the segments the consumer waits for (see want / wanted)
 
 
@@ -82,6 +90,10 @@ class StoreHandle:
         self.budget = budget
         self.max_open = max_open
         self._maps: OrderedDict[str, tuple[pa.MemoryMappedFile, pa.RecordBatch]] = OrderedDict()
+        # A writer may keep as many files mapped as the budget holds: those still in the store
+        # hold no memory beyond it, and removed ones are swept before each write.
+        self.written = WrittenMappings(DEFAULT_MAX_WRITTEN, budget)
+        self.layouts = Layouts()
 
     @property
     def path(self) -> str:
@@ -99,7 +111,7 @@ class StoreHandle:
 
     def write(
         self,
-        batch: pa.RecordBatch,
+        batch: pa.RecordBatch | FixedColumns,
         *,
         timeout: float | None = None,
         should_stop: _budget.StopSignal | None = None,
@@ -107,6 +119,10 @@ class StoreHandle:
         urgent: Callable[[], bool] | None = None,
     ) -> SegmentInfo | None:
         """Write ``batch`` into a new sealed segment, waiting for budget if needed.
+
+        ``batch`` may also be the fixed-width numpy columns a batch would be built from
+        (``FixedColumns``): after the first of a schema and row count, they are written
+        without building the batch (``template.py``).
 
         ``name``: the segment name to seal under (from ``new_segment_name()``), for a writer
         that tells someone the name before it seals; a fresh one by default. ``urgent``: see
@@ -119,7 +135,16 @@ class StoreHandle:
         """
         if name is not None and not is_segment_name(name):
             raise ValueError(f"{name!r} is not a segment name (expected 'seg-' + 32 hex digits)")
-        nbytes = ipc_file_size(batch)
+        fixed = None if isinstance(batch, pa.RecordBatch) else batch
+        layout = None if fixed is None else self.layouts.find(fixed.schema, fixed.num_rows)
+        built: pa.RecordBatch | None  # what is written the ordinary way
+        if layout is not None:
+            built, nbytes = None, layout.nbytes
+        else:
+            # For columns, once per schema and row count: the file teaches the layout.
+            built = batch if isinstance(batch, pa.RecordBatch) else batch.to_batch()
+            nbytes = ipc_file_size(built)
+        self.sweep_written()
         temp = _budget.reserve(
             self.path,
             nbytes,
@@ -131,7 +156,7 @@ class StoreHandle:
         if temp is None:
             return None
         try:
-            self._fill(temp, batch, nbytes)
+            self._fill(temp, nbytes, built, fixed, layout)
             name = name or new_segment_name()
             _budget.seal(self.path, temp, name)
         except BaseException:
@@ -141,14 +166,22 @@ class StoreHandle:
             raise
         return SegmentInfo(name, batch.num_rows, nbytes)
 
-    def _fill(self, temp: str, batch: pa.RecordBatch, nbytes: int) -> None:
+    def _fill(
+        self,
+        temp: str,
+        nbytes: int,
+        built: pa.RecordBatch | None,
+        fixed: FixedColumns | None,
+        layout: Layout | None,
+    ) -> None:
+        """Write ``built`` (then learn the layout, if it was built from ``fixed``), or
+        ``fixed`` by its ``layout``, into the reserved file ``temp``."""
         try:
-            with open(temp, "r+b") as f:
-                with pa.ipc.new_file(pa.PythonFile(f, mode="w"), batch.schema) as writer:
-                    writer.write_batch(batch)
-                written = f.tell()
+            fd = os.open(temp, os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError as exc:
             raise _budget.closed_error(self.path) from exc
+        try:
+            inode, mapping = self.written.mapping(fd, nbytes)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise ShmSpaceError(
@@ -156,8 +189,42 @@ class StoreHandle:
                     f"into {temp}; other programs use it too: enlarge it or lower shm_budget"
                 ) from exc
             raise
+        finally:
+            os.close(fd)
+        try:
+            if built is not None:
+                written = write_ipc_into(mapping, built, nbytes)
+                if fixed is not None:
+                    self._learn(mapping, nbytes, fixed)
+            else:
+                assert fixed is not None and layout is not None
+                write_columns(mapping, layout, fixed.arrays)
+                self.layouts.used += 1
+                written = nbytes
+        except BaseException:
+            mapping.close()
+            raise
+        self.written.keep(inode, mapping)
         if written != nbytes:  # pragma: no cover - would be an Arrow bug
             raise RuntimeError(f"{temp}: wrote {written} bytes, the size computed was {nbytes}")
+
+    def _learn(self, mapping: mmap.mmap, nbytes: int, fixed: FixedColumns) -> None:
+        """Remember the layout of the file just written from ``fixed`` for the next ones."""
+        file = pa.py_buffer(memoryview(mapping)[:nbytes])
+        layout = learn(file, read_segment(file))
+        if layout is not None:
+            self.layouts.remember(fixed.schema, fixed.num_rows, layout)
+
+    def sweep_written(self) -> None:
+        """Unmap this writer's kept mappings of files that left the store (``written.py``):
+        done before each write, and by idle writers, so removed files do not stay in memory."""
+        if not len(self.written):
+            return
+        try:
+            inodes = [entry.inode() for entry in os.scandir(self.path)]
+        except FileNotFoundError:
+            inodes = []  # the store is gone: nothing of it is worth keeping
+        self.written.sweep(inodes)
 
     # -- reader side -------------------------------------------------------------------------
 
@@ -226,8 +293,10 @@ class StoreHandle:
             self._close_mapping(name)
 
     def drop_all(self) -> None:
+        """Forget this process's mappings of segments, for reading and for writing."""
         for name in list(self._maps):
             self._close_mapping(name)
+        self.written.clear()
 
     def drop_missing(self) -> int:
         """Drop mappings of segments released by any process; returns how many were dropped."""

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from ..errors import ConfigError, DataError, DecodeError
 from .base import SkippedRecord
-from .columns import BatchBuilder
+from .columns import BatchBuilder, FixedColumns
 
 INFER_ATTEMPTS = 1000  # records that may fail to decode while inferring a schema
 
@@ -176,8 +176,9 @@ def decode_columns_to_batch(
     decode_batch: Callable[[list[bytes]], Any],
     on_error: str,
     skipped: list[SkippedRecord],
-) -> pa.RecordBatch:
-    """One ``decode_batch`` call and one conversion for the whole range (no per-record work).
+) -> pa.RecordBatch | FixedColumns:
+    """One ``decode_batch`` call and one conversion for the whole range (no per-record work);
+    fixed-width numeric columns are returned as they are, unconverted (``FixedColumns``).
 
     Only when that fails are the records retried one by one, which isolates the bad ones
     (``"skip"``) or names the first (``"raise"``).
@@ -185,7 +186,9 @@ def decode_columns_to_batch(
     if not payloads:
         return builder.empty()
     try:
-        return builder.from_columns(decode_batch(payloads), len(payloads))
+        columns = decode_batch(payloads)
+        fixed = builder.fixed_columns(columns, len(payloads))
+        return fixed if fixed is not None else builder.from_columns(columns, len(payloads))
     except Exception as exc:
         whole = exc
     batches = []

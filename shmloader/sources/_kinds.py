@@ -101,6 +101,11 @@ class Kind:
     def from_batched(self, name: str, arr: np.ndarray) -> pa.Array:
         raise _mismatch(name, f"per-record {self.describe()} values", arr, "give a list")
 
+    def fixed_width(self, arr: np.ndarray, num_records: int) -> bool:
+        """Is ``arr`` this column for ``num_records`` records exactly as Arrow lays it out
+        (the same dtype, one fixed-size row per record): nothing to check or convert?"""
+        return False
+
 
 class PrimitiveKind(Kind):
     def __init__(self, arrow_type: pa.DataType) -> None:
@@ -133,6 +138,10 @@ class PrimitiveKind(Kind):
 
     def build(self, vals: list[Any]) -> pa.Array:
         return pa.array(np.array(vals, dtype=self.dtype), type=self.arrow_type)
+
+    def fixed_width(self, arr: np.ndarray, num_records: int) -> bool:
+        # bool is not: Arrow packs it to bits
+        return arr.dtype == self.dtype and arr.shape == (num_records,) and arr.dtype.kind != "b"
 
     def from_batched(self, name: str, arr: np.ndarray) -> pa.Array:
         if arr.ndim != 1:
@@ -183,6 +192,13 @@ class TensorKind(Kind):
     def build(self, vals: list[Any]) -> pa.Array:
         flat = np.concatenate(vals, axis=0).reshape(-1) if vals else np.empty(0, self.dtype)
         return self._wrap(flat)
+
+    def fixed_width(self, arr: np.ndarray, num_records: int) -> bool:
+        return (
+            arr.dtype == self.dtype
+            and arr.shape == (num_records, *self.shape)
+            and arr.dtype.kind != "b"
+        )
 
     def from_batched(self, name: str, arr: np.ndarray) -> pa.Array:
         if arr.shape[1:] != self.shape:

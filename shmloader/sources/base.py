@@ -8,12 +8,15 @@ into spawned readers, so keep it small: paths and settings, never open files or 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import pyarrow as pa
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .columns import FixedColumns
 
 ON_ERROR_CHOICES = ("raise", "skip")
 
@@ -39,12 +42,42 @@ class SkippedRecord:
     error: str
 
 
-@dataclass(frozen=True)
 class ReadResult:
-    """Records of a range as one batch, plus the ones skipped (in record order)."""
+    """Records of a range as one batch, plus the ones skipped (in record order).
 
-    batch: pa.RecordBatch
-    skipped: tuple[SkippedRecord, ...] = field(default_factory=tuple)
+    A source may hand over :class:`~shmloader.sources.columns.FixedColumns` instead of the
+    batch: ``batch`` then builds it on first use, and a reader writes :attr:`content` into
+    shared memory without building it (one copy fewer per byte).
+    """
+
+    __slots__ = ("_content", "skipped")
+
+    def __init__(
+        self, batch: pa.RecordBatch | FixedColumns, skipped: tuple[SkippedRecord, ...] = ()
+    ) -> None:
+        self._content = batch
+        self.skipped = tuple(skipped)
+
+    @property
+    def batch(self) -> pa.RecordBatch:
+        if not isinstance(self._content, pa.RecordBatch):
+            self._content = self._content.to_batch()
+        return self._content
+
+    @property
+    def content(self) -> pa.RecordBatch | FixedColumns:
+        """The records as the source made them: the batch, or the columns it is built from."""
+        return self._content
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ReadResult):
+            return NotImplemented
+        return self.skipped == other.skipped and self.batch.equals(other.batch)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ReadResult({self.batch.num_rows} rows, skipped={self.skipped!r})"
 
 
 @runtime_checkable

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,7 @@ from ._kinds import Kind, at, is_numeric, kind_for_type, kind_for_value, try_bui
 
 __all__ = [
     "BatchBuilder",
+    "FixedColumns",
     "as_tensor_column",
     "column_to_numpy",
     "columns_to_batch",
@@ -172,6 +174,20 @@ class BatchBuilder:
                 arrays.append(try_build(kind, name, list(value), None))
         return self._batch(arrays, num_records)
 
+    def fixed_columns(self, columns: Any, num_records: int) -> FixedColumns | None:
+        """``columns`` (a ``decode_batch`` result) as :class:`FixedColumns` if every column is
+        a numpy array of exactly its field's dtype and row shape; None otherwise (then
+        :meth:`from_columns` converts or names what is wrong)."""
+        if not num_records or not isinstance(columns, Mapping) or len(columns) != len(self._kinds):
+            return None
+        arrays = []
+        for name, kind in self._kinds:
+            value = columns.get(name)
+            if not (isinstance(value, np.ndarray) and kind.fixed_width(value, num_records)):
+                return None
+            arrays.append(value)
+        return FixedColumns(self, num_records, tuple(arrays))
+
     def empty(self) -> pa.RecordBatch:
         """A zero-row batch of the schema (what an empty or all-skipped range returns)."""
         return pa.RecordBatch.from_arrays(
@@ -220,6 +236,30 @@ class BatchBuilder:
         if found != self._names:
             return _key_mismatch(self._names, found)
         return None
+
+
+@dataclass(frozen=True, eq=False)
+class FixedColumns:
+    """A ``decode_batch`` result of fixed-width numeric columns, checked and not yet copied.
+
+    ``arrays`` are in schema order, each of exactly its field's dtype and shape ``(num_rows,
+    *row_shape)``, and may be strided: the usual result is views of one joined buffer, a
+    label after each image. Arrow has no strides, so :meth:`to_batch` copies each such array
+    once; a reader instead writes the arrays straight into its shared-memory segment, which
+    is that copy and the write in one (``shm/template.py``).
+    """
+
+    builder: BatchBuilder
+    num_rows: int
+    arrays: tuple[np.ndarray, ...]
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.builder.schema
+
+    def to_batch(self) -> pa.RecordBatch:
+        columns = dict(zip(self.schema.names, self.arrays, strict=True))
+        return self.builder.from_columns(columns, self.num_rows)
 
 
 def records_to_batch(

@@ -35,7 +35,7 @@ from ._decoding import (
     record_failure,
 )
 from .base import BaseSource, ReadResult, Shard, SkippedRecord, check_on_error
-from .columns import BatchBuilder, infer_schema, infer_schema_from_columns
+from .columns import BatchBuilder, FixedColumns, infer_schema, infer_schema_from_columns
 
 # Payloads are bytes, or memoryviews with ``views=True``.
 Decode = Callable[[Any], Mapping[str, Any]]
@@ -164,6 +164,7 @@ class RecordFileSource(BaseSource):
         where = Locations(indexes, offsets)
         builder = self._builder_for_schema()
         on_error = self.on_error
+        batch: pa.RecordBatch | FixedColumns  # fixed-width columns stay numpy (FixedColumns)
         if self.decode is not None:
             batch = decode_to_batch(
                 builder,

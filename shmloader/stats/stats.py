@@ -3,9 +3,10 @@
 Memory is measured with psutil per process (RSS, USS, and PSS, which splits shared pages among
 the processes mapping them: the honest figure for "how much does this job use", since shared
 memory segments are mapped by several processes at once). Segment files are memory whether
-or not anyone maps them, and gathering processes keep mappings of released segments for
-reuse (``shm/kept.py``), so :attr:`Stats.total_memory` counts the store's files once, as
-files, and the processes' PSS without their mappings of them.
+or not anyone maps them, gathering processes keep mappings of released segments for reuse
+(``shm/kept.py``) and readers keep mappings of the files they wrote (``shm/written.py``),
+so :attr:`Stats.total_memory` counts the store's files once, as files, and the processes' PSS
+without their mappings of them.
 """
 
 from __future__ import annotations

@@ -1,0 +1,107 @@
+"""Fixed-width columns written straight into a segment, by the layout of one written before.
+
+A ``decode_batch`` result is usually numpy views of one joined buffer: strided arrays (a label
+after each image). Arrow has no strides, so building the batch copies every such array, and
+writing the batch into shared memory copies it again. On the development machine, for 12-KiB
+images, each of those copies cost about 1 µs per record, as much as decoding.
+
+But an Arrow IPC file of fixed-width columns without nulls is laid out by the schema and the
+row count alone: every buffer's offset and length, and with them all the metadata bytes, follow
+from those two (the same fact the gather's reuse of parsed views rests on,
+``dataset/parsed.py``). So once the store has written a batch of a given schema and row count
+the ordinary way, it learns from the file where each column's values went and keeps all the
+other bytes (file magic, schema and batch metadata, padding, footer). A later batch of the same
+schema and row count is written as those bytes plus one ``numpy.copyto`` per column, from the
+strided arrays straight into the file's pages.
+
+The layout is learned from a file pyarrow wrote, never computed here; and a file written from it
+is byte for byte the file pyarrow would write (``tests/test_shm_template.py`` compares them).
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+MAX_LAYOUTS = 8  # layouts a writer keeps: tasks come in a few sizes (the last of a file is short)
+
+
+class Layout(NamedTuple):
+    """Where a file of fixed-width columns puts each column's values, and its other bytes."""
+
+    nbytes: int
+    columns: tuple[tuple[int, int], ...]  # (offset, length) of each column's values
+    other: tuple[tuple[int, bytes], ...]  # every other byte of the file, as (offset, bytes)
+
+
+def all_buffers(array: pa.Array) -> list[pa.Buffer | None]:
+    """Every buffer of ``array``: its own and its children's, and a dictionary's."""
+    found = list(array.buffers())
+    if isinstance(array, pa.DictionaryArray):
+        found += all_buffers(array.dictionary)
+    return found
+
+
+def learn(file: pa.Buffer, parsed: pa.RecordBatch) -> Layout | None:
+    """The layout of ``file``, an IPC file that ``parsed`` was read from zero-copy; None unless
+    each column has exactly one non-empty buffer, inside the file (fixed-width, no nulls)."""
+    spans = []
+    for column in parsed.columns:
+        buffers = [b for b in all_buffers(column) if b is not None and b.size]
+        if column.null_count or len(buffers) != 1:
+            return None
+        offset = buffers[0].address - file.address
+        if offset < 0 or offset + buffers[0].size > file.size:
+            return None
+        spans.append((offset, buffers[0].size))
+    other = []
+    at = 0
+    for offset, length in sorted(spans):
+        if offset < at:
+            return None  # overlapping buffers: not a layout to write into
+        if offset > at:
+            other.append((at, file.slice(at, offset - at).to_pybytes()))
+        at = offset + length
+    if at < file.size:
+        other.append((at, file.slice(at).to_pybytes()))
+    return Layout(file.size, tuple(spans), tuple(other))
+
+
+def write_columns(mapping: mmap.mmap, layout: Layout, arrays: Sequence[np.ndarray]) -> None:
+    """Write a file of ``layout`` into ``mapping``: the other bytes, then each array's values
+    (of exactly the length the layout has for its column) in its place."""
+    for offset, data in layout.other:
+        mapping[offset : offset + len(data)] = data
+    for (offset, length), array in zip(layout.columns, arrays, strict=True):
+        if array.nbytes != length:
+            raise ValueError(f"a column of {array.nbytes} bytes for a place of {length}")
+        place = np.frombuffer(mapping, array.dtype, array.size, offset)
+        np.copyto(place.reshape(array.shape), array, casting="no")
+
+
+class Layouts:
+    """Layouts learned by one writer, by (schema, row count); the most recent few."""
+
+    def __init__(self, max_count: int = MAX_LAYOUTS) -> None:
+        self.max_count = max_count
+        self._known: OrderedDict[tuple[pa.Schema, int], tuple[pa.Schema, Layout]] = OrderedDict()
+        self.used = 0  # how many writes went by a layout (for tests and benchmarks)
+
+    def find(self, schema: pa.Schema, num_rows: int) -> Layout | None:
+        known = self._known.get((schema, num_rows))
+        # Schemas hash and compare without their metadata, which the file holds too.
+        if known is None or not known[0].equals(schema, check_metadata=True):
+            return None
+        self._known.move_to_end((schema, num_rows))
+        return known[1]
+
+    def remember(self, schema: pa.Schema, num_rows: int, layout: Layout) -> None:
+        self._known[(schema, num_rows)] = (schema, layout)
+        self._known.move_to_end((schema, num_rows))
+        while len(self._known) > self.max_count:
+            self._known.popitem(last=False)

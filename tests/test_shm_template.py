@@ -1,0 +1,132 @@
+"""Fixed-width columns are written by a learned layout, byte for byte as pyarrow writes them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from shmloader.shm import SegmentStore
+from shmloader.sources.columns import BatchBuilder, FixedColumns, tensor_type
+
+SCHEMAS = {
+    "image and label": pa.schema(
+        [pa.field("image", tensor_type(np.uint8, (3, 4, 5))), pa.field("label", pa.int64())]
+    ),
+    "vector": pa.schema([pa.field("x", pa.list_(pa.float32(), 8))]),
+    "scalars": pa.schema(
+        [
+            pa.field("a", pa.float64()),
+            pa.field("b", pa.int32()),
+            pa.field("c", pa.uint16()),
+            pa.field("d", pa.float16()),
+        ]
+    ),
+}
+
+
+def joined_columns(schema: pa.Schema, rows: int, seed: int) -> dict[str, np.ndarray]:
+    """Columns as a ``decode_batch`` makes them: strided views of one buffer of records."""
+    rng = np.random.default_rng(seed)
+    dtypes, shapes = [], []
+    for f in schema:
+        t = f.type
+        if isinstance(t, pa.FixedShapeTensorType):
+            dtypes.append(np.dtype(t.value_type.to_pandas_dtype()))
+            shapes.append(tuple(t.shape))
+        elif pa.types.is_fixed_size_list(t):
+            dtypes.append(np.dtype(t.value_type.to_pandas_dtype()))
+            shapes.append((t.list_size,))
+        else:
+            dtypes.append(np.dtype(t.to_pandas_dtype()))
+            shapes.append(())
+    widths = [d.itemsize * int(np.prod(s)) for d, s in zip(dtypes, shapes, strict=True)]
+    values = [  # small whole numbers: no NaN among random float bits, so equals() holds
+        rng.integers(0, 100, (rows, int(np.prod(s)))).astype(d).view(np.uint8)
+        for d, s in zip(dtypes, shapes, strict=True)
+    ]
+    raw = np.concatenate(values, axis=1)
+    out, at = {}, 0
+    for f, d, s, w in zip(schema, dtypes, shapes, widths, strict=True):
+        out[f.name] = raw[:, at : at + w].view(d).reshape(rows, *s)
+        at += w
+    return out
+
+
+def file_bytes(store: SegmentStore, name: str) -> bytes:
+    with open(os.path.join(store.path, name), "rb") as f:
+        return f.read()
+
+
+def pyarrow_file(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+@pytest.mark.parametrize("kind", sorted(SCHEMAS))
+@pytest.mark.parametrize("rows", [1, 7, 100])
+def test_files_written_by_layout_equal_pyarrows(tmp_path: Path, kind: str, rows: int) -> None:
+    builder = BatchBuilder(SCHEMAS[kind])
+    with SegmentStore.create("8MiB", base_dir=tmp_path) as store:
+        writer = store.handle()
+        for seed in range(3):  # the first is written the ordinary way and teaches the layout
+            fixed = builder.fixed_columns(joined_columns(builder.schema, rows, seed), rows)
+            assert isinstance(fixed, FixedColumns)
+            info = writer.write(fixed)
+            assert info is not None and info.num_rows == rows
+            expected = pyarrow_file(fixed.to_batch())
+            assert info.nbytes == len(expected)
+            assert file_bytes(store, info.name) == expected
+            assert store.open(info.name).equals(fixed.to_batch())
+            if seed == 0:  # the next goes into this file, old bytes and all; the last, a new one
+                store.release(info.name)
+        assert writer.layouts.used == 2
+
+
+def test_a_layout_is_for_one_schema_and_row_count(tmp_path: Path) -> None:
+    schema = SCHEMAS["image and label"]
+    tagged = schema.with_metadata({"source": "elsewhere"})
+    with SegmentStore.create("8MiB", base_dir=tmp_path) as store:
+        writer = store.handle()
+        written = []
+        for s, rows in ((schema, 10), (schema, 10), (schema, 11), (tagged, 10), (tagged, 10)):
+            builder = BatchBuilder(s)
+            fixed = builder.fixed_columns(joined_columns(s, rows, seed=rows), rows)
+            assert fixed is not None
+            info = writer.write(fixed)
+            assert info is not None
+            assert file_bytes(store, info.name) == pyarrow_file(fixed.to_batch())
+            written.append(writer.layouts.used)
+        # by layout: the second (same schema and rows) and the last (same metadata too)
+        assert written == [0, 1, 1, 1, 2]
+
+
+def test_what_is_not_fixed_width_as_is_goes_the_ordinary_way() -> None:
+    schema = pa.schema(
+        [pa.field("image", tensor_type(np.uint8, (2, 2))), pa.field("label", pa.int64())]
+    )
+    builder = BatchBuilder(schema)
+    good = {"image": np.zeros((3, 2, 2), np.uint8), "label": np.arange(3)}
+    assert builder.fixed_columns(good, 3) is not None
+    cases = [
+        {**good, "label": np.arange(3, dtype=np.int32)},  # needs a cast
+        {**good, "image": np.zeros((3, 4), np.uint8)},  # another row shape
+        {**good, "label": np.arange(4)},  # another row count
+        {"image": good["image"]},  # a column missing
+        {**good, "extra": np.arange(3)},  # a column too many
+        {**good, "label": [0, 1, 2]},  # not an array
+    ]
+    for columns in cases:
+        assert builder.fixed_columns(columns, 3) is None
+    assert (
+        builder.fixed_columns({"image": good["image"][:0], "label": good["label"][:0]}, 0) is None
+    )
+    flags = BatchBuilder(pa.schema([pa.field("flag", pa.bool_())]))
+    assert flags.fixed_columns({"flag": np.ones(3, bool)}, 3) is None  # Arrow packs bits
+    lists = BatchBuilder(pa.schema([pa.field("v", pa.list_(pa.float32()))]))
+    assert lists.fixed_columns({"v": np.ones((3, 2), np.float32)}, 3) is None
