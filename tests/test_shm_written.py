@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from shmloader.errors import ShmSpaceError
-from shmloader.shm import SegmentStore, ipc_file_size
+from shmloader.shm import SegmentInfo, SegmentStore, StoreHandle, ipc_file_size
 from shmloader.shm import written as written_module
 from shmloader.shm.written import WrittenMappings
 
@@ -39,8 +39,15 @@ def _mapped_writable(inode: int) -> int:
     return count
 
 
-def _inode(store: SegmentStore, name: str) -> int:
+def _inode(store: StoreHandle, name: str) -> int:
     return os.stat(os.path.join(store.path, name)).st_ino
+
+
+def _write(writer: StoreHandle, rows: int, seed: int) -> tuple[SegmentInfo, int]:
+    """Write a batch; its segment's info and file inode."""
+    info = writer.write(make_batch(rows, seed))
+    assert info is not None
+    return info, _inode(writer, info.name)
 
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc")
@@ -49,9 +56,7 @@ pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="n
 def test_a_spare_is_written_again_through_the_writers_kept_mapping(tmp_path: Path) -> None:
     with SegmentStore.create("8MiB", base_dir=tmp_path) as store:
         writer = store.handle()
-        first = writer.write(make_batch(2000, seed=1))
-        assert first is not None
-        inode = _inode(store, first.name)
+        first, inode = _write(writer, 2000, seed=1)
         assert _mapped_writable(inode) == 1 and writer.written.reused == 0
         store.release(first.name)
         second = writer.write(make_batch(2000, seed=2))
@@ -98,9 +103,7 @@ def test_pages_are_allocated_before_a_grown_spare_is_written(
 def test_a_removed_spare_is_unmapped_before_the_next_write(tmp_path: Path) -> None:
     with SegmentStore.create("8MiB", base_dir=tmp_path) as store:
         writer = store.handle()
-        info = writer.write(make_batch(2000, seed=1))
-        assert info is not None
-        inode = _inode(store, info.name)
+        info, inode = _write(writer, 2000, seed=1)
         store.release(info.name)
         (spare,) = [n for n in os.listdir(store.path) if n.startswith("spare-")]
         os.unlink(os.path.join(store.path, spare))  # as a writer making room does
@@ -115,9 +118,7 @@ def test_a_removed_spare_is_unmapped_before_the_next_write(tmp_path: Path) -> No
 def test_an_idle_writer_sweeps_on_request(tmp_path: Path) -> None:
     with SegmentStore.create("8MiB", base_dir=tmp_path) as store:
         writer = store.handle()
-        info = writer.write(make_batch(500, seed=1))
-        assert info is not None
-        inode = _inode(store, info.name)
+        info, inode = _write(writer, 500, seed=1)
         writer.sweep_written()
         assert _mapped_writable(inode) == 1  # still in the store: kept
         store.release(info.name)

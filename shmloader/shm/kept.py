@@ -18,70 +18,39 @@ between sweeps stays small.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterable
-
+from .inodes import ByInode
 from .region import Placed, Region
 
 
-class KeptMappings:
+class KeptMappings(ByInode[Placed]):
     """Released segments' mappings in ``region``, by inode, oldest first."""
 
     def __init__(self, region: Region, max_count: int, max_bytes: int) -> None:
+        super().__init__(max_count, max_bytes)
         self.region = region
-        self.max_count = max_count
-        self.max_bytes = max_bytes
-        self._kept: OrderedDict[int, Placed] = OrderedDict()
-        self._bytes = 0
 
-    def __len__(self) -> int:
-        return len(self._kept)
+    def _size(self, item: Placed) -> int:
+        return item.length
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of address space (and, for files since removed, memory) kept mapped."""
-        return self._bytes
+    def _close(self, item: Placed) -> None:
+        self.region.unmap(item)
 
     def keep(self, placed: Placed) -> None:
         """Keep ``placed`` (no array over it may be used any more); trims to the caps."""
-        self._drop(placed.inode)  # an older mapping of the same file: one is enough
-        self._kept[placed.inode] = placed
-        self._bytes += placed.length
-        while self._kept and (len(self._kept) > self.max_count or self._bytes > self.max_bytes):
-            self._drop(next(iter(self._kept)))
+        self._keep(placed.inode, placed)
 
     def take(self, inode: int, size: int) -> Placed | None:
         """The kept mapping of file ``inode`` if it can hold ``size`` bytes (it is no longer
         kept: the caller owns it); one too small is unmapped."""
-        placed = self._kept.pop(inode, None)
+        placed = self._pop(inode)
         if placed is None:
             return None
-        self._bytes -= placed.length
         if size > placed.length:
             self.region.unmap(placed)
             return None
         return placed
 
-    def sweep(self, live_inodes: Iterable[int]) -> int:
-        """Unmap kept mappings whose files are gone from the store; how many were."""
-        live = set(live_inodes)
-        gone = [inode for inode in self._kept if inode not in live]
-        for inode in gone:
-            self._drop(inode)
-        return len(gone)
-
-    def clear(self) -> None:
-        """Unmap everything kept."""
-        for inode in list(self._kept):
-            self._drop(inode)
-
     def forget(self) -> None:
         """Forget everything kept without unmapping (the region itself is going away)."""
         self._kept.clear()
         self._bytes = 0
-
-    def _drop(self, inode: int) -> None:
-        placed = self._kept.pop(inode, None)
-        if placed is not None:
-            self._bytes -= placed.length
-            self.region.unmap(placed)

@@ -30,32 +30,27 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections import OrderedDict
-from collections.abc import Iterable
 
 import pyarrow as pa
+
+from .inodes import ByInode
 
 PAGE = mmap.PAGESIZE
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: fill the page tables in one call
 
 
-class WrittenMappings:
+class WrittenMappings(ByInode[mmap.mmap]):
     """Writable mappings of files this process wrote, by inode, least recently used first."""
 
     def __init__(self, max_count: int, max_bytes: int) -> None:
-        self.max_count = max_count
-        self.max_bytes = max_bytes
-        self._kept: OrderedDict[int, mmap.mmap] = OrderedDict()
-        self._bytes = 0
+        super().__init__(max_count, max_bytes)
         self.reused = 0  # how many writes found their file mapped (for tests and benchmarks)
 
-    def __len__(self) -> int:
-        return len(self._kept)
+    def _size(self, item: mmap.mmap) -> int:
+        return len(item)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of files kept mapped."""
-        return self._bytes
+    def _close(self, item: mmap.mmap) -> None:
+        item.close()
 
     def mapping(self, fd: int, nbytes: int) -> tuple[int, mmap.mmap]:
         """``(inode, a writable mapping of at least nbytes)`` of the file open as ``fd``, whose
@@ -64,9 +59,8 @@ class WrittenMappings:
         info = os.fstat(fd)
         if info.st_blocks * 512 < -(-nbytes // PAGE) * PAGE:
             os.posix_fallocate(fd, 0, nbytes)  # OSError(ENOSPC) if the filesystem is full
-        kept = self._kept.pop(info.st_ino, None)
+        kept = self._pop(info.st_ino)
         if kept is not None:
-            self._bytes -= len(kept)
             if len(kept) >= nbytes:
                 self.reused += 1
                 return info.st_ino, kept
@@ -76,29 +70,7 @@ class WrittenMappings:
 
     def keep(self, inode: int, mapping: mmap.mmap) -> None:
         """Keep ``mapping`` of file ``inode`` for the next write into it; trims to the caps."""
-        self._drop(inode)
-        self._kept[inode] = mapping
-        self._bytes += len(mapping)
-        while self._kept and (len(self._kept) > self.max_count or self._bytes > self.max_bytes):
-            self._drop(next(iter(self._kept)))
-
-    def sweep(self, live_inodes: Iterable[int]) -> int:
-        """Unmap kept mappings whose files are gone from the store; how many were."""
-        live = set(live_inodes)
-        gone = [inode for inode in self._kept if inode not in live]
-        for inode in gone:
-            self._drop(inode)
-        return len(gone)
-
-    def clear(self) -> None:
-        for inode in list(self._kept):
-            self._drop(inode)
-
-    def _drop(self, inode: int) -> None:
-        mapping = self._kept.pop(inode, None)
-        if mapping is not None:
-            self._bytes -= len(mapping)
-            mapping.close()
+        self._keep(inode, mapping)
 
 
 def write_ipc_into(mapping: mmap.mmap, batch: pa.RecordBatch, nbytes: int) -> int:
