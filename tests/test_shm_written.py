@@ -157,3 +157,15 @@ def test_kept_mappings_are_capped_oldest_first(tmp_path: Path) -> None:
         writer.written = WrittenMappings(max_count=10, max_bytes=one)
         more = [writer.write(make_batch(200, seed=s)) for s in (4, 5)]
         assert [_mapped_writable(_inode(store, i.name)) for i in more if i is not None] == [0, 1]
+
+
+def test_without_fallocate_pages_are_written_once_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(written_module.os, "posix_fallocate")  # as on macOS
+    with SegmentStore.create("8MiB", base_dir=tmp_path) as store:
+        info, _ = _write(store.handle(), 3000, seed=5)
+        path = os.path.join(store.path, info.name)
+        assert os.stat(path).st_size == info.nbytes
+        assert os.stat(path).st_blocks * 512 >= info.nbytes
+        assert store.open(info.name).equals(make_batch(3000, seed=5))

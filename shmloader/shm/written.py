@@ -58,7 +58,7 @@ class WrittenMappings(ByInode[mmap.mmap]):
         with :meth:`keep` once written, or close it."""
         info = os.fstat(fd)
         if info.st_blocks * 512 < -(-nbytes // PAGE) * PAGE:
-            os.posix_fallocate(fd, 0, nbytes)  # OSError(ENOSPC) if the filesystem is full
+            _allocate(fd, nbytes)  # OSError(ENOSPC) if the filesystem is full
         kept = self._pop(info.st_ino)
         if kept is not None:
             if len(kept) >= nbytes:
@@ -71,6 +71,16 @@ class WrittenMappings(ByInode[mmap.mmap]):
     def keep(self, inode: int, mapping: mmap.mmap) -> None:
         """Keep ``mapping`` of file ``inode`` for the next write into it; trims to the caps."""
         self._keep(inode, mapping)
+
+
+def _allocate(fd: int, nbytes: int) -> None:
+    """Give the file's first ``nbytes`` bytes pages of their own."""
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, 0, nbytes)
+        return
+    zeros = bytes(1 << 20)  # where there is no fallocate (macOS): write the pages once
+    for offset in range(0, nbytes, len(zeros)):
+        os.pwrite(fd, zeros[: min(len(zeros), nbytes - offset)], offset)
 
 
 def write_ipc_into(mapping: mmap.mmap, batch: pa.RecordBatch, nbytes: int) -> int:

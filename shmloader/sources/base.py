@@ -50,13 +50,17 @@ class ReadResult:
     shared memory without building it (one copy fewer per byte).
     """
 
-    __slots__ = ("_content", "skipped")
+    __slots__ = ("_content", "_skipped")
 
     def __init__(
         self, batch: pa.RecordBatch | FixedColumns, skipped: tuple[SkippedRecord, ...] = ()
     ) -> None:
         self._content = batch
-        self.skipped = tuple(skipped)
+        self._skipped = tuple(skipped)
+
+    @property
+    def skipped(self) -> tuple[SkippedRecord, ...]:
+        return self._skipped
 
     @property
     def batch(self) -> pa.RecordBatch:
