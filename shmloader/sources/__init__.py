@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the names for type checkers (``as``: re-exported)
     from .base import SkippedRecord as SkippedRecord
     from .base import Source as Source
     from .columns import BatchBuilder as BatchBuilder
+    from .columns import FixedColumns as FixedColumns
     from .columns import as_tensor_column as as_tensor_column
     from .columns import column_to_numpy as column_to_numpy
     from .columns import columns_to_batch as columns_to_batch
@@ -42,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "SkippedRecord": "base",
     "Source": "base",
     "BatchBuilder": "columns",
+    "FixedColumns": "columns",
     "as_tensor_column": "columns",
     "column_to_numpy": "columns",
     "columns_to_batch": "columns",
