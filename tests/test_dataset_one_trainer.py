@@ -58,7 +58,7 @@ def test_stats_count_what_the_loop_received_and_waited(tmp_path):
         source,
         num_readers=1,
         records_per_task=10,
-        epochs=1,
+        epochs=2,  # one is consumed: the reader is still there (reading the next) for stats
         shm_budget="8MiB",
         shm_dir=str(tmp_path),
     ) as ds:
@@ -76,6 +76,9 @@ def test_stats_count_what_the_loop_received_and_waited(tmp_path):
     held = stats.shm_in_use + stats.shm_spare
     assert held > 0
     assert stats.total_memory == stats.total_pss - sum(mapped.values()) + held
+    (reader,) = stats.readers
+    assert reader.memory is not None and reader.memory.pss_segments == mapped["reader"]
+    assert "MiB of it segment files" in str(stats)
     assert "each page once" in str(stats)
 
 

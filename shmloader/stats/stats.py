@@ -104,6 +104,10 @@ class Stats:
             )
         for r in self.readers:
             pss = f"{r.memory.pss / mib:.1f} MiB" if r.memory else "-"
+            if r.memory and r.memory.pss_segments:
+                # Readers keep the files they wrote mapped (shm/written.py): say how much of
+                # their PSS is those files, which the total above counts once, as files.
+                pss += f" ({r.memory.pss_segments / mib:.1f} MiB of it segment files)"
             lines.append(
                 f"  reader {r.index} pid {r.pid}: {r.tasks} tasks, {r.records} records, "
                 f"busy {r.busy_seconds:.1f} s, restarts {r.restarts}, PSS {pss}"
@@ -135,6 +139,14 @@ def collect_stats(ds: SharedTaskDataset) -> Stats:
     runtime.plane.poll()  # count what workers gathered up to now, not up to the last tick
     pool = runtime.pool
     reader_infos = pool.readers if pool is not None else []
+    reader_pids = {r.pid for r in reader_infos}
+    handle = runtime.store.handle()
+    me = os.getpid()
+    processes = [ProcessStats(me, "trainer", memory_of(me, handle.path))]
+    for child in psutil.Process(me).children(recursive=False):
+        role = "reader" if child.pid in reader_pids else "worker"
+        processes.append(ProcessStats(child.pid, role, memory_of(child.pid, handle.path)))
+    measured = {p.pid: p.memory for p in processes}  # smaps is slow: read each process once
     readers = [
         ReaderStats(
             index=r.index,
@@ -145,17 +157,10 @@ def collect_stats(ds: SharedTaskDataset) -> Stats:
             bytes=r.bytes,
             failures=r.failures,
             busy_seconds=r.busy_seconds,
-            memory=memory_of(r.pid),
+            memory=measured[r.pid] if r.pid in measured else memory_of(r.pid, handle.path),
         )
         for r in reader_infos
     ]
-    reader_pids = {r.pid for r in reader_infos}
-    handle = runtime.store.handle()
-    me = os.getpid()
-    processes = [ProcessStats(me, "trainer", memory_of(me, handle.path))]
-    for child in psutil.Process(me).children(recursive=False):
-        role = "reader" if child.pid in reader_pids else "worker"
-        processes.append(ProcessStats(child.pid, role, memory_of(child.pid, handle.path)))
     progress = runtime.client.progress()
     in_use = handle.in_use()
     return Stats(
