@@ -23,7 +23,7 @@ from typing import NamedTuple
 import pyarrow as pa
 
 from ..shm.region import Placed
-from ..shm.template import all_buffers
+from ..shm.template import buffer_spans
 from .gather import SegmentViews
 
 
@@ -85,14 +85,12 @@ class ParsedViews:
 def _data_spans(batch: pa.RecordBatch, file: pa.Buffer) -> tuple[int, int] | None:
     """Where the batch's data buffers begin and end in ``file`` (offsets), or None if one of
     them lies outside it (a copy made by the reader: those views would not follow the file)."""
-    lo, hi = file.address, file.address + file.size
     first, end = file.size, 0
     for column in batch.columns:
-        for buf in all_buffers(column):
-            if buf is None or buf.size == 0:
-                continue
-            if not (lo <= buf.address and buf.address + buf.size <= hi):
-                return None
-            first = min(first, buf.address - lo)
-            end = max(end, buf.address + buf.size - lo)
+        spans = buffer_spans(column, file)
+        if spans is None:
+            return None
+        for offset, length in spans:
+            first = min(first, offset)
+            end = max(end, offset + length)
     return (first, end) if end else (file.size, file.size)  # no data: compare it all

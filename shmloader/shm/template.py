@@ -47,18 +47,29 @@ def all_buffers(array: pa.Array) -> list[pa.Buffer | None]:
     return found
 
 
+def buffer_spans(array: pa.Array, file: pa.Buffer) -> list[tuple[int, int]] | None:
+    """``(offset, length)`` in ``file`` of each non-empty buffer of ``array``, or None if one
+    lies outside it (a copy, not a view of the file)."""
+    spans = []
+    for buf in all_buffers(array):
+        if buf is None or buf.size == 0:
+            continue
+        offset = buf.address - file.address
+        if offset < 0 or offset + buf.size > file.size:
+            return None
+        spans.append((offset, buf.size))
+    return spans
+
+
 def learn(file: pa.Buffer, parsed: pa.RecordBatch) -> Layout | None:
     """The layout of ``file``, an IPC file that ``parsed`` was read from zero-copy; None unless
     each column has exactly one non-empty buffer, inside the file (fixed-width, no nulls)."""
     spans = []
     for column in parsed.columns:
-        buffers = [b for b in all_buffers(column) if b is not None and b.size]
-        if column.null_count or len(buffers) != 1:
+        found = buffer_spans(column, file)
+        if column.null_count or found is None or len(found) != 1:
             return None
-        offset = buffers[0].address - file.address
-        if offset < 0 or offset + buffers[0].size > file.size:
-            return None
-        spans.append((offset, buffers[0].size))
+        spans.append(found[0])
     other = []
     at = 0
     for offset, length in sorted(spans):
