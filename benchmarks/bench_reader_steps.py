@@ -1,21 +1,27 @@
-"""Where a reader's time goes, step by step, per record: read, decode, convert, write.
+"""Where a reader's time goes, step by step, per record: read, decode, write.
 
 Run by hand (not a test), from the repository root:
 ``python benchmarks/bench_reader_steps.py [--dataset images|tabular] [--records N]``.
 
 Writes the data-plane benchmark's dataset (``bench_dataplane.py``: same layouts, same decode
 functions), then does in one process what a reader does for each task of 4096 records:
+``RecordFileSource.read_result`` and ``StoreHandle.write`` of its content into a shared-memory
+segment, and ``release`` of the segment written ``WINDOW`` tasks before (it becomes a spare for
+the next writes, as in a real run). Inside that, the clock is split three ways:
 
-1. ``RecordFile.read_runs``: read the blocks, check every frame against the index and its
-   CRCs, hand out the payloads (``bytes`` copies, or ``memoryview`` slices with ``views``);
-2. the benchmark's ``decode_batch`` (joins the payloads, one ``numpy.frombuffer``);
-3. ``BatchBuilder.fixed_columns``: the columns checked against the schema, not converted
-   (the benchmark's are fixed-width; other columns would be built into an Arrow batch here);
-4. ``StoreHandle.write`` into a shared-memory segment, and ``release`` of the segment
-   written ``WINDOW`` tasks before (it becomes a spare for the next writes, as in a real run).
-   The first task of each size is built into an Arrow batch and written; the others are
-   copied from the strided arrays straight into the segment, by the layout the first one
-   taught (``shm/template.py``).
+1. ``read_runs``: ``RecordFile.read_runs`` reads the file's blocks, checks every frame against
+   the index and its CRCs, and hands out the payloads (``bytes`` copies, or ``memoryview``
+   slices with ``views``);
+2. ``decode_batch``: the benchmark's function (joins the payloads, one ``numpy.frombuffer``),
+   with the check that its columns are fixed-width;
+3. ``write``: the rest: reserving the segment, copying the columns into it, sealing it.
+
+Two ways of handing the columns over are compared: ``block`` is what readers do, each block
+of the file (``formats/_framing.BLOCK``) decoded and copied into the segment before the next is
+read (``sources/streamed.py``); ``task`` decodes the whole task first
+(``StreamedColumns.collect``), then writes it. The first task of each size is built into an
+Arrow batch and written; the others are copied straight into the segment, by the layout the
+first one taught (``shm/template.py``).
 
 Each configuration runs in a fresh interpreter, because ``keep_freed_memory`` (what reader
 processes call at start-up, ``shmloader/reader/heap.py``) changes the whole process's
@@ -27,11 +33,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,26 +47,65 @@ sys.path.insert(0, HERE)
 
 RECORDS_PER_TASK = 4096
 WINDOW = 8  # segments in use at once, as in the sampler's default shuffle window
-STEPS = ("read_runs", "decode_batch", "fixed_columns", "write")
+STEPS = ("read_runs", "decode_batch", "write")
 
 
-def measure(paths: list[str], dataset: str, views: bool, repeat: int) -> dict[str, float]:
+class Clock:
+    """Seconds spent in the instrumented steps since the last :meth:`take`."""
+
+    def __init__(self) -> None:
+        self.spent = collections.Counter[str]()
+
+    def timed_call(self, step: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.spent[step] += time.perf_counter() - t0
+
+        return call
+
+    def timed_iter(self, step: str, fn: Callable[..., Iterator[Any]]) -> Callable[..., Any]:
+        def iterate(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            items = fn(*args, **kwargs)
+            while True:
+                t0 = time.perf_counter()
+                item = next(items, None)
+                self.spent[step] += time.perf_counter() - t0
+                if item is None:
+                    return
+                yield item
+
+        return iterate
+
+    def take(self) -> dict[str, float]:
+        out = dict(self.spent)
+        self.spent.clear()
+        return out
+
+
+def measure(
+    paths: list[str], dataset: str, views: bool, whole: bool, repeat: int
+) -> dict[str, float]:
     """Seconds per record of each step, best of ``repeat`` passes over every task."""
     from _bench_decoders import DECODE_BATCH
 
-    from shmloader.formats.tfrecord import RecordFile, Run
+    from shmloader.formats.tfrecord import RecordFile
     from shmloader.shm.store import SegmentStore
-    from shmloader.sources.columns import BatchBuilder
+    from shmloader.sources import Shard
     from shmloader.sources.records import RecordFileSource
+    from shmloader.sources.streamed import StreamedColumns
 
-    decode_batch = DECODE_BATCH[dataset]
-    source = RecordFileSource(paths, decode_batch=decode_batch)
-    builder = BatchBuilder(source.schema)
-    files = [RecordFile(p) for p in paths]
+    clock = Clock()
+    # Instrumented in this process only: the time spent reading blocks, and in the decoder.
+    RecordFile.read_runs = clock.timed_iter("read_runs", RecordFile.read_runs)  # type: ignore[method-assign]
+    decode_batch = clock.timed_call("decode_batch", DECODE_BATCH[dataset])
+    source = RecordFileSource(paths, decode_batch=decode_batch, views=views)
     tasks = [
-        (rf, a, min(a + RECORDS_PER_TASK, rf.num_records))
-        for rf in files
-        for a in range(0, rf.num_records, RECORDS_PER_TASK)
+        (shard, a, min(a + RECORDS_PER_TASK, shard.num_records))
+        for shard in source.plan()
+        for a in range(0, shard.num_records, RECORDS_PER_TASK)
     ]
     records = sum(b - a for _, a, b in tasks)
     best = dict.fromkeys(STEPS, float("inf"))
@@ -66,26 +113,20 @@ def measure(paths: list[str], dataset: str, views: bool, repeat: int) -> dict[st
         handle = store.handle()
         in_use: collections.deque[str] = collections.deque()
         for _ in range(repeat):
-            spent = dict.fromkeys(STEPS, 0.0)
-            for rf, a, b in tasks:
+            clock.take()
+            total = 0.0
+            for shard, a, b in tasks:
                 t0 = time.perf_counter()
-                runs = rf.read_runs(a, b, views=views)  # on_error="raise": Runs only
-                payloads = [p for run in runs if isinstance(run, Run) for p in run.payloads]
-                t1 = time.perf_counter()
-                columns = decode_batch(payloads)
-                t2 = time.perf_counter()
-                batch = builder.fixed_columns(columns, len(payloads))
-                assert batch is not None  # the benchmark's columns are fixed-width
-                t3 = time.perf_counter()
-                info = handle.write(batch)
+                content = source.read_result(Shard(shard.path, shard.num_records), a, b).content
+                assert isinstance(content, StreamedColumns)
+                info = handle.write(content.collect() if whole else content)
                 assert info is not None  # None only when told to stop waiting
                 in_use.append(info.name)
                 if len(in_use) > WINDOW:  # released as the trainer does, a window later
                     handle.release(in_use.popleft())
-                t4 = time.perf_counter()
-                for step, dt in zip(STEPS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
-                    spent[step] += dt
-                del payloads, columns, batch
+                total += time.perf_counter() - t0
+            spent = clock.take()
+            spent["write"] = total - spent["read_runs"] - spent["decode_batch"]
             for step in STEPS:
                 best[step] = min(best[step], spent[step] / records)
     return best
@@ -98,7 +139,8 @@ def child(spec: dict[str, Any]) -> None:
         if not keep_freed_memory():
             print(json.dumps(None))  # not glibc: nothing to compare
             return
-    print(json.dumps(measure(spec["paths"], spec["dataset"], spec["views"], spec["repeat"])))
+    args = (spec["paths"], spec["dataset"], spec["views"], spec["whole"], spec["repeat"])
+    print(json.dumps(measure(*args)))
 
 
 def main() -> None:
@@ -118,24 +160,29 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="shmloader-bench-") as tmp:
         paths = write_dataset(tmp, args.dataset, records, seed=7)
         print(f"{args.dataset}: {records:,} records, tasks of {RECORDS_PER_TASK}; µs per record")
-        print(f"\n| process | payloads | {' | '.join(STEPS)} | total |")
-        print("|---|---|" + "--:|" * (len(STEPS) + 1))
-        for heap in ("default", "reader"):
-            for views in (False, True):
-                spec = dict(
-                    paths=paths, dataset=args.dataset, views=views, heap=heap, repeat=args.repeat
-                )
-                proc = run_script_child(__file__, spec)
-                if proc.returncode:
-                    raise RuntimeError(f"{spec} failed:\n{proc.stdout}\n{proc.stderr}")
-                result = json.loads(proc.stdout)
-                if result is None:
-                    print(f"| {heap} | - | (no glibc: keep_freed_memory does nothing) |")
-                    continue
-                cells = " | ".join(f"{result[s] * 1e6:.2f}" for s in STEPS)
-                total = sum(result.values()) * 1e6
-                kind = "memoryview" if views else "bytes"
-                print(f"| {heap} | {kind} | {cells} | {total:.2f} |")
+        print(f"\n| process | payloads | decoded a | {' | '.join(STEPS)} | total |")
+        print("|---|---|---|" + "--:|" * (len(STEPS) + 1))
+        configs = itertools.product(("default", "reader"), (False, True), (True, False))
+        for heap, views, whole in configs:
+            spec = dict(
+                paths=paths,
+                dataset=args.dataset,
+                views=views,
+                whole=whole,
+                heap=heap,
+                repeat=args.repeat,
+            )
+            proc = run_script_child(__file__, spec)
+            if proc.returncode:
+                raise RuntimeError(f"{spec} failed:\n{proc.stdout}\n{proc.stderr}")
+            result = json.loads(proc.stdout)
+            if result is None:
+                print(f"| {heap} | - | - | (no glibc: keep_freed_memory does nothing) |")
+                continue
+            cells = " | ".join(f"{result[s] * 1e6:.2f}" for s in STEPS)
+            total = sum(result.values()) * 1e6
+            kind = "memoryview" if views else "bytes"
+            print(f"| {heap} | {kind} | {'task' if whole else 'block'} | {cells} | {total:.2f} |")
 
 
 if __name__ == "__main__":

@@ -69,9 +69,7 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
 def _glob_one(pattern: str) -> list[str]:
     if not _is_uri(pattern):
         local = pattern[len("file://") :] if pattern.startswith("file://") else pattern
-        return [
-            os.path.abspath(m) for m in _glob.glob(local, recursive=True) if os.path.isfile(m)
-        ]
+        return [os.path.abspath(m) for m in _glob.glob(local, recursive=True) if os.path.isfile(m)]
     fs, inner = resolve(pattern)
     prefix = pattern[: len(pattern) - len(inner)] if pattern.endswith(inner) else ""
     # Longest directory prefix without glob characters is listed recursively, then filtered.

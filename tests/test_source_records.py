@@ -14,9 +14,11 @@ import pyarrow as pa
 import pytest
 
 from shmloader.errors import ConfigError, CorruptRecordError, DecodeError, SchemaMismatchError
+from shmloader.formats import _framing
 from shmloader.formats.tfrecord import RecordFile, write_records
 from shmloader.sources import RecordFileSource, Shard, Source, column_to_numpy
 from shmloader.sources.columns import FixedColumns
+from shmloader.sources.streamed import StreamedColumns
 
 DIM = 8
 SIZE = DIM * 4 + 8
@@ -115,16 +117,64 @@ def test_decode_batch_columns_are_handed_over_unconverted(
     source = RecordFileSource(path, decode_batch=decode_batch)
     shard = source.plan()[0]
     result = source.read_result(shard, 3, 40)
-    fixed = result.content
-    assert isinstance(fixed, FixedColumns) and fixed.num_rows == 37
-    assert not fixed.arrays[0].flags.c_contiguous  # views of the joined payloads, as given
-    assert result.batch.equals(RecordFileSource(path, decode=decode).read(shard, 3, 40))
-    assert result.content is result.batch  # built once, on first use
-    assert result == source.read_result(shard, 3, 40)
+    stream = result.content
+    assert isinstance(stream, StreamedColumns) and stream.num_rows == 37
+    chunks = list(stream)  # decoded now, as a writer takes them
+    assert [type(c) for c in chunks] == [FixedColumns]  # 37 small records: one block
+    assert not chunks[0].arrays[0].flags.c_contiguous  # views of the joined payloads, as given
+    with pytest.raises(RuntimeError, match="taken already"):
+        list(stream)
+    assert result.skipped == ()
+    with pytest.raises(RuntimeError, match="taken already"):
+        result.batch  # noqa: B018 - the records went to whoever took them
+    again = source.read_result(shard, 3, 40)
+    assert again.batch.equals(RecordFileSource(path, decode=decode).read(shard, 3, 40))
+    assert again.content is again.batch  # built once, on first use
+    assert again == source.read_result(shard, 3, 40)
     # Per-record decode builds the batch itself.
     assert isinstance(
         RecordFileSource(path, decode=decode).read_result(shard, 3, 40).content, pa.RecordBatch
     )
+
+
+@pytest.mark.parametrize("views", [False, True])
+def test_decode_batch_is_called_a_block_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, views: bool
+) -> None:
+    # Blocks of 10 records: a range of 95 is decoded in 10 calls, in order, each when it is
+    # taken, and skips are found across blocks.
+    monkeypatch.setattr(_framing, "BLOCK", 10 * (SIZE + 16))
+    path = tmp_path / "blocks.tfrecord"
+    labels = list(range(200, 300))
+    write_records(path, [payload(i) for i in labels])
+    calls: list[int] = []
+
+    def counting(ps: list[Any]) -> Mapping[str, Any]:
+        calls.append(len(ps))
+        return picky_decode_batch(ps)
+
+    source = RecordFileSource(str(path), decode_batch=counting, on_error="skip", views=views)
+    shard = source.plan()[0]
+    assert source.schema is not None  # inferred from the first records that decode
+    calls.clear()
+    result = source.read_result(shard, 3, 98)
+    assert calls == []  # nothing is decoded before it is taken
+    stream = result.content
+    assert isinstance(stream, StreamedColumns)
+    taken = iter(stream)
+    first = next(taken)
+    # Each block holds a bad record, so it is retried a record at a time, which isolates it.
+    assert calls == [10] + [1] * 10 and first.num_rows == 8
+    rest = list(taken)
+    assert [n for n in calls if n > 1] == [10] * 9 + [5]
+    assert calls.count(1) == 95
+    window = labels[3:98]
+    assert [s.index for s in result.skipped] == [3 + i for i, y in enumerate(window) if y % 5 == 0]
+    batches = [c if isinstance(c, pa.RecordBatch) else c.to_batch() for c in [first, *rest]]
+    got = [y for b in batches for y in b.column("y").to_pylist()]
+    assert got == [y for y in window if y % 5]
+    whole = RecordFileSource(str(path), decode_batch=picky_decode_batch, on_error="skip")
+    assert whole.read(shard, 3, 98).equals(source.read(shard, 3, 98))
 
 
 def test_without_decode_batches_hold_raw_payloads(files: list[tuple[str, list[int]]]) -> None:

@@ -27,9 +27,12 @@ U32 = struct.Struct("<I")
 HEADER_SIZE = 12
 FRAME_OVERHEAD = 16
 # Sequential scans read this much at a time; indexed range reads group records into blocks
-# of at most this many bytes (a single larger record is read on its own).
+# of at most BLOCK bytes (a single larger record is read on its own). A block is read, checked,
+# decoded and copied into shared memory while it is still in the CPU cache (L2/L3), which
+# a larger block outgrows: for 12-KiB images a reader's steps cost about 3.7 µs per record
+# with 2-MiB blocks, 4.0-4.5 with 1 or 4-8 MiB, and 4.9-5.7 with a whole task at once.
 CHUNK = 4 << 20
-BLOCK = 16 << 20
+BLOCK = 2 << 20
 # A damaged length that passed its CRC by chance could ask for exabytes: never read more
 # than this in one call, and stop at the end of the file.
 MAX_READ = 256 << 20

@@ -11,7 +11,7 @@ detection rule is in :mod:`shmloader.formats._compression` and docs/formats.md).
 Record offsets come from a sidecar index (:mod:`shmloader.formats.index`, kind
 ``"tfrecord"``, or ``"tfrecord-gzip"`` / ``"tfrecord-zlib"`` whose offsets are positions in
 the *uncompressed* stream). A range of an uncompressed file is read with one seek and one
-read per 16 MiB; a range of a compressed file has to be inflated from the file's start.
+read per 2 MiB block; a range of a compressed file has to be inflated from the file's start.
 """
 
 from __future__ import annotations
@@ -284,7 +284,7 @@ class RecordFile:
         A :class:`Run` holds consecutive good records (first index, byte offsets, payloads);
         a :class:`Bad` one skipped corrupt record (only with ``on_error="skip"``). With
         ``views=True`` the payloads are zero-copy ``memoryview`` slices of the blocks read
-        (up to 16 MiB each, kept alive while any of their views is) instead of ``bytes``.
+        (about 2 MiB each, kept alive while any of their views is) instead of ``bytes``.
         """
         skip_bad = self._skip_bad(start, stop, on_error)
         return self._iter_runs(start, stop, skip_bad, verify, views)

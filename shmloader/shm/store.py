@@ -23,11 +23,13 @@ import os
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
 from ..errors import ConfigError, ShmSpaceError
+from ..sources.columns import FixedColumns
+from ..sources.streamed import StreamedColumns
 from . import budget as _budget
 from . import lifecycle
 from .names import LOCK_NAME, is_segment_name, new_dataset_name, new_segment_name
@@ -35,11 +37,8 @@ from .reap import reap_stale
 from .region import Placed, Region
 from .sizes import format_size, parse_size
 from .space import check_space, resolve_base_dir
-from .template import Layout, Layouts, learn, write_columns
+from .template import Filled, Layout, Layouts, learn, write_chunks, write_columns
 from .written import WrittenMappings, write_ipc_into
-
-if TYPE_CHECKING:
-    from ..sources.columns import FixedColumns
 
 DEFAULT_MAX_OPEN = 64
 DEFAULT_MAX_WRITTEN = 256  # writable mappings a writer keeps (written.py)
@@ -111,7 +110,7 @@ class StoreHandle:
 
     def write(
         self,
-        batch: pa.RecordBatch | FixedColumns,
+        batch: pa.RecordBatch | FixedColumns | StreamedColumns,
         *,
         timeout: float | None = None,
         should_stop: _budget.StopSignal | None = None,
@@ -121,7 +120,8 @@ class StoreHandle:
         """Write ``batch`` into a new sealed segment, waiting for budget if needed.
 
         ``batch`` may also be the fixed-width numpy columns a batch would be built from
-        (``FixedColumns``): after the first of a schema and row count, they are written
+        (``FixedColumns``), whole or as chunks decoded while they are written
+        (``StreamedColumns``): after the first of a schema and row count, they are written
         without building the batch (``template.py``).
 
         ``name``: the segment name to seal under (from ``new_segment_name()``), for a writer
@@ -135,13 +135,16 @@ class StoreHandle:
         """
         if name is not None and not is_segment_name(name):
             raise ValueError(f"{name!r} is not a segment name (expected 'seg-' + 32 hex digits)")
-        fixed = None if isinstance(batch, pa.RecordBatch) else batch
-        layout = None if fixed is None else self.layouts.find(fixed.schema, fixed.num_rows)
-        built: pa.RecordBatch | None  # what is written the ordinary way
+        layout = None
+        if not isinstance(batch, pa.RecordBatch):
+            layout = self.layouts.find(batch.schema, batch.num_rows)
+            if layout is None and isinstance(batch, StreamedColumns):
+                # The first of its schema and size is written whole, and teaches the layout.
+                batch = batch.collect()
+                layout = self.layouts.find(batch.schema, batch.num_rows)
         if layout is not None:
             built, nbytes = None, layout.nbytes
         else:
-            # For columns, once per schema and row count: the file teaches the layout.
             built = batch if isinstance(batch, pa.RecordBatch) else batch.to_batch()
             nbytes = ipc_file_size(built)
         self.sweep_written()
@@ -156,7 +159,15 @@ class StoreHandle:
         if temp is None:
             return None
         try:
-            self._fill(temp, nbytes, built, fixed, layout)
+            filled = self._fill(temp, nbytes, batch, built, layout)
+            if filled is not None:
+                # Fewer rows came than the range holds (records were skipped), or a chunk
+                # that is not fixed-width: write what came the ordinary way instead.
+                os.unlink(temp)
+                assert isinstance(batch, StreamedColumns)
+                rest = batch.assemble(filled.rows, filled.head, filled.rest)
+                wait = dict(timeout=timeout, should_stop=should_stop, urgent=urgent)
+                return self.write(rest, name=name, **wait)  # type: ignore[arg-type]
             name = name or new_segment_name()
             _budget.seal(self.path, temp, name)
         except BaseException:
@@ -170,12 +181,13 @@ class StoreHandle:
         self,
         temp: str,
         nbytes: int,
+        batch: pa.RecordBatch | FixedColumns | StreamedColumns,
         built: pa.RecordBatch | None,
-        fixed: FixedColumns | None,
         layout: Layout | None,
-    ) -> None:
-        """Write ``built`` (then learn the layout, if it was built from ``fixed``), or
-        ``fixed`` by its ``layout``, into the reserved file ``temp``."""
+    ) -> Filled | None:
+        """Write ``built`` (then learn the layout, if it was built from columns), or ``batch``
+        by its ``layout``, into the reserved file ``temp``. Returns what a stream of columns
+        left unwritten if it did not fill the layout (None when the file is whole)."""
         try:
             fd = os.open(temp, os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError as exc:
@@ -191,15 +203,21 @@ class StoreHandle:
             raise
         finally:
             os.close(fd)
+        filled = None
         try:
             if built is not None:
                 written = write_ipc_into(mapping, built, nbytes)
-                if fixed is not None:
-                    self._learn(mapping, nbytes, fixed)
+                if not isinstance(batch, pa.RecordBatch):
+                    self._learn(mapping, nbytes, batch.schema, batch.num_rows)
             else:
-                assert fixed is not None and layout is not None
-                write_columns(mapping, layout, fixed.arrays)
-                self.layouts.used += 1
+                assert layout is not None and not isinstance(batch, pa.RecordBatch)
+                if isinstance(batch, FixedColumns):
+                    write_columns(mapping, layout, batch.arrays)
+                else:  # StreamedColumns: each chunk is decoded as it is written
+                    filled = write_chunks(mapping, layout, batch.num_rows, batch)
+                    if filled.rows == batch.num_rows and not filled.rest:
+                        filled = None
+                self.layouts.used += filled is None
                 written = nbytes
         except BaseException:
             mapping.close()
@@ -207,13 +225,14 @@ class StoreHandle:
         self.written.keep(inode, mapping)
         if written != nbytes:  # pragma: no cover - would be an Arrow bug
             raise RuntimeError(f"{temp}: wrote {written} bytes, the size computed was {nbytes}")
+        return filled
 
-    def _learn(self, mapping: mmap.mmap, nbytes: int, fixed: FixedColumns) -> None:
-        """Remember the layout of the file just written from ``fixed`` for the next ones."""
+    def _learn(self, mapping: mmap.mmap, nbytes: int, schema: pa.Schema, num_rows: int) -> None:
+        """Remember the layout of the file just written from columns, for the next ones."""
         file = pa.py_buffer(memoryview(mapping)[:nbytes])
         layout = learn(file, read_segment(file))
         if layout is not None:
-            self.layouts.remember(fixed.schema, fixed.num_rows, layout)
+            self.layouts.remember(schema, num_rows, layout)
 
     def sweep_written(self) -> None:
         """Unmap this writer's kept mappings of files that left the store (``written.py``):

@@ -20,10 +20,11 @@ is byte for byte the file pyarrow would write (``tests/test_shm_template.py`` co
 
 from __future__ import annotations
 
+import math
 import mmap
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -83,16 +84,88 @@ def learn(file: pa.Buffer, parsed: pa.RecordBatch) -> Layout | None:
     return Layout(file.size, tuple(spans), tuple(other))
 
 
+def write_other(mapping: mmap.mmap, layout: Layout) -> None:
+    """Every byte of a file of ``layout`` but the columns' values."""
+    for offset, data in layout.other:
+        mapping[offset : offset + len(data)] = data
+
+
+def column_places(
+    mapping: mmap.mmap, layout: Layout, like: Sequence[np.ndarray], num_rows: int
+) -> list[np.ndarray] | None:
+    """Writable numpy views of each column's place in ``mapping``, for ``num_rows`` rows of
+    the dtypes and row shapes of ``like``; None if a place is not of that size."""
+    places = []
+    for (offset, length), array in zip(layout.columns, like, strict=True):
+        row_shape = array.shape[1:]
+        count = num_rows * math.prod(row_shape)
+        if count * array.dtype.itemsize != length:
+            return None
+        places.append(
+            np.frombuffer(mapping, array.dtype, count, offset).reshape(num_rows, *row_shape)
+        )
+    return places
+
+
 def write_columns(mapping: mmap.mmap, layout: Layout, arrays: Sequence[np.ndarray]) -> None:
     """Write a file of ``layout`` into ``mapping``: the other bytes, then each array's values
     (of exactly the length the layout has for its column) in its place."""
-    for offset, data in layout.other:
-        mapping[offset : offset + len(data)] = data
-    for (offset, length), array in zip(layout.columns, arrays, strict=True):
-        if array.nbytes != length:
-            raise ValueError(f"a column of {array.nbytes} bytes for a place of {length}")
-        place = np.frombuffer(mapping, array.dtype, array.size, offset)
-        np.copyto(place.reshape(array.shape), array, casting="no")
+    filled = write_chunks(mapping, layout, len(arrays[0]), [_Columns(len(arrays[0]), arrays)])
+    if filled.rest:
+        sizes = [a.nbytes for a in arrays]
+        raise ValueError(f"columns of {sizes} bytes for places of {[n for _, n in layout.columns]}")
+
+
+class _Columns(NamedTuple):
+    num_rows: int
+    arrays: Sequence[np.ndarray]
+
+
+class Filled(NamedTuple):
+    """What :func:`write_chunks` wrote: ``rows`` rows. If that is not the whole file, ``head``
+    holds copies of them and ``rest`` the chunks not written (the first that was not
+    fixed-width columns or did not fit, and all after it)."""
+
+    rows: int
+    head: list[np.ndarray]
+    rest: list[Any]
+
+
+def write_chunks(
+    mapping: mmap.mmap, layout: Layout, num_rows: int, chunks: Iterable[Any]
+) -> Filled:
+    """Write a file of ``layout`` (``num_rows`` rows) into ``mapping`` a chunk at a time:
+    each chunk of fixed-width columns (anything with ``arrays`` and ``num_rows``) is copied
+    into its rows' place as soon as it is taken, while it is still in the CPU cache
+    (``sources/streamed.py``). The file is whole if ``rows == num_rows`` and ``rest`` is empty.
+
+    No view of ``mapping`` outlives the call, even when a chunk's decoding raises: the writer
+    closes the mapping then, which an exported view would forbid.
+    """
+    write_other(mapping, layout)
+    places: list[np.ndarray] | None = None
+    place: np.ndarray | None = None
+    rows = 0
+    rest: list[Any] = []
+    taken = iter(chunks)
+    try:
+        for chunk in taken:
+            if not chunk.num_rows:
+                continue
+            arrays = getattr(chunk, "arrays", None)  # a built batch has none: not ours to place
+            if arrays is not None and places is None:
+                places = column_places(mapping, layout, arrays, num_rows)
+            if arrays is None or places is None or rows + chunk.num_rows > num_rows:
+                rest = [chunk, *taken]
+                break
+            for place, array in zip(places, arrays, strict=True):
+                np.copyto(place[rows : rows + chunk.num_rows], array, casting="no")
+            rows += chunk.num_rows
+        if rows == num_rows and not rest:
+            return Filled(rows, [], [])
+        return Filled(rows, [p[:rows].copy() for p in places or ()], rest)
+    finally:
+        places = place = None  # drop the views, in a traceback's frame too
 
 
 class Layouts:

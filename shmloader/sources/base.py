@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import pyarrow as pa
 
 from ..errors import ConfigError
+from .streamed import StreamedColumns
 
 if TYPE_CHECKING:
     from .columns import FixedColumns
@@ -45,21 +46,32 @@ class SkippedRecord:
 class ReadResult:
     """Records of a range as one batch, plus the ones skipped (in record order).
 
-    A source may hand over :class:`~shmloader.sources.columns.FixedColumns` instead of the
-    batch: ``batch`` then builds it on first use, and a reader writes :attr:`content` into
-    shared memory without building it (one copy fewer per byte).
+    A source may hand over what the batch is built from instead: fixed-width numpy columns
+    (:class:`~shmloader.sources.columns.FixedColumns`), or chunks of them decoded as they
+    are taken (:class:`~shmloader.sources.streamed.StreamedColumns`, which also knows the
+    skipped records). ``batch`` builds the batch on first use; a reader writes
+    :attr:`content` into shared memory without building it (one copy fewer per byte).
     """
 
-    __slots__ = ("_content", "_skipped")
+    __slots__ = ("_content", "_skipped", "_stream")
 
     def __init__(
-        self, batch: pa.RecordBatch | FixedColumns, skipped: tuple[SkippedRecord, ...] = ()
+        self,
+        batch: pa.RecordBatch | FixedColumns | StreamedColumns,
+        skipped: tuple[SkippedRecord, ...] = (),
     ) -> None:
         self._content = batch
+        self._stream = batch if isinstance(batch, StreamedColumns) else None
+        if self._stream is not None and skipped:
+            raise ValueError("a StreamedColumns result finds its skipped records itself")
         self._skipped = tuple(skipped)
 
     @property
     def skipped(self) -> tuple[SkippedRecord, ...]:
+        if self._stream is not None:
+            if not self._stream.done:
+                self.batch  # noqa: B018 - decodes the rest, which finds the skipped records
+            return self._stream.skipped
         return self._skipped
 
     @property
@@ -69,14 +81,14 @@ class ReadResult:
         return self._content
 
     @property
-    def content(self) -> pa.RecordBatch | FixedColumns:
-        """The records as the source made them: the batch, or the columns it is built from."""
+    def content(self) -> pa.RecordBatch | FixedColumns | StreamedColumns:
+        """The records as the source made them: the batch, or what it is built from."""
         return self._content
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ReadResult):
             return NotImplemented
-        return self.skipped == other.skipped and self.batch.equals(other.batch)
+        return self.batch.equals(other.batch) and self.skipped == other.skipped
 
     __hash__ = None  # type: ignore[assignment]
 

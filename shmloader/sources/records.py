@@ -3,7 +3,8 @@
 Counts come from each file's sidecar index (built on demand by
 :class:`shmloader.formats.tfrecord.RecordFile`), so ``plan()`` never decodes a record. A read
 pulls the range's payloads with one indexed seek, decodes them (one call per record with
-``decode``, one call per range with ``decode_batch``) and converts the result with
+``decode``; with ``decode_batch`` one call per block of the file read, about 2 MiB of records,
+as a writer takes them: ``streamed.py``) and converts the result with
 :mod:`shmloader.sources.columns`.
 
 The schema is fixed once per source: given with ``schema=``, or inferred from the first
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -24,7 +25,7 @@ import pyarrow as pa
 from .._fs import expand_paths
 from ..errors import ConfigError, CorruptRecordError
 from ..formats.index import INDEX_SUFFIX
-from ..formats.tfrecord import Bad, RecordFile
+from ..formats.tfrecord import Bad, RecordFile, Run
 from ._decoding import (
     INFER_ATTEMPTS,
     At,
@@ -35,7 +36,8 @@ from ._decoding import (
     record_failure,
 )
 from .base import BaseSource, ReadResult, Shard, SkippedRecord, check_on_error
-from .columns import BatchBuilder, FixedColumns, infer_schema, infer_schema_from_columns
+from .columns import BatchBuilder, infer_schema, infer_schema_from_columns
+from .streamed import Chunk, StreamedColumns
 
 # Payloads are bytes, or memoryviews with ``views=True``.
 Decode = Callable[[Any], Mapping[str, Any]]
@@ -49,9 +51,11 @@ class RecordFileSource(BaseSource):
     """Record files (TFRecord framing, optionally gzip/zlib) decoded by a user function.
 
     ``decode(payload) -> mapping`` is called per record; ``decode_batch(payloads) -> mapping``
-    once per range with batched arrays (faster for numeric data). With neither, batches have
-    one ``record: binary`` column of raw payloads. Both functions must be picklable
-    (module-level functions), since sources travel to reader processes.
+    with batched arrays (faster for numeric data), once per block of the range read from the
+    file: about 2 MiB of records, so the whole range for small records, and one block's
+    decoded columns are written into shared memory while they are still in the CPU cache.
+    With neither, batches have one ``record: binary`` column of raw payloads. Both functions
+    must be picklable (module-level functions), since sources travel to reader processes.
 
     ``on_error="skip"`` leaves out records whose framing is corrupt or whose decode fails or
     does not fit the schema, and reports each as a :class:`SkippedRecord`; ``"raise"`` raises
@@ -63,7 +67,7 @@ class RecordFileSource(BaseSource):
     where a memoryview costs more than a small ``bytes``. The functions must then
     take any bytes-like object: ``numpy.frombuffer``, ``b"".join``, ``int.from_bytes``,
     ``struct.unpack_from`` and slicing do; ``bytes`` methods (``.decode()``, ``.split()``)
-    and hashing do not. A view keeps its whole block (up to 16 MiB) alive, so copy what a
+    and hashing do not. A view keeps its whole block (about 2 MiB) alive, so copy what a
     decode function keeps beyond its return.
     """
 
@@ -149,11 +153,16 @@ class RecordFileSource(BaseSource):
 
     def _read(self, shard: Shard, start: int, stop: int) -> ReadResult:
         path = shard.path
+        skipped: list[SkippedRecord] = []
+        runs = self._file(path).read_runs(start, stop, on_error=self.on_error, views=self.views)
+        builder = self._builder_for_schema()
+        if self.decode_batch is not None:
+            # Decoded a block at a time, as a writer takes them (streamed.py).
+            chunks = self._decode_runs(path, runs, builder, skipped)
+            return ReadResult(StreamedColumns(builder, stop - start, chunks, skipped))
         payloads: list[Any] = []  # bytes, or memoryviews with ``views``
         indexes: list[int] = []  # record index and byte offset of each payload
         offsets: list[int] = []
-        skipped: list[SkippedRecord] = []
-        runs = self._file(path).read_runs(start, stop, on_error=self.on_error, views=self.views)
         for run in runs:
             if isinstance(run, Bad):
                 record_failure(path, At(run.record, run.offset), run.error, self.on_error, skipped)
@@ -161,35 +170,45 @@ class RecordFileSource(BaseSource):
                 payloads.extend(run.payloads)
                 indexes.extend(range(run.first, run.first + len(run.payloads)))
                 offsets.extend(run.offsets)
-        where = Locations(indexes, offsets)
-        builder = self._builder_for_schema()
-        on_error = self.on_error
-        batch: pa.RecordBatch | FixedColumns  # fixed-width columns stay numpy (FixedColumns)
         if self.decode is not None:
             batch = decode_to_batch(
                 builder,
                 path,
                 payloads,
-                where,
+                Locations(indexes, offsets),
                 parse=None,
                 decode=self.decode,
-                on_error=on_error,
-                skipped=skipped,
-            )
-        elif self.decode_batch is not None:
-            batch = decode_columns_to_batch(
-                builder,
-                path,
-                payloads,
-                where,
-                decode_batch=self.decode_batch,
-                on_error=on_error,
+                on_error=self.on_error,
                 skipped=skipped,
             )
         else:
             batch = builder.from_columns({"record": payloads}, len(payloads))
         skipped.sort(key=lambda s: s.index)
         return ReadResult(batch, tuple(skipped))
+
+    def _decode_runs(
+        self,
+        path: str,
+        runs: Iterable[Run | Bad],
+        builder: BatchBuilder,
+        skipped: list[SkippedRecord],
+    ) -> Iterator[Chunk]:
+        """One ``decode_batch`` call per run of good records (a block of the file, at most)."""
+        assert self.decode_batch is not None
+        for run in runs:
+            if isinstance(run, Bad):
+                record_failure(path, At(run.record, run.offset), run.error, self.on_error, skipped)
+                continue
+            first = run.first
+            yield decode_columns_to_batch(
+                builder,
+                path,
+                run.payloads,
+                Locations(list(range(first, first + len(run.payloads))), run.offsets),
+                decode_batch=self.decode_batch,
+                on_error=self.on_error,
+                skipped=skipped,
+            )
 
     def _infer_schema(self) -> pa.Schema:
         """From the first record that decodes, in plan order (see :func:`infer_schema_from`)."""
