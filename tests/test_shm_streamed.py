@@ -15,6 +15,7 @@ from test_shm_template import SCHEMAS, file_bytes, joined_columns, pyarrow_file
 
 from shmloader.shm import SegmentStore
 from shmloader.shm.names import parse_temp_name
+from shmloader.shm.template import zeros_like
 from shmloader.sources.columns import BatchBuilder, FixedColumns
 from shmloader.sources.streamed import Chunk, StreamedColumns
 
@@ -55,10 +56,13 @@ def test_chunks_are_written_in_place_byte_for_byte(tmp_path: Path, sizes: list[i
         assert store.in_use() == 3 * info.nbytes
 
 
-def test_each_chunk_is_decoded_after_the_segment_is_reserved(tmp_path: Path) -> None:
+@pytest.mark.parametrize("taught", [True, False])
+def test_each_chunk_is_decoded_after_the_segment_is_reserved(tmp_path: Path, taught: bool) -> None:
+    # The first of its size too: a file of zeros teaches the layout, then the chunks go in.
     with SegmentStore.create("8MiB", base_dir=tmp_path) as store:
         writer = store.handle()
-        teach(writer, 20)
+        if taught:
+            teach(writer, 20)
         unsealed_when_decoded: list[int] = []
 
         def decoded() -> Iterator[Chunk]:
@@ -68,8 +72,19 @@ def test_each_chunk_is_decoded_after_the_segment_is_reserved(tmp_path: Path) -> 
                 yield fixed(5, seed)
 
         info = writer.write(StreamedColumns(BUILDER, 20, decoded(), []))
-        assert info is not None and writer.layouts.used == 1
-        assert unsealed_when_decoded == [1, 1, 1, 1]  # written as they came, into one file
+        assert info is not None and writer.layouts.used == int(taught)
+        assert unsealed_when_decoded[1:] == [1, 1, 1]  # written as they came, into one file
+        assert unsealed_when_decoded[0] == int(taught)  # untaught: the first shows the dtypes
+        chunks: list[Chunk] = [fixed(5, seed) for seed in range(4)]
+        assert file_bytes(store, info.name) == pyarrow_file(whole(chunks))
+
+
+def test_zeros_that_teach_a_layout_are_zeros_of_the_columns_shapes() -> None:
+    arrays = fixed(3, 1).arrays
+    zeros = zeros_like(arrays, 1000)
+    for zero, array in zip(zeros, arrays, strict=True):
+        assert zero.dtype == array.dtype and zero.shape == (1000, *array.shape[1:])
+        assert not zero.any()
 
 
 def test_fewer_rows_than_planned_are_written_as_a_batch_of_their_own(tmp_path: Path) -> None:

@@ -18,18 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import mmap
 import os
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import pyarrow as pa
 
 from ..errors import ConfigError, ShmSpaceError
 from ..sources.columns import FixedColumns
-from ..sources.streamed import StreamedColumns
+from ..sources.streamed import Chunk, StreamedColumns
 from . import budget as _budget
 from . import lifecycle
 from .names import LOCK_NAME, is_segment_name, new_dataset_name, new_segment_name
@@ -37,7 +38,7 @@ from .reap import reap_stale
 from .region import Placed, Region
 from .sizes import format_size, parse_size
 from .space import check_space, resolve_base_dir
-from .template import Filled, Layout, Layouts, learn, write_chunks, write_columns
+from .template import Filled, Layout, Layouts, learn, write_chunks, zeros_like
 from .written import WrittenMappings, write_ipc_into
 
 DEFAULT_MAX_OPEN = 64
@@ -60,6 +61,18 @@ class SegmentInfo(NamedTuple):
     name: str
     num_rows: int
     nbytes: int
+
+
+class _Plan(NamedTuple):
+    """How a write goes: ``built`` written the ordinary way, then ``chunks`` of ``columns``
+    by ``layout`` (or the one learned from ``built``)."""
+
+    nbytes: int
+    num_rows: int
+    built: pa.RecordBatch | None
+    columns: StreamedColumns | None = None
+    chunks: Iterator[Chunk] | None = None
+    layout: Layout | None = None
 
 
 def ipc_file_size(batch: pa.RecordBatch) -> int:
@@ -135,22 +148,11 @@ class StoreHandle:
         """
         if name is not None and not is_segment_name(name):
             raise ValueError(f"{name!r} is not a segment name (expected 'seg-' + 32 hex digits)")
-        layout = None
-        if not isinstance(batch, pa.RecordBatch):
-            layout = self.layouts.find(batch.schema, batch.num_rows)
-            if layout is None and isinstance(batch, StreamedColumns):
-                # The first of its schema and size is written whole, and teaches the layout.
-                batch = batch.collect()
-                layout = self.layouts.find(batch.schema, batch.num_rows)
-        if layout is not None:
-            built, nbytes = None, layout.nbytes
-        else:
-            built = batch if isinstance(batch, pa.RecordBatch) else batch.to_batch()
-            nbytes = ipc_file_size(built)
+        plan = self._plan(batch)
         self.sweep_written()
         temp = _budget.reserve(
             self.path,
-            nbytes,
+            plan.nbytes,
             self.budget,
             timeout=timeout,
             should_stop=should_stop,
@@ -159,13 +161,13 @@ class StoreHandle:
         if temp is None:
             return None
         try:
-            filled = self._fill(temp, nbytes, batch, built, layout)
+            filled = self._fill(temp, plan)
             if filled is not None:
                 # Fewer rows came than the range holds (records were skipped), or a chunk
-                # that is not fixed-width: write what came the ordinary way instead.
+                # that is not fixed-width: write what came as one, the ordinary way.
                 os.unlink(temp)
-                assert isinstance(batch, StreamedColumns)
-                rest = batch.assemble(filled.rows, filled.head, filled.rest)
+                assert plan.columns is not None
+                rest = plan.columns.assemble(filled.rows, filled.head, filled.rest)
                 wait = dict(timeout=timeout, should_stop=should_stop, urgent=urgent)
                 return self.write(rest, name=name, **wait)  # type: ignore[arg-type]
             name = name or new_segment_name()
@@ -175,64 +177,81 @@ class StoreHandle:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
             raise
-        return SegmentInfo(name, batch.num_rows, nbytes)
+        return SegmentInfo(name, plan.num_rows, plan.nbytes)
 
-    def _fill(
-        self,
-        temp: str,
-        nbytes: int,
-        batch: pa.RecordBatch | FixedColumns | StreamedColumns,
-        built: pa.RecordBatch | None,
-        layout: Layout | None,
-    ) -> Filled | None:
-        """Write ``built`` (then learn the layout, if it was built from columns), or ``batch``
-        by its ``layout``, into the reserved file ``temp``. Returns what a stream of columns
-        left unwritten if it did not fill the layout (None when the file is whole)."""
+    def _plan(self, batch: pa.RecordBatch | FixedColumns | StreamedColumns) -> _Plan:
+        """How ``batch`` will be written, and the size of its file."""
+        if isinstance(batch, pa.RecordBatch):
+            return _Plan(ipc_file_size(batch), batch.num_rows, batch)
+        columns = batch if isinstance(batch, StreamedColumns) else StreamedColumns.of(batch)
+        layout = self.layouts.find(columns.schema, columns.num_rows)
+        if layout is not None:
+            return _Plan(layout.nbytes, columns.num_rows, None, columns, iter(columns), layout)
+        # The first of its schema and row count. Its file is written from zeros first (they
+        # take no memory), which teaches the layout; then the chunks go in by it, as later.
+        chunks = iter(columns)
+        first = next((chunk for chunk in chunks if chunk.num_rows), None)
+        if not isinstance(first, FixedColumns):
+            whole = columns.assemble(0, (), [] if first is None else [first, *chunks])
+            built = whole if isinstance(whole, pa.RecordBatch) else whole.to_batch()
+            return _Plan(ipc_file_size(built), built.num_rows, built)
+        zeros = zeros_like(first.arrays, columns.num_rows)
+        built = FixedColumns(first.builder, columns.num_rows, tuple(zeros)).to_batch()
+        rest = itertools.chain([first], chunks)
+        return _Plan(ipc_file_size(built), columns.num_rows, built, columns, rest)
+
+    def _fill(self, temp: str, plan: _Plan) -> Filled | None:
+        """Write ``plan`` into the reserved file ``temp``: its batch the ordinary way, then
+        its chunks of columns by a layout (learned from that batch if not known). Returns
+        what the chunks left unwritten if they did not fill the file (None when it is whole)."""
         try:
             fd = os.open(temp, os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError as exc:
             raise _budget.closed_error(self.path) from exc
         try:
-            inode, mapping = self.written.mapping(fd, nbytes)
+            inode, mapping = self.written.mapping(fd, plan.nbytes)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise ShmSpaceError(
-                    f"{self.base_dir} is full while writing a segment of {format_size(nbytes)} "
-                    f"into {temp}; other programs use it too: enlarge it or lower shm_budget"
+                    f"{self.base_dir} is full while writing a segment of "
+                    f"{format_size(plan.nbytes)} into {temp}; other programs use it too: "
+                    f"enlarge it or lower shm_budget"
                 ) from exc
             raise
         finally:
             os.close(fd)
         filled = None
         try:
-            if built is not None:
-                written = write_ipc_into(mapping, built, nbytes)
-                if not isinstance(batch, pa.RecordBatch):
-                    self._learn(mapping, nbytes, batch.schema, batch.num_rows)
-            else:
-                assert layout is not None and not isinstance(batch, pa.RecordBatch)
-                if isinstance(batch, FixedColumns):
-                    write_columns(mapping, layout, batch.arrays)
-                else:  # StreamedColumns: each chunk is decoded as it is written
-                    filled = write_chunks(mapping, layout, batch.num_rows, batch)
-                    if filled.rows == batch.num_rows and not filled.rest:
+            written = plan.nbytes
+            if plan.built is not None:
+                written = write_ipc_into(mapping, plan.built, plan.nbytes)
+            if plan.columns is not None and plan.chunks is not None:
+                layout = plan.layout or self._learn(mapping, plan)
+                if layout is None:  # not one to write in place: all of it the ordinary way
+                    filled = Filled(0, [], list(plan.chunks))
+                else:
+                    filled = write_chunks(mapping, layout, plan.num_rows, plan.chunks)
+                    if filled.rows == plan.num_rows and not filled.rest:
                         filled = None
-                self.layouts.used += filled is None
-                written = nbytes
+                        self.layouts.used += plan.layout is not None
         except BaseException:
             mapping.close()
             raise
         self.written.keep(inode, mapping)
-        if written != nbytes:  # pragma: no cover - would be an Arrow bug
-            raise RuntimeError(f"{temp}: wrote {written} bytes, the size computed was {nbytes}")
+        if written != plan.nbytes:  # pragma: no cover - would be an Arrow bug
+            raise RuntimeError(
+                f"{temp}: wrote {written} bytes, the size computed was {plan.nbytes}"
+            )
         return filled
 
-    def _learn(self, mapping: mmap.mmap, nbytes: int, schema: pa.Schema, num_rows: int) -> None:
-        """Remember the layout of the file just written from columns, for the next ones."""
-        file = pa.py_buffer(memoryview(mapping)[:nbytes])
+    def _learn(self, mapping: mmap.mmap, plan: _Plan) -> Layout | None:
+        """The layout of the file just written, remembered for the next ones like it."""
+        assert plan.columns is not None
+        file = pa.py_buffer(memoryview(mapping)[: plan.nbytes])
         layout = learn(file, read_segment(file))
         if layout is not None:
-            self.layouts.remember(schema, num_rows, layout)
+            self.layouts.remember(plan.columns.schema, plan.num_rows, layout)
+        return layout
 
     def sweep_written(self) -> None:
         """Unmap this writer's kept mappings of files that left the store (``written.py``):

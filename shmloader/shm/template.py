@@ -8,11 +8,13 @@ images, each of those copies cost about 1 µs per record, as much as decoding.
 But an Arrow IPC file of fixed-width columns without nulls is laid out by the schema and the
 row count alone: every buffer's offset and length, and with them all the metadata bytes, follow
 from those two (the same fact the gather's reuse of parsed views rests on,
-``dataset/parsed.py``). So once the store has written a batch of a given schema and row count
-the ordinary way, it learns from the file where each column's values went and keeps all the
-other bytes (file magic, schema and batch metadata, padding, footer). A later batch of the same
-schema and row count is written as those bytes plus one ``numpy.copyto`` per column, from the
-strided arrays straight into the file's pages.
+``dataset/parsed.py``). So for the first batch of a schema and row count, the store writes a
+file of zeros of that schema and row count the ordinary way (:func:`zeros_like`: they take no
+memory) and learns from it where each column's values go, keeping all the other bytes (file
+magic, schema and batch metadata, padding, footer). Every batch of that schema and row count,
+the first included, is then written as those bytes plus one ``numpy.copyto`` per column, from
+the strided arrays straight into the file's pages: per chunk of rows, as a reader decodes them
+(:func:`write_chunks`, ``sources/streamed.py``).
 
 The layout is learned from a file pyarrow wrote, never computed here; and a file written from it
 is byte for byte the file pyarrow would write (``tests/test_shm_template.py`` compares them).
@@ -107,18 +109,16 @@ def column_places(
     return places
 
 
-def write_columns(mapping: mmap.mmap, layout: Layout, arrays: Sequence[np.ndarray]) -> None:
-    """Write a file of ``layout`` into ``mapping``: the other bytes, then each array's values
-    (of exactly the length the layout has for its column) in its place."""
-    filled = write_chunks(mapping, layout, len(arrays[0]), [_Columns(len(arrays[0]), arrays)])
-    if filled.rest:
-        sizes = [a.nbytes for a in arrays]
-        raise ValueError(f"columns of {sizes} bytes for places of {[n for _, n in layout.columns]}")
-
-
-class _Columns(NamedTuple):
-    num_rows: int
-    arrays: Sequence[np.ndarray]
+def zeros_like(arrays: Sequence[np.ndarray], num_rows: int) -> list[np.ndarray]:
+    """Zeros of ``arrays``' dtypes and row shapes, ``num_rows`` rows, that take no memory:
+    each lies on an anonymous mapping never written, whose pages all read as the kernel's one
+    zero page. A file written from them teaches a layout as well as the real columns would."""
+    out = []
+    for array in arrays:
+        shape = (num_rows, *array.shape[1:])
+        nbytes = math.prod(shape) * array.dtype.itemsize
+        out.append(np.ndarray(shape, array.dtype, buffer=mmap.mmap(-1, max(nbytes, 1))))
+    return out
 
 
 class Filled(NamedTuple):

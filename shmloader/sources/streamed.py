@@ -54,6 +54,11 @@ class StreamedColumns:
         self._taken = False
         self.done = False
 
+    @classmethod
+    def of(cls, columns: FixedColumns) -> StreamedColumns:
+        """``columns`` decoded already, as a stream of one chunk."""
+        return cls(columns.builder, columns.num_rows, iter([columns]), [])
+
     @property
     def schema(self) -> pa.Schema:
         return self.builder.schema
