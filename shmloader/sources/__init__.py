@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # the names for type checkers (``as``: re-exported)
     from .jsonl import JSONLSource as JSONLSource
     from .parquet import ParquetSource as ParquetSource
     from .records import RecordFileSource as RecordFileSource
+    from .streamed import StreamedColumns as StreamedColumns
     from .webdataset import WebDatasetSource as WebDatasetSource
 
 # public name -> submodule that defines it
@@ -55,6 +56,7 @@ _EXPORTS: dict[str, str] = {
     "JSONLSource": "jsonl",
     "ParquetSource": "parquet",
     "RecordFileSource": "records",
+    "StreamedColumns": "streamed",
     "WebDatasetSource": "webdataset",
 }
 

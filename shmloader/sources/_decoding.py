@@ -177,7 +177,7 @@ def decode_columns_to_batch(
     on_error: str,
     skipped: list[SkippedRecord],
 ) -> pa.RecordBatch | FixedColumns:
-    """One ``decode_batch`` call and one conversion for the whole range (no per-record work);
+    """One ``decode_batch`` call and one conversion for all ``payloads`` (no per-record work);
     fixed-width numeric columns are returned as they are, unconverted (``FixedColumns``).
 
     Only when that fails are the records retried one by one, which isolates the bad ones
