@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +31,11 @@ def write_dataset(
     *,
     poison: Iterable[int] = (),
     first_id: int = 0,
+    encoder: Callable[[int, int], bytes] = encode,
 ) -> list[int]:
     """One record file per entry of ``sizes`` (``part-00000.tfrecord``, ...) with consecutive
-    ids from ``first_id``; records whose id is in ``poison`` fail to decode. Returns the ids."""
+    ids from ``first_id``; records whose id is in ``poison`` fail to decode. Returns the ids.
+    ``encoder(id, flag)``: the payload of a record (``_decoders.encode_padded`` for large)."""
     bad = set(poison)
     directory.mkdir(parents=True, exist_ok=True)
     next_id = first_id
@@ -41,7 +43,7 @@ def write_dataset(
         ids = range(next_id, next_id + size)
         shmloader.write_records(
             directory / f"part-{i:05d}.tfrecord",
-            (encode(r, POISON if r in bad else GOOD) for r in ids),
+            (encoder(r, POISON if r in bad else GOOD) for r in ids),
         )
         next_id += size
     return list(range(first_id, next_id))

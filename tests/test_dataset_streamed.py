@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch.utils.data
-from _dataset_helpers import ids_of, shm_entries
-from _decoders import GOOD, POISON, SCHEMA, decode_batch_padded, encode_padded
+from _dataset_helpers import ids_of, shm_entries, write_dataset
+from _decoders import SCHEMA, decode_batch_padded, encode_padded
 
 import shmloader
 
@@ -21,14 +21,7 @@ POISONED = {5, 260, 444}
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("padded")
-    first = 0
-    for i, size in enumerate(SIZES):
-        ids = range(first, first + size)
-        shmloader.write_records(
-            directory / f"part-{i}.tfrecord",
-            (encode_padded(r, POISON if r in POISONED else GOOD) for r in ids),
-        )
-        first += size
+    write_dataset(directory, SIZES, poison=POISONED, encoder=encode_padded)
     return directory
 
 
@@ -67,6 +60,11 @@ def test_blocks_streamed_into_segments_deliver_every_good_record_once(
         assert stats.records_skipped == 2 * len(POISONED)
         where = sorted((Path(s.path).name, s.index) for s in ds.runtime.skipped)
         assert where == sorted(
-            2 * [("part-0.tfrecord", 5), ("part-0.tfrecord", 260), ("part-1.tfrecord", 144)]
+            2
+            * [
+                ("part-00000.tfrecord", 5),
+                ("part-00000.tfrecord", 260),
+                ("part-00001.tfrecord", 144),
+            ]
         )
     assert shm_entries(shm_dir) == []
