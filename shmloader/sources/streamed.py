@@ -98,8 +98,8 @@ class StreamedColumns:
             return self.builder.empty()
         if len(chunks) == 1:
             return chunks[0]
-        if all(isinstance(c, FixedColumns) for c in chunks):
-            fixed = [c for c in chunks if isinstance(c, FixedColumns)]
+        fixed = [c for c in chunks if isinstance(c, FixedColumns)]
+        if len(fixed) == len(chunks):
             arrays = tuple(np.concatenate(a) for a in zip(*(c.arrays for c in fixed), strict=True))
             return FixedColumns(self.builder, sum(c.num_rows for c in fixed), arrays)
         batches = [c if isinstance(c, pa.RecordBatch) else c.to_batch() for c in chunks]
