@@ -10,71 +10,9 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
+from _dataplane_helpers import OFFSETS, TOTAL, make
 
-from shmloader.dataset.ledger import LedgerReader, ledger_dir
-from shmloader.dataset.plane import DataPlane
-from shmloader.dataset.sampler import TaskSampler
 from shmloader.dataset.worker import Gatherer
-from shmloader.errors import LeaseError
-from shmloader.master.dispatcher import Dispatcher
-from shmloader.master.progress import DispatcherConfig
-from shmloader.master.tasks import build_schedule
-from shmloader.shm.store import SegmentStore
-from shmloader.sources.base import Shard
-
-SHARDS = [Shard("/data/a", 23), Shard("/data/b", 7), Shard("/data/c", 40)]
-OFFSETS = {"/data/a": 0, "/data/b": 23, "/data/c": 30}
-TOTAL = 70
-
-
-class DispatcherOps:
-    """The plane's master calls, served by an in-process dispatcher."""
-
-    def __init__(self, d: Dispatcher, consumer: str) -> None:
-        self.d = d
-        self.consumer = consumer
-
-    def complete(self, lease_ids: list[int]) -> dict[int, str]:
-        problems = {}
-        for lease_id in lease_ids:
-            try:
-                self.d.complete(lease_id, time.time())
-            except LeaseError as exc:
-                problems[lease_id] = str(exc)
-        return problems
-
-    def _queue(self, epoch: int) -> tuple[int, int]:
-        c = self.d.config
-        s = build_schedule(
-            self.d.table,
-            epoch,
-            seed=c.seed,
-            shuffle=c.shuffle,
-            world_size=c.world_size,
-            policy=c.ddp_policy,
-        )
-        return int(s.bounds[1] - s.bounds[0]), int(s.lengths()[s.bounds[0] : s.bounds[1]].sum())
-
-    def epoch_tasks(self, epoch: int) -> int:
-        return self._queue(epoch)[0]
-
-    def epoch_records(self, epoch: int) -> int:
-        return self._queue(epoch)[1]
-
-
-def make(tmp_path, *, shuffle=True, seed=3, epochs=2, window=2, budget="64MiB"):
-    d = Dispatcher(
-        SHARDS, DispatcherConfig(records_per_task=8, epochs=epochs, shuffle=shuffle, seed=seed)
-    )
-    d.register("c", time.time())
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    store = SegmentStore.create(budget, base_dir=str(tmp_path))
-    handle = store.handle()
-    plane = DataPlane(
-        master=DispatcherOps(d, "c"), segments=handle, ledger=LedgerReader(ledger_dir(handle.path))
-    )
-    sampler = TaskSampler(lambda: plane, shuffle=shuffle, seed=seed, window=window)
-    return d, store, plane, sampler
 
 
 def read_all(d, store, plane, order_seed):

@@ -376,3 +376,32 @@ def test_a_damaged_state_dict_is_a_config_error_and_leaves_a_clean_dispatcher() 
     del state["schedule"]
     with pytest.raises(ConfigError, match="another task schedule"):
         fresh.load_state_dict(state)
+
+
+def test_whereabouts_tell_a_consumer_which_units_it_may_still_get() -> None:
+    d = make(epochs=2, max_retries=0)  # 7 units per epoch
+    d.register("a", 0.0)
+    d.register("b", 0.0)
+    assert d.whereabouts("a", 0, [0, 6]) == ["todo", "todo"]  # not started yet
+    a0, a1 = d.lease("a", 2, 0.0)
+    (b2,) = d.lease("b", 1, 0.0)
+    d.complete(a0.lease_id, 1.0)
+    d.fail(a1.lease_id, "bad", 1.0)  # no retries left: quarantined
+    assert d.whereabouts("a", 0, [0, 1, 2, 3]) == ["done", "quarantined", "other", "todo"]
+    assert d.whereabouts("b", 0, [2]) == ["mine"]
+    assert d.mark_taken([b2.lease_id, a0.lease_id], 1.5) == {
+        a0.lease_id: f"lease {a0.lease_id} is not active: it was completed at t=1.0; task 0 of "
+        "epoch 0 is counted once"
+    }
+    assert d.whereabouts("a", 0, [2]) == ["taken"]  # b's trainer has it in hand
+    d.leave("b", 2.0)  # its unit goes back to the queue
+    assert d.whereabouts("a", 0, [2]) == ["todo"]
+    rest = d.lease("a", 5, 2.0)
+    for lease in rest:
+        d.complete(lease.lease_id, 3.0)
+    assert d.progress().epochs_finished == 1  # closed: told from what it kept
+    assert d.whereabouts("a", 0, [0, 1, 6]) == ["done", "quarantined", "done"]
+    with pytest.raises(ConfigError, match=r"epoch 0 has units 0\.\.6, not 7"):
+        d.whereabouts("a", 0, [7])
+    with pytest.raises(MasterError, match="not registered"):
+        d.whereabouts("b", 0, [0])

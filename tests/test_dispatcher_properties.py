@@ -127,6 +127,19 @@ class DispatcherMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.seen)
     @rule(i=st.integers(0, 10_000))
+    def mark_taken(self, i: int) -> None:
+        lease = self.seen[i % len(self.seen)]
+        problems = self.d.mark_taken([lease.lease_id], self.now)
+        assert (lease.lease_id in problems) == (lease.lease_id not in self.active())
+        if not problems:
+            holder = lease.consumer
+            others = [c for c in self.registered() if c != holder]
+            if others:  # what another consumer is told of that unit now
+                where = self.d.whereabouts(others[0], lease.epoch, [lease.unit])
+                assert where == ["taken"]
+
+    @precondition(lambda self: self.seen)
+    @rule(i=st.integers(0, 10_000))
     def fail(self, i: int) -> None:
         lease_id = self.seen[i % len(self.seen)].lease_id
         if lease_id in self.active():

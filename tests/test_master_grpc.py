@@ -392,3 +392,22 @@ def test_complete_many_completes_the_rest_and_names_what_it_could_not() -> None:
         assert c.complete_many([]) == {}
         with pytest.raises(LeaseError):
             c.complete(ids[0])  # completed by the batch already
+
+
+def test_whereabouts_map_seqs_of_the_consumers_queue() -> None:
+    m = _master(epochs=1, world_size=2)
+    try:
+        with MasterClient(m.address, timeout=5, retry_for=1) as client:
+            client.register("r0", 0)
+            client.register("r1", 1)
+            (lease,) = client.lease("r1", 1).leases
+            assert lease.seq == 0
+            # seq 0 of rank 1's queue is the unit after rank 0's: leased by r1
+            assert client.whereabouts("r1", 0, [0, 1]) == ["mine", "todo"]
+            assert client.whereabouts("r0", 0, [0]) == ["todo"]
+            with pytest.raises(MasterError, match=r"INVALID_ARGUMENT.*not seq 9"):
+                client.whereabouts("r0", 0, [9])
+            with pytest.raises(MasterError, match="NOT_FOUND"):
+                client.whereabouts("r0", 1, [0])
+    finally:
+        m.stop()

@@ -1,10 +1,26 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class Whereabouts(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TODO: _ClassVar[Whereabouts]
+    MINE: _ClassVar[Whereabouts]
+    OTHER: _ClassVar[Whereabouts]
+    DONE: _ClassVar[Whereabouts]
+    QUARANTINED: _ClassVar[Whereabouts]
+    TAKEN: _ClassVar[Whereabouts]
+TODO: Whereabouts
+MINE: Whereabouts
+OTHER: Whereabouts
+DONE: Whereabouts
+QUARANTINED: Whereabouts
+TAKEN: Whereabouts
 
 class Empty(_message.Message):
     __slots__ = ()
@@ -156,6 +172,34 @@ class EpochInfoReply(_message.Message):
     num_tasks: int
     num_records: int
     def __init__(self, epoch: _Optional[int] = ..., num_tasks: _Optional[int] = ..., num_records: _Optional[int] = ...) -> None: ...
+
+class WhereaboutsRequest(_message.Message):
+    __slots__ = ("consumer", "epoch", "seqs")
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQS_FIELD_NUMBER: _ClassVar[int]
+    consumer: str
+    epoch: int
+    seqs: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, consumer: _Optional[str] = ..., epoch: _Optional[int] = ..., seqs: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TakenRequest(_message.Message):
+    __slots__ = ("lease_ids",)
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    lease_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TakenReply(_message.Message):
+    __slots__ = ("not_taken",)
+    NOT_TAKEN_FIELD_NUMBER: _ClassVar[int]
+    not_taken: _containers.RepeatedCompositeFieldContainer[LeaseProblem]
+    def __init__(self, not_taken: _Optional[_Iterable[_Union[LeaseProblem, _Mapping]]] = ...) -> None: ...
+
+class WhereaboutsReply(_message.Message):
+    __slots__ = ("whereabouts",)
+    WHEREABOUTS_FIELD_NUMBER: _ClassVar[int]
+    whereabouts: _containers.RepeatedScalarFieldContainer[Whereabouts]
+    def __init__(self, whereabouts: _Optional[_Iterable[_Union[Whereabouts, str]]] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("task_id", "shard", "path", "start", "stop")

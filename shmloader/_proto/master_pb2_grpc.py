@@ -79,6 +79,16 @@ class MasterStub:
                 request_serializer=shmloader_dot_proto_dot_master__pb2.EpochInfoRequest.SerializeToString,
                 response_deserializer=shmloader_dot_proto_dot_master__pb2.EpochInfoReply.FromString,
                 _registered_method=True)
+        self.Whereabouts = channel.unary_unary(
+                '/shmloader.master.Master/Whereabouts',
+                request_serializer=shmloader_dot_proto_dot_master__pb2.WhereaboutsRequest.SerializeToString,
+                response_deserializer=shmloader_dot_proto_dot_master__pb2.WhereaboutsReply.FromString,
+                _registered_method=True)
+        self.Taken = channel.unary_unary(
+                '/shmloader.master.Master/Taken',
+                request_serializer=shmloader_dot_proto_dot_master__pb2.TakenRequest.SerializeToString,
+                response_deserializer=shmloader_dot_proto_dot_master__pb2.TakenReply.FromString,
+                _registered_method=True)
         self.Progress = channel.unary_unary(
                 '/shmloader.master.Master/Progress',
                 request_serializer=shmloader_dot_proto_dot_master__pb2.Empty.SerializeToString,
@@ -145,6 +155,21 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Whereabouts(self, request, context):
+        """Where some tasks of the consumer's queue are: a trainer waiting for tasks learns which of
+        them another trainer took (elastic mode: trainers share one queue) or finished already.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Taken(self, request, context):
+        """The trainer took these leases' tasks into its sampler (others stop waiting for them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Progress(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -198,6 +223,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.EpochInfo,
                     request_deserializer=shmloader_dot_proto_dot_master__pb2.EpochInfoRequest.FromString,
                     response_serializer=shmloader_dot_proto_dot_master__pb2.EpochInfoReply.SerializeToString,
+            ),
+            'Whereabouts': grpc.unary_unary_rpc_method_handler(
+                    servicer.Whereabouts,
+                    request_deserializer=shmloader_dot_proto_dot_master__pb2.WhereaboutsRequest.FromString,
+                    response_serializer=shmloader_dot_proto_dot_master__pb2.WhereaboutsReply.SerializeToString,
+            ),
+            'Taken': grpc.unary_unary_rpc_method_handler(
+                    servicer.Taken,
+                    request_deserializer=shmloader_dot_proto_dot_master__pb2.TakenRequest.FromString,
+                    response_serializer=shmloader_dot_proto_dot_master__pb2.TakenReply.SerializeToString,
             ),
             'Progress': grpc.unary_unary_rpc_method_handler(
                     servicer.Progress,
@@ -448,6 +483,60 @@ class Master:
             '/shmloader.master.Master/EpochInfo',
             shmloader_dot_proto_dot_master__pb2.EpochInfoRequest.SerializeToString,
             shmloader_dot_proto_dot_master__pb2.EpochInfoReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Whereabouts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/shmloader.master.Master/Whereabouts',
+            shmloader_dot_proto_dot_master__pb2.WhereaboutsRequest.SerializeToString,
+            shmloader_dot_proto_dot_master__pb2.WhereaboutsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Taken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/shmloader.master.Master/Taken',
+            shmloader_dot_proto_dot_master__pb2.TakenRequest.SerializeToString,
+            shmloader_dot_proto_dot_master__pb2.TakenReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -145,6 +145,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             skip_tasks=frozenset(self._skip_tasks),
             start_epoch=self._start_epoch,
             resume=self._resume,
+            # Two windows: the block the sampler takes next and the one after it.
+            ready_ahead=2 * self.shuffle_window,
         )
 
     def sampler(self) -> TaskSampler:

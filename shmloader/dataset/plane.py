@@ -27,6 +27,19 @@ from .ready import ReadyTask, ReadyTasks
 log = logging.getLogger(__name__)
 
 
+# Whereabouts (Dispatcher.whereabouts) of a task the sampler waits for that may still come. A
+# quarantined one never does, but is waited for all the same: the runtime raises its loss in
+# the loop (TaskQuarantinedError), as it does for one trainer, rather than the pass ending
+# without it.
+_MAY_COME = frozenset({"todo", "mine", "quarantined"})
+# Of a task given up as elsewhere: it cannot come here any more ("done"), or may ("todo",
+# "mine", or "other": another trainer's readers hold it and that trainer may die before it
+# takes it in hand). One another trainer took in hand ("taken") comes back only if that trainer
+# dies: kept as a stray (see take_strays), but not waited for.
+_FINISHED = frozenset({"done"})
+_MAY_BE_WAITED_FOR = frozenset({"todo", "mine", "other", "quarantined"})
+
+
 def slot_name(slot: int) -> str:
     """The segment name of a slot: a valid store segment name derived from the number alone."""
     return f"seg-{slot:032x}"
@@ -44,6 +57,14 @@ class LeaseOps(Protocol):
         ...
 
     def epoch_records(self, epoch: int) -> int: ...
+
+    def whereabouts(self, epoch: int, seqs: list[int]) -> list[str]:
+        """Where tasks ``seqs`` are (``Dispatcher.whereabouts``), as this consumer sees it."""
+        ...
+
+    def mark_taken(self, lease_ids: list[int]) -> dict[int, str]:
+        """This trainer took the leases' tasks into its sampler (others stop waiting)."""
+        ...
 
 
 class SegmentOps(Protocol):
@@ -105,6 +126,7 @@ class DataPlane:
         self._poll_lock = threading.Lock()  # taken before _lock, never inside it
         self._flush_lock = threading.Lock()  # likewise
         self._to_complete: list[int] = []
+        self._to_mark_taken: list[int] = []
         self._wanting = False  # whether readers were last told of tasks the sampler awaits
         # The batch the trainer gathered last and its groups (see gathered / delivered).
         self._grouped: tuple[np.ndarray | None, list[SegmentRows]] = (None, [])
@@ -116,6 +138,13 @@ class DataPlane:
         # Records of ``start_epoch`` consumed before a resume (not scheduled again here).
         self._prior: Ranges = dict(prior or {})
         self._announced: set[tuple[int, int]] = set()
+        # Tasks (epoch, seq) the sampler stopped waiting for because they were elsewhere
+        # (another trainer took them, or they were done): if one comes back here after all
+        # (its holder died, the master handed it out again), the sampler takes it as it can.
+        self._strays: set[tuple[int, int]] = set()
+        # Whether some task of an epoch went to another consumer, or was done before this
+        # trainer started: then what this trainer consumed is not the epoch's position.
+        self.shares_epochs = False
         self.consumed_records = 0
         self.duplicates = 0
         self.wait_seconds = 0.0  # how long the training loop waited for batches
@@ -157,10 +186,16 @@ class DataPlane:
         self._to_complete.append(lease_id)
 
     def flush_completions(self) -> None:
-        """Tell the master about consumed tasks (outside the lock, one call for all)."""
+        """Tell the master about taken and consumed tasks (outside the lock, one call each)."""
         with self._flush_lock:
             with self._lock:
+                taken, self._to_mark_taken = self._to_mark_taken, []
                 pending, self._to_complete = self._to_complete, []
+            if taken:
+                for lease_id, why in self._master.mark_taken(taken).items():
+                    # Lapsed meanwhile (this trainer was too slow): another trainer may read
+                    # it again, and this one still delivers its rows; duplicates are dropped.
+                    log.info("marking lease %d taken: %s", lease_id, why)
             if not pending:
                 return
             for lease_id, why in self._master.complete(pending).items():
@@ -184,6 +219,54 @@ class DataPlane:
             admitted = self._epoch(epoch).admitted
             return [s for s in range(total) if s not in admitted]
 
+    def elsewhere(self, epoch: int, seqs: list[int]) -> set[int]:
+        """Those of ``seqs`` (tasks the sampler waits for) that the master says will not come
+        here: in elastic mode trainers share one queue, so another trainer's readers may have
+        taken them; and a trainer restarted against a running master finds tasks done."""
+        if not seqs:
+            return set()
+        where = self._master.whereabouts(epoch, seqs)
+        gone = {s for s, w in zip(seqs, where, strict=True) if w not in _MAY_COME}
+        if gone:
+            with self._lock:
+                self._strays.update((epoch, s) for s in gone)
+                self.shares_epochs = True
+        return gone
+
+    def unsettled_strays(self) -> bool:
+        """Whether a task given up as elsewhere may still come here: it is waiting in the queue,
+        held by this trainer's readers, or held by another trainer's readers before that
+        trainer took it (it may die first). Strays found done are forgotten. Asks the
+        master, once per epoch with strays."""
+        with self._lock:
+            by_epoch: dict[int, list[int]] = {}
+            for epoch, seq in sorted(self._strays):
+                by_epoch.setdefault(epoch, []).append(seq)
+        unsettled = False
+        for epoch, seqs in by_epoch.items():
+            where = self._master.whereabouts(epoch, seqs)
+            unsettled = unsettled or any(w in _MAY_BE_WAITED_FOR for w in where)
+            finished = {(epoch, s) for s, w in zip(seqs, where, strict=True) if w in _FINISHED}
+            with self._lock:
+                self._strays -= finished
+        return unsettled
+
+    def want_strays(self) -> None:
+        """Readers of tasks given up as elsewhere may use the budget's spare room (see want):
+        the sampler waits for them, and other tasks' segments may fill the budget."""
+        with self._lock:
+            strays = sorted(self._strays)
+        keys = [task_key(e, s) for e, s in strays if self.ready.missing(e, [s])]
+        if keys or self._wanting:
+            self._segments.want(keys)
+            self._wanting = bool(keys)
+
+    def take_strays(self) -> list[ReadyTask]:
+        """Tasks that were elsewhere and came back to this trainer, ready now (not waited for)."""
+        with self._lock:
+            keys = sorted(self._strays)
+        return self.ready.take_ready(keys) if keys else []
+
     def admit(self, task: ReadyTask) -> np.ndarray:
         """Number the task's segment with the next slot and start tracking its rows.
 
@@ -204,6 +287,8 @@ class DataPlane:
             state.emit = rows
             state.gathered = np.zeros(task.num_rows, dtype=bool)
             state.delivered = np.zeros(task.num_rows, dtype=bool)
+            self._strays.discard((task.epoch, task.seq))
+            self._to_mark_taken.append(task.lease_id)
             ep = self._epoch(task.epoch)
             ep.admitted.add(task.seq)
             ep.slots.append(slot)
@@ -221,7 +306,10 @@ class DataPlane:
         self.poll()
         parts = []
         with self._lock:
-            for slot in self._epoch(epoch).slots:
+            # Older epochs too: a stray task of one (see ``take_strays``) is delivered in a
+            # later pass, and may be left unconsumed by it.
+            slots = [s for e, st in self._epochs.items() if e <= epoch for s in st.slots]
+            for slot in slots:
                 state = self._slots.get(slot)
                 if state is None or state.released or state.emit is None:
                     continue

@@ -60,6 +60,10 @@ class ReadyTasks:
             self._closed = True
             self._cond.notify_all()
 
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._ready)
+
     def pending(self) -> list[ReadyTask]:
         with self._cond:
             return list(self._ready.values())
@@ -78,6 +82,8 @@ class ReadyTasks:
         poll: float = 0.05,
         patience: float = 1.0,
         later: Sequence[int] = (),
+        gone: Callable[[list[int]], set[int]] | None = None,
+        recheck: float = 0.1,
     ) -> list[ReadyTask]:
         """Wait for the tasks ``seqs`` of ``epoch`` and return them in ``seqs`` order.
 
@@ -85,28 +91,50 @@ class ReadyTasks:
         budget, so the missing tasks cannot arrive until some are consumed), return the ready
         subset instead of deadlocking; if none of ``seqs`` is ready, ready tasks among ``later``
         (the epoch's following tasks) instead, as many as ``seqs`` has: consuming them frees
-        room. The result is never empty.
+        room. ``gone(missing)``, asked every ``recheck`` seconds while some are missing (outside
+        the lock: it may ask the master), names those that will not come here (another
+        trainer took them): they are waited for no more. The result is empty only when every
+        one of ``seqs`` is gone.
         """
         wanted = list(seqs)
         starved_since: float | None = None
-        with self._cond:
-            while True:
-                self._raise_if_stopped()
-                have = [s for s in wanted if (epoch, s) in self._ready]
-                if len(have) == len(wanted):
-                    break
-                if not have:
-                    have = [s for s in later if (epoch, s) in self._ready][: len(wanted)]
-                if have and starved is not None and starved():
-                    now = time.monotonic()
-                    starved_since = starved_since or now
-                    if now - starved_since >= patience:
-                        wanted = have
+        next_check = time.monotonic() + recheck
+        while True:
+            with self._cond:
+                while True:
+                    self._raise_if_stopped()
+                    have = [s for s in wanted if (epoch, s) in self._ready]
+                    if len(have) == len(wanted):
+                        return [self._ready.pop((epoch, s)) for s in wanted]
+                    if not have:
+                        have = [s for s in later if (epoch, s) in self._ready][: len(wanted)]
+                    if have and starved is not None and starved():
+                        now = time.monotonic()
+                        starved_since = starved_since or now
+                        if now - starved_since >= patience:
+                            return [self._ready.pop((epoch, s)) for s in have]
+                    else:
+                        starved_since = None
+                    if gone is not None and time.monotonic() >= next_check:
+                        missing = [s for s in wanted if (epoch, s) not in self._ready]
                         break
-                else:
-                    starved_since = None
-                self._cond.wait(poll)
-            return [self._ready.pop((epoch, s)) for s in wanted]
+                    self._cond.wait(poll)
+            elsewhere = gone(missing)
+            wanted = [s for s in wanted if s not in elsewhere]
+            next_check = time.monotonic() + recheck
+
+    def wait(self, timeout: float) -> None:
+        """Until a task is put or ``timeout`` passes (raising if stopped)."""
+        with self._cond:
+            self._raise_if_stopped()
+            self._cond.wait(timeout)
+            self._raise_if_stopped()
+
+    def take_ready(self, keys: Iterable[tuple[int, int]]) -> list[ReadyTask]:
+        """Those tasks of ``keys`` (epoch, seq) that are ready now, without waiting."""
+        with self._cond:
+            self._raise_if_stopped()
+            return [self._ready.pop(k) for k in keys if k in self._ready]
 
     def _raise_if_stopped(self) -> None:
         if self._error is not None:

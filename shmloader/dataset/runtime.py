@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, LeaseError, MasterError, TaskQuarantinedError
+from ..errors import LeaseError, MasterError, TaskQuarantinedError
 from ..reader.messages import Failed, Message, Ready
 from ..reader.pool import ReaderInfo, ReaderPool
 from ..reader.process import ReaderConfig
@@ -56,6 +56,9 @@ class RuntimeConfig:
     start_epoch: int
     # A resume with another world size: consumed ranges of ``start_epoch`` (see state.py).
     resume: dict[int, list[tuple[int, int]]] | None = None
+    # Readers lease no new task while this many are ready and not taken up by the sampler
+    # (unless it waits for one): see shm/hints.py.
+    ready_ahead: int = 16
 
 
 class _MasterOps:
@@ -84,6 +87,12 @@ class _MasterOps:
 
     def epoch_records(self, epoch: int) -> int:
         return 0 if self._past_the_end(epoch) else int(self._epoch(epoch).num_records)
+
+    def whereabouts(self, epoch: int, seqs: list[int]) -> list[str]:
+        return list(self._client.whereabouts(self._consumer, epoch, seqs))
+
+    def mark_taken(self, lease_ids: list[int]) -> dict[int, str]:
+        return dict(self._client.mark_taken(lease_ids))
 
 
 def _close_at_exit(runtime: Runtime) -> None:
@@ -136,8 +145,6 @@ class Runtime:
             self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             self.client = MasterClient(address, token=config.token)
             info = self.client.register(self.consumer, config.rank)
-            if info.world_size is None:
-                self._check_only_consumer()
             self.lease_timeout = float(info.lease_timeout)
             self.client.start_heartbeat(self.consumer)
             self.handle = handle = self.store.handle()
@@ -179,24 +186,6 @@ class Runtime:
 
     def _readers_failed(self, exc: BaseException) -> None:
         self.plane.ready.fail(exc)
-
-    def _check_only_consumer(self) -> None:
-        """In elastic mode one master feeds one trainer: the sampler expects every task.
-
-        A second trainer would wait for tasks the first one took; refuse instead of hanging.
-        """
-        others = [
-            c.consumer for c in self.client.progress().consumers if c.consumer != self.consumer
-        ]
-        if others:
-            with contextlib.suppress(MasterError):
-                self.client.leave(self.consumer)
-            raise ConfigError(
-                f"the master at {self.address} already serves trainer {others[0]!r}; without "
-                "world_size a master feeds one trainer. Give every trainer rank= and world_size= "
-                "(DDP equal shares), or wait until the other trainer left or timed out "
-                f"(consumer_timeout) if it died"
-            )
 
     def _start_embedded(self) -> str:
         from ..master.server import Master
@@ -280,11 +269,15 @@ class Runtime:
     def _maintain(self) -> None:
         renew_every = self.lease_timeout / 3
         next_renew = 0.0
+        ahead = False
         import time
 
         try:
             while not self._stop.wait(POLL_SECONDS):
                 self.plane.poll()
+                if (len(self.plane.ready) >= self.config.ready_ahead) != ahead:
+                    ahead = not ahead
+                    self.handle.set_ahead(ahead)
                 now = time.monotonic()
                 if now >= next_renew:
                     for lease_id in self.plane.held_leases():

@@ -23,6 +23,7 @@ from ..errors import ConfigError
 from .ready import ReadyTask, ReadyTasks
 
 DEFAULT_SHUFFLE_WINDOW = 8
+STRAY_POLL = 0.1  # seconds between asking the master where tasks given up as elsewhere are
 
 
 class Feed(Protocol):
@@ -59,6 +60,22 @@ class Feed(Protocol):
         ...
 
     def finish_epoch(self, epoch: int) -> None: ...
+
+    def elsewhere(self, epoch: int, seqs: list[int]) -> set[int]:
+        """Those of ``seqs`` that will not come here (another trainer took them, or done)."""
+        ...
+
+    def take_strays(self) -> list[ReadyTask]:
+        """Tasks given up as elsewhere that came here after all, ready now."""
+        ...
+
+    def unsettled_strays(self) -> bool:
+        """Whether a task given up as elsewhere may still come here (see DataPlane)."""
+        ...
+
+    def want_strays(self) -> None:
+        """The sampler is about to wait for the tasks given up as elsewhere."""
+        ...
 
 
 def block_permutation(seed: int, epoch: int, first_seq: int, n: int) -> np.ndarray:
@@ -105,22 +122,87 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         if len(leftover):
             yield leftover
         pending = feed.remaining_seqs(epoch)
+        dropped: set[int] = set()
+
+        def gone(missing: list[int]) -> set[int]:
+            elsewhere = feed.elsewhere(epoch, missing)
+            dropped.update(elsewhere)
+            return elsewhere
+
         size = 1
         while pending:
             # Blocks of 1, 2, 4, ... tasks up to the window: the first batch needs one task
             # read, not a whole window (the sizes depend on nothing but the position).
-            block, pending = pending[:size], pending[size:]
+            block, pending = _next_block(feed, epoch, pending, size, gone)
             size = min(size * 2, self.window)
-            feed.want(epoch, block)
-            tasks = feed.ready.take(epoch, block, starved=feed.starved, later=pending)
-            feed.want(epoch, [])
+            tasks: list[ReadyTask] = []
+            if block:
+                feed.want(epoch, block)
+                tasks = feed.ready.take(
+                    epoch, block, starved=feed.starved, later=pending, gone=gone
+                )
+                feed.want(epoch, [])
             got = {t.seq for t in tasks}
-            if got != set(block):  # starved: part of the block, or later tasks in its place
-                pending = [s for s in block if s not in got] + [s for s in pending if s not in got]
-            parts = [feed.admit(t) for t in tasks]
-            indices = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-            if self.shuffle and len(indices) > 1:
-                indices = indices[block_permutation(self.seed, epoch, tasks[0].seq, len(indices))]
+            if got | dropped != set(block) | dropped:  # starved: part of the block, or later
+                # tasks in its place
+                left = [s for s in block if s not in got and s not in dropped]
+                pending = left + [s for s in pending if s not in got]
+            indices = self._block_indices(feed, epoch, tasks + feed.take_strays())
             if len(indices):
                 yield indices
+        yield from self._strays(feed, epoch)
         feed.finish_epoch(epoch)
+
+    def _strays(self, feed: Feed, epoch: int) -> Iterator[np.ndarray]:
+        """The end of a pass that gave tasks up as elsewhere (elastic mode: other trainers took
+        them): wait until each is done or in some trainer's hands, delivering those that come
+        here after all (their holder died and this trainer's readers leased them again).
+
+        Tasks other trainers took in hand are not waited for: they wait for ours just so, and
+        rows this pass yielded last may sit in a batch that the loop gets only once the pass
+        ends (a DataLoader's last, short batch). So the pass ends; should such a trainer die,
+        its tasks come here as strays of the next pass.
+        """
+        try:
+            while True:
+                indices = self._block_indices(feed, epoch, feed.take_strays())
+                if len(indices):
+                    yield indices
+                if not feed.unsettled_strays():
+                    return
+                feed.want_strays()
+                feed.ready.wait(STRAY_POLL)
+        finally:
+            feed.want(epoch, [])
+
+    def _block_indices(self, feed: Feed, epoch: int, tasks: list[ReadyTask]) -> np.ndarray:
+        """The rows of a block's tasks, admitted, shuffled with the block's own seed."""
+        if not tasks:
+            return np.empty(0, dtype=np.int64)
+        parts = [feed.admit(t) for t in tasks]
+        indices = np.concatenate(parts)
+        if self.shuffle and len(indices) > 1:
+            indices = indices[block_permutation(self.seed, epoch, tasks[0].seq, len(indices))]
+        return indices
+
+
+def _next_block(
+    feed: Feed,
+    epoch: int,
+    pending: list[int],
+    size: int,
+    gone: Callable[[list[int]], set[int]],
+) -> tuple[list[int], list[int]]:
+    """The next ``size`` pending tasks that may still come here, and the rest.
+
+    Only tasks not ready yet are asked about (one call to the master per refill), so a trainer
+    whose readers are ahead asks nothing; tasks another trainer took are skipped and the
+    block is filled from the ones after them.
+    """
+    block: list[int] = []
+    while pending and len(block) < size:
+        head, pending = pending[: size - len(block)], pending[size - len(block) :]
+        missing = feed.ready.missing(epoch, head)
+        elsewhere = gone(missing) if missing else set()
+        block.extend(s for s in head if s not in elsewhere)
+    return block, pending

@@ -34,7 +34,19 @@ def _identity(ds: SharedTaskDataset) -> dict[str, Any]:
 
 
 def loader_state(ds: SharedTaskDataset) -> dict[str, Any]:
-    epoch, completed, partial, consumed = ds.runtime.plane.checkpoint()
+    plane = ds.runtime.plane
+    if plane.shares_epochs:
+        # Other trainers took part of the epoch (elastic mode), or it was partly done before
+        # this trainer started: what this one consumed is not where the epoch stands. The
+        # master holds the position (and its journal keeps it across a crash).
+        return {
+            "format": STATE_FORMAT,
+            "dataset": _identity(ds),
+            "epoch": plane.epoch_to_iterate(),
+            "position": "master",
+            "master": ds.runtime.address,
+        }
+    epoch, completed, partial, consumed = plane.checkpoint()
     return {
         "format": STATE_FORMAT,
         "dataset": _identity(ds),
@@ -109,6 +121,14 @@ def restore_state(ds: SharedTaskDataset, state: dict[str, Any]) -> None:
     diffs = [k for k in mine if k not in _WORLD and mine[k] != theirs.get(k)]
     if diffs:
         raise ConfigError(f"the state was saved for another dataset; differing: {diffs}")
+    if state.get("position") == "master":
+        if ds.master is None:
+            raise ConfigError(
+                "this state was saved by a trainer that shared the epochs of the master at "
+                f"{state.get('master')} with other trainers (elastic mode): that master keeps "
+                "the position. Connect to it (master=...) to go on where the job stands"
+            )
+        return  # the master hands out what is left
     epoch = int(state["epoch"])
     if not (state.get("merged") or state.get("resumed")) and all(
         mine[k] == theirs.get(k) for k in _WORLD

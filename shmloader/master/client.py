@@ -170,6 +170,14 @@ class MasterClient:
         reply = self._call("CompleteMany", request, False, lease=True)
         return {p.lease_id: p.error for p in reply.not_completed}
 
+    def mark_taken(self, lease_ids: Sequence[int]) -> dict[int, str]:
+        """Tell the master the trainer took these leases' tasks into its sampler; returns the
+        leases that are no longer active, with why (the others were marked)."""
+        if not lease_ids:
+            return {}
+        reply = self._call("Taken", pb.TakenRequest(lease_ids=lease_ids), True, lease=True)
+        return {p.lease_id: p.error for p in reply.not_taken}
+
     def fail(self, lease_id: int, error: str) -> None:
         """Report that the lease's task could not be read; long messages are shortened."""
         if len(error) > MAX_ERROR_CHARS:
@@ -184,6 +192,14 @@ class MasterClient:
         request = pb.EpochInfoRequest(consumer=consumer, epoch=epoch)
         reply = self._call("EpochInfo", request, True, consumer=consumer)
         return EpochInfo(reply.epoch, reply.num_tasks, reply.num_records)
+
+    def whereabouts(self, consumer: str, epoch: int, seqs: Sequence[int]) -> list[str]:
+        """Where tasks ``seqs`` of ``consumer``'s queue in ``epoch`` are, in order: "todo",
+        "mine", "other" (leased by another consumer), "taken" (and its trainer took it in
+        hand), "done" or "quarantined"."""
+        request = pb.WhereaboutsRequest(consumer=consumer, epoch=epoch, seqs=list(seqs))
+        reply = self._call("Whereabouts", request, True, consumer=consumer)
+        return [pb.Whereabouts.Name(w).lower() for w in reply.whereabouts]
 
     def progress(self) -> Progress:
         return progress_from_msg(self._call("Progress", pb.Empty(), True))

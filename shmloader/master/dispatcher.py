@@ -30,6 +30,7 @@ from .updates import (
     LeaseFailed,
     LeaseGranted,
     LeaseRenewed,
+    LeaseTaken,
     MasterStarted,
     Update,
 )
@@ -74,6 +75,7 @@ class Dispatcher:
             ConsumerLeft: self._on_left,
             LeaseGranted: self._on_granted,
             LeaseRenewed: self._on_renewed,
+            LeaseTaken: self._on_taken,
             LeaseCompleted: self._on_completed,
             LeaseFailed: self._on_failed,
             LeaseExpired: self._on_failed,
@@ -109,8 +111,22 @@ class Dispatcher:
             raise self._not_active(lease_id)
         return lease
 
+    def rank_of(self, consumer: str) -> int | None:
+        return self._consumer(consumer).rank
+
     def leases_of(self, consumer: str) -> list[Lease]:
         return [self._leases[i] for i in sorted(self._consumer(consumer).leases)]
+
+    def whereabouts(self, consumer: str, epoch: int, units: Sequence[int]) -> list[str]:
+        """Where each of ``units`` of ``epoch`` is, as seen by ``consumer``: one of
+        ``state.WHEREABOUTS``. A trainer asks this about tasks it waits for, to learn which of
+        them another trainer's readers took (elastic mode: all share one queue), which that
+        trainer took in hand (:meth:`mark_taken`), and which are finished already.
+
+        Epochs not started yet are all "todo"; finished ones "done" or "quarantined".
+        """
+        self._consumer(consumer)
+        return _state.whereabouts(self, consumer, epoch, units)
 
     def progress(self) -> Progress:
         """Per-epoch counts, quarantined and dropped work, consumers and their leases."""
@@ -194,6 +210,20 @@ class Dispatcher:
         self.get_lease(lease_id)
         self._run(now, LeaseRenewed(now, lease_id, now + self.config.lease_timeout))
         return self._leases[lease_id]
+
+    def mark_taken(self, lease_ids: Sequence[int], now: float) -> dict[int, str]:
+        """The holders' trainers took these leases' tasks into their samplers: a trainer
+        sharing the epoch stops waiting for them (see :meth:`whereabouts`). Leases no longer
+        active are returned with why; the others are marked."""
+        problems: dict[int, str] = {}
+        for lease_id in lease_ids:
+            lease = self._leases.get(lease_id)
+            if lease is None:
+                problems[lease_id] = str(self._not_active(lease_id))
+            elif not lease.taken:
+                self.apply(LeaseTaken(now, lease_id))
+        self._commit(now)
+        return problems
 
     def complete(self, lease_id: int, now: float) -> None:
         """Count the lease's records as delivered, once.
@@ -329,6 +359,12 @@ class Dispatcher:
         lease = self._active(u.lease_id, u)
         self._emit(u)
         self._leases[u.lease_id] = replace(lease, deadline=u.deadline)
+        self._touch(lease.consumer, u.now)
+
+    def _on_taken(self, u: LeaseTaken) -> None:
+        lease = self._active(u.lease_id, u)
+        self._emit(u)
+        self._leases[u.lease_id] = replace(lease, taken=True)
         self._touch(lease.consumer, u.now)
 
     def _on_completed(self, u: LeaseCompleted) -> None:

@@ -132,6 +132,8 @@ class Lease:
     attempt: int
     unit: int
     rank: int | None
+    # The holder's trainer took the task into its sampler (see Dispatcher.mark_taken).
+    taken: bool = False
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from . import _convert
 from .dispatcher import Dispatcher
 from .epochs import schedule_of
 from .progress import Lease as DispatcherLease
+from .state import WHEREABOUTS
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ MAX_IDS_PER_CALL = 65_536  # lease ids in one renew or complete
 MAX_EPOCH = 2**40
 # Requests are small; a huge one is refused by gRPC itself before it is parsed.
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
+_WHEREABOUTS: dict[str, pb.Whereabouts] = {
+    name: getattr(pb.Whereabouts, name.upper()) for name in WHEREABOUTS
+}
 # Epoch shapes (units and records per queue) remembered for seq numbers and EpochInfo.
 _SHAPES_KEPT = 64
 
@@ -224,6 +228,16 @@ class MasterService(pb_grpc.MasterServicer):
         return reply
 
     @_rpc
+    def Taken(self, request: pb.TakenRequest, context: Any) -> pb.TakenReply:
+        ids = self._lease_ids(request.lease_ids, "taken")
+        with self.lock:
+            problems = self.dispatcher.mark_taken(ids, time.time())
+        reply = pb.TakenReply()
+        for lease_id, error in problems.items():
+            reply.not_taken.add(lease_id=lease_id, error=error)
+        return reply
+
+    @_rpc
     def Fail(self, request: pb.FailRequest, context: Any) -> pb.Empty:
         lease_id = _check_lease_id(request.lease_id)
         if len(request.error) > MAX_ERROR_CHARS:
@@ -240,7 +254,41 @@ class MasterService(pb_grpc.MasterServicer):
     @_rpc
     def EpochInfo(self, request: pb.EpochInfoRequest, context: Any) -> pb.EpochInfoReply:
         consumer = check_consumer_id(request.consumer)
-        epoch = request.epoch
+        epoch = self._check_epoch(request.epoch)
+        with self.lock:
+            self._known(consumer)
+            rank = self.dispatcher.rank_of(consumer)
+        shape = self.shape(epoch)
+        queue = rank or 0
+        return pb.EpochInfoReply(
+            epoch=epoch,
+            num_tasks=shape.bounds[queue + 1] - shape.bounds[queue],
+            num_records=shape.records[queue],
+        )
+
+    @_rpc
+    def Whereabouts(self, request: pb.WhereaboutsRequest, context: Any) -> pb.WhereaboutsReply:
+        consumer = check_consumer_id(request.consumer)
+        epoch = self._check_epoch(request.epoch)
+        seqs = list(request.seqs)
+        if len(seqs) > MAX_IDS_PER_CALL:
+            raise _invalid(f"{len(seqs)} seqs in one call; at most {MAX_IDS_PER_CALL}")
+        with self.lock:
+            self._known(consumer)
+            rank = self.dispatcher.rank_of(consumer)
+        shape = self.shape(epoch)
+        queue = rank or 0
+        first, size = shape.bounds[queue], shape.bounds[queue + 1] - shape.bounds[queue]
+        bad = [s for s in seqs if not 0 <= s < size]
+        if bad:
+            raise _invalid(
+                f"epoch {epoch} has {size} tasks in this consumer's queue, not seq {bad[0]}"
+            )
+        with self.lock:
+            where = self.dispatcher.whereabouts(consumer, epoch, [first + s for s in seqs])
+        return pb.WhereaboutsReply(whereabouts=[_WHEREABOUTS[w] for w in where])
+
+    def _check_epoch(self, epoch: int) -> int:
         if not 0 <= epoch < MAX_EPOCH:
             raise _invalid(f"epoch must be in 0..{MAX_EPOCH - 1}, got {epoch}")
         planned = self.dispatcher.config.epochs
@@ -249,19 +297,7 @@ class MasterService(pb_grpc.MasterServicer):
                 grpc.StatusCode.NOT_FOUND,
                 f"epoch {epoch} is not planned: this master runs epochs 0..{planned - 1}",
             )
-        with self.lock:
-            self._known(consumer)
-            # A full progress report, but EpochInfo comes once per epoch per consumer.
-            rank = next(
-                c.rank for c in self.dispatcher.progress().consumers if c.consumer == consumer
-            )
-        shape = self.shape(epoch)
-        queue = rank or 0
-        return pb.EpochInfoReply(
-            epoch=epoch,
-            num_tasks=shape.bounds[queue + 1] - shape.bounds[queue],
-            num_records=shape.records[queue],
-        )
+        return epoch
 
     @_rpc
     def Progress(self, request: pb.Empty, context: Any) -> pb.ProgressReply:

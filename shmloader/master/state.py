@@ -8,11 +8,12 @@ that disagree."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, MasterError
-from .epochs import OpenEpoch
+from .epochs import DONE, LEASED, QUARANTINED, TODO, OpenEpoch
 from .progress import (
     SCHEDULE_FIELDS,
     ConsumerProgress,
@@ -28,6 +29,10 @@ if TYPE_CHECKING:
     from .dispatcher import Dispatcher
 
 STATE_FORMAT = 1
+# What :meth:`Dispatcher.whereabouts` says of a unit. "mine": leased by the asking consumer;
+# "other": leased by another one, whose trainer has not taken it yet; "taken": it has.
+WHEREABOUTS = ("todo", "mine", "other", "done", "quarantined", "taken")
+_STATUS_NAMES = {TODO: "todo", DONE: "done", QUARANTINED: "quarantined"}
 
 
 @dataclass
@@ -75,6 +80,7 @@ def _lease_state(lease: Lease) -> dict[str, Any]:
         "unit": lease.unit,
         "attempt": lease.attempt,
         "deadline": lease.deadline,
+        "taken": lease.taken,
     }
 
 
@@ -139,7 +145,7 @@ def _load(d: Dispatcher, state: dict[str, Any]) -> None:
 
 def _lease(d: Dispatcher, x: dict[str, Any]) -> Lease:
     ep = d._open[int(x["epoch"])]
-    return d._make_lease(
+    lease = d._make_lease(
         ep,
         int(x["lease_id"]),
         str(x["consumer"]),
@@ -147,6 +153,8 @@ def _lease(d: Dispatcher, x: dict[str, Any]) -> Lease:
         int(x["attempt"]),
         float(x["deadline"]),
     )
+    # States saved before leases could be taken have no "taken": none was.
+    return replace(lease, taken=True) if x.get("taken", False) else lease
 
 
 def progress(d: Dispatcher) -> Progress:
@@ -172,3 +180,36 @@ def progress(d: Dispatcher) -> Progress:
         consumers=consumers,
         counters=dict(d._counters),
     )
+
+
+def whereabouts(d: Dispatcher, consumer: str, epoch: int, units: Sequence[int]) -> list[str]:
+    """See :meth:`Dispatcher.whereabouts`."""
+    ep = d._open.get(epoch)
+    if ep is None and epoch >= d._epochs_started:
+        return ["todo"] * len(units)
+    size = len(ep.status) if ep is not None else _closed_size(d, epoch)
+    bad = [u for u in units if not 0 <= u < size]
+    if bad:
+        raise ConfigError(f"epoch {epoch} has units 0..{size - 1}, not {bad[0]}")
+    if ep is None:
+        lost = {q.unit for p in d._closed if p.epoch == epoch for q in p.quarantined}
+        return ["quarantined" if u in lost else "done" for u in units]
+    holders = {lease.unit: lease for lease in d._leases.values() if lease.epoch == epoch}
+    out = []
+    for unit in units:
+        status = int(ep.status[unit])
+        if status != LEASED:
+            out.append(_STATUS_NAMES[status])
+        elif holders[unit].consumer == consumer:
+            out.append("mine")
+        else:
+            out.append("taken" if holders[unit].taken else "other")
+    return out
+
+
+def _closed_size(d: Dispatcher, epoch: int) -> int:
+    for done in d._closed:
+        if done.epoch == epoch:
+            return done.total_units
+    # Before first_epoch (a resumed job): consumed before the master started.
+    return len(OpenEpoch.create(d.table, d.config, epoch).status)

@@ -75,6 +75,14 @@ class LeaseRenewed(Update):
 
 
 @dataclass(frozen=True)
+class LeaseTaken(Update):
+    """The holder's trainer took the task into its sampler: other trainers sharing the epoch
+    (elastic mode) no longer wait to see where it goes."""
+
+    lease_id: int
+
+
+@dataclass(frozen=True)
 class LeaseCompleted(Update):
     """Also used for a lease that lapsed but whose unit nobody took since (a late completion)."""
 
@@ -109,6 +117,7 @@ _TYPES: dict[str, type[Update]] = {
         ConsumerLeft,
         LeaseGranted,
         LeaseRenewed,
+        LeaseTaken,
         LeaseCompleted,
         LeaseFailed,
         LeaseExpired,

@@ -30,6 +30,7 @@ from .heap import keep_freed_memory
 from .messages import Failed, Finished, Ready, Sealing, Started, task_key
 
 PR_SET_PDEATHSIG = 1
+AHEAD_POLL = 0.005  # seconds between looks while the trainer holds enough ready tasks
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,10 @@ class Reader:
         try:
             while not self.should_stop():
                 if not self._queue:
+                    store = self.config.store
+                    if store.is_ahead() and not store.wanted():  # enough ready: no hoarding
+                        time.sleep(AHEAD_POLL)
+                        continue
                     # A few at a time: fewer round trips, and the next task is at hand.
                     reply = self.client.lease(self.config.consumer, self.config.lease_ahead)
                     if not reply.leases:

@@ -32,7 +32,7 @@ from ..errors import ConfigError, ShmSpaceError
 from ..sources.columns import FixedColumns
 from ..sources.streamed import Chunk, StreamedColumns
 from . import budget as _budget
-from . import lifecycle
+from . import hints, lifecycle
 from .names import LOCK_NAME, is_segment_name, new_dataset_name, new_segment_name
 from .reap import reap_stale
 from .region import Placed, Region
@@ -43,7 +43,6 @@ from .written import WrittenMappings, write_ipc_into
 
 DEFAULT_MAX_OPEN = 64
 DEFAULT_MAX_WRITTEN = 256  # writable mappings a writer keeps (written.py)
-WANTED_NAME = "wanted"  # keys of the segments the consumer waits for (see want / wanted)
 
 
 def read_segment(buffer: pa.Buffer) -> pa.RecordBatch:
@@ -388,22 +387,24 @@ class StoreHandle:
     def want(self, keys: Sequence[str]) -> None:
         """Say which segments the consumer waits for now (``keys`` of the writer's choosing,
         e.g. ``"epoch:seq"``); writers of those may use the room others leave (see write)."""
-        path = os.path.join(self.path, WANTED_NAME)
-        temp = f"{path}.{os.getpid()}"
         try:
-            with open(temp, "w") as f:
-                f.write("\n".join(keys))
-            os.replace(temp, path)
+            hints.want(self.path, keys)
         except FileNotFoundError as exc:
             raise _budget.closed_error(self.path) from exc
 
     def wanted(self) -> set[str]:
         """The keys last given to :meth:`want` (empty if none)."""
+        return hints.wanted(self.path)
+
+    def set_ahead(self, ahead: bool) -> None:
+        """Whether the consumer holds enough segments not taken up yet (see shm/hints.py)."""
         try:
-            with open(os.path.join(self.path, WANTED_NAME)) as f:
-                return set(f.read().split())
-        except FileNotFoundError:
-            return set()
+            hints.set_ahead(self.path, ahead)
+        except FileNotFoundError as exc:
+            raise _budget.closed_error(self.path) from exc
+
+    def is_ahead(self) -> bool:
+        return hints.is_ahead(self.path)
 
     def in_use(self) -> int:
         """Bytes held by sealed and unsealed segments now (exact: taken under the lock)."""

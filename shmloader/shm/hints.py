@@ -1,0 +1,52 @@
+"""What the consumer of a store tells its writers, through small files in the store's folder.
+
+Readers poll these between tasks; a file per hint, replaced or created atomically, so a
+reader never sees half of one. Neither needs a lock: a stale answer only delays a reader by
+one poll.
+
+- ``wanted``: the keys (``"epoch:seq"``) of the segments the consumer waits for now. Their
+  writers may use the room the others leave in the budget (budget.reserve), and a reader
+  serves them before other tasks it holds.
+- ``ahead``: present while the consumer holds enough segments it has not taken up yet
+  (``DataPlane.ahead``): readers then lease no new task unless one is wanted. A reader that
+  leases without end only hoards tasks; with several trainers sharing a master's epochs (elastic
+  mode), it would hoard them from the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+
+WANTED_NAME = "wanted"
+AHEAD_NAME = "ahead"
+
+
+def want(folder: str, keys: Sequence[str]) -> None:
+    path = os.path.join(folder, WANTED_NAME)
+    temp = f"{path}.{os.getpid()}"
+    with open(temp, "w") as f:
+        f.write("\n".join(keys))
+    os.replace(temp, path)
+
+
+def wanted(folder: str) -> set[str]:
+    try:
+        with open(os.path.join(folder, WANTED_NAME)) as f:
+            return set(f.read().split())
+    except FileNotFoundError:
+        return set()
+
+
+def set_ahead(folder: str, ahead: bool) -> None:
+    path = os.path.join(folder, AHEAD_NAME)
+    if ahead:
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def is_ahead(folder: str) -> bool:
+    return os.path.exists(os.path.join(folder, AHEAD_NAME))

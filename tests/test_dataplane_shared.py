@@ -1,0 +1,188 @@
+"""Several trainers sharing one master's epochs (elastic mode, no world_size), without
+processes: a real dispatcher, real stores, planes, samplers and gatherers; the test plays the
+readers, so who leases which task is chosen at will."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+from _dataplane_helpers import OFFSETS, SHARDS, TOTAL, trainer
+
+from shmloader.dataset.worker import Gatherer
+from shmloader.master.dispatcher import Dispatcher
+from shmloader.master.progress import DispatcherConfig
+
+
+def dispatcher(epochs: int) -> Dispatcher:
+    return Dispatcher(SHARDS, DispatcherConfig(records_per_task=8, epochs=epochs, seed=3))
+
+
+def announce(store, plane, lease) -> None:
+    """What a reader does with a lease: write the task's segment, announce it."""
+    first = OFFSETS[lease.task.path] + lease.task.start
+    ids = np.arange(first, first + lease.task.num_records, dtype=np.int64)
+    info = store.handle().write(pa.record_batch({"id": ids}))
+    plane.announce(
+        epoch=lease.epoch,
+        seq=lease.unit,  # elastic mode: one queue, seq == unit
+        task_id=lease.task.task_id,
+        lease_id=lease.lease_id,
+        segment=info.name,
+        num_rows=info.num_rows,
+    )
+
+
+def consume(store, plane, sampler) -> list[int]:
+    """One pass of a trainer's loop: gather everything the sampler yields."""
+    indices = list(iter(sampler))
+    ids = Gatherer(store.handle(), ["id"]).gather(indices)["id"].tolist() if indices else []
+    plane.poll()
+    return ids
+
+
+@contextlib.contextmanager
+def maintained(*planes):
+    """What each trainer's maintenance thread does: tell the master what was taken and
+    consumed, every few milliseconds."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(0.005):
+            for plane in planes:
+                plane.poll()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def concurrently(*trainers) -> list[list[int]]:
+    """One pass of each trainer's loop, all at once (as separate trainers run)."""
+    out: list[list[int]] = [[] for _ in trainers]
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            out[i] = consume(*trainers[i])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(trainers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads), "a pass did not end"
+    return out
+
+
+def test_two_trainers_split_every_epoch_exactly_once(tmp_path):
+    d = dispatcher(epochs=2)
+    a = trainer(d, "a", tmp_path / "a")
+    b = trainer(d, "b", tmp_path / "b")
+    with a[0], b[0], maintained(a[1], b[1]):
+        for epoch in range(2):
+            # Their readers take turns: a gets tasks 0, 2, 4, ... and b the others.
+            for unit in range(9):
+                store, plane, _ = (a, b)[unit % 2]
+                (lease,) = d.lease(("a", "b")[unit % 2], 1, time.time())
+                assert (lease.epoch, lease.unit) == (epoch, unit)
+                announce(store, plane, lease)
+            got_a, got_b = concurrently(a, b)
+            assert got_a and got_b
+            assert sorted(got_a + got_b) == list(range(TOTAL))
+        assert d.finished
+        assert a[1].shares_epochs and b[1].shares_epochs
+        assert a[0].handle().in_use() == b[0].handle().in_use() == 0
+
+
+def test_the_pass_waits_for_tasks_a_dead_trainers_readers_held(tmp_path):
+    d = dispatcher(epochs=1)
+    a = trainer(d, "a", tmp_path / "a")
+    d.register("b", time.time())
+    with a[0], maintained(a[1]):
+        for unit in range(9):
+            consumer = "b" if unit in (3, 4) else "a"
+            (lease,) = d.lease(consumer, 1, time.time())
+            if consumer == "a":
+                announce(a[0], a[1], lease)
+
+        def b_dies() -> None:
+            time.sleep(0.3)  # a's pass has given tasks 3 and 4 up and waits to see them go
+            d.leave("b", time.time())  # (what the master does when b falls silent)
+            for lease in d.lease("a", 20, time.time()):
+                announce(a[0], a[1], lease)
+
+        thread = threading.Thread(target=b_dies)
+        thread.start()
+        (got,) = concurrently(a)
+        thread.join()
+        assert sorted(got) == list(range(TOTAL))
+        assert d.finished
+
+
+def test_a_task_a_dead_trainer_had_taken_comes_back_in_the_next_pass(tmp_path):
+    d = dispatcher(epochs=2)
+    a = trainer(d, "a", tmp_path / "a")
+    d.register("b", time.time())
+    with a[0], maintained(a[1]):
+        for unit in range(9):
+            consumer = "b" if unit in (3, 4) else "a"
+            (lease,) = d.lease(consumer, 1, time.time())
+            if consumer == "b":
+                d.mark_taken([lease.lease_id], time.time())  # in b's sampler: not waited for
+            else:
+                announce(a[0], a[1], lease)
+        (first,) = concurrently(a)
+        assert sorted(first) == sorted(set(range(TOTAL)) - set(_records(d, 0, (3, 4))))
+        d.leave("b", time.time())  # b died before its loop got those rows
+        leases = d.lease("a", 20, time.time())
+        assert [(x.epoch, x.unit) for x in leases[:2]] == [(0, 3), (0, 4)]
+        for lease in leases:
+            announce(a[0], a[1], lease)
+        (second,) = concurrently(a)  # epoch 1, with epoch 0's strays
+        assert sorted(first + second) == sorted(list(range(TOTAL)) * 2)
+        assert d.finished
+
+
+def test_a_task_another_trainer_takes_while_this_one_waits_is_not_waited_for(tmp_path):
+    d = dispatcher(epochs=1)
+    store, plane, sampler = trainer(d, "a", tmp_path / "a")
+    d.register("b", time.time())
+
+    def readers() -> None:
+        time.sleep(0.3)  # the sampler waits for task 0 by then
+        (lease_b,) = d.lease("b", 1, time.time())  # task 0 goes to trainer b
+        for lease in d.lease("a", 20, time.time()):
+            announce(store, plane, lease)
+        d.complete(lease_b.lease_id, time.time())
+
+    thread = threading.Thread(target=readers)
+    with store, maintained(plane):
+        thread.start()
+        (got,) = concurrently((store, plane, sampler))
+        thread.join()
+        assert sorted(got) == sorted(set(range(TOTAL)) - set(_records(d, 0, (0,))))
+        assert d.finished
+
+
+def _records(d: Dispatcher, epoch: int, units: tuple[int, ...]) -> list[int]:
+    """The record ids of ``units`` of ``epoch``, as the test numbers them."""
+    from shmloader.master.epochs import OpenEpoch
+
+    ep = OpenEpoch.create(d.table, d.config, epoch)
+    out: list[int] = []
+    for unit in units:
+        task = ep.unit_task(d.table, unit)
+        first = OFFSETS[task.path] + task.start
+        out.extend(range(first, first + task.num_records))
+    return out

@@ -1,0 +1,196 @@
+"""Several trainers on one master without world_size (elastic mode): they share its epochs.
+
+Real reader processes, a real standalone master over gRPC, real files. Each trainer delivers
+the tasks its own readers leased; a trainer gives up waiting for a task once the master says
+another trainer holds it, so together they deliver every record once per epoch, and a trainer
+that dies hands its unconsumed tasks back to the queue for the others.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+
+import pytest
+import torch.utils.data
+
+import shmloader
+from shmloader.errors import ConfigError
+
+RECORDS = 240
+
+
+@pytest.fixture
+def source(tmp_path):
+    path = str(tmp_path / "r.tfrecord")
+    shmloader.write_records(path, [i.to_bytes(4, "little") for i in range(RECORDS)])
+    return shmloader.RecordFileSource(path)
+
+
+def ids(batch) -> list[int]:
+    return [int.from_bytes(r, "little") for r in batch["record"]]
+
+
+def make_loader(kind: str, ds):
+    if kind == "ours":
+        return shmloader.DataLoader(ds, batch_size=8)
+    # torch's own, with workers: tasks complete when gathered, through the ledger
+    return torch.utils.data.DataLoader(
+        ds, batch_size=8, sampler=ds.sampler(), collate_fn=ds.collate, num_workers=2
+    )
+
+
+@pytest.mark.parametrize("kinds", [("ours", "ours"), ("torch", "ours")])
+def test_two_trainers_share_every_epoch_exactly_once(tmp_path, source, kinds):
+    with shmloader.Master(source, records_per_task=10, epochs=2, seed=1) as master:
+        datasets = [
+            shmloader.SharedTaskDataset(
+                source,
+                num_readers=1,
+                master=master.address,
+                shm_budget="8MiB",
+                shm_dir=str(tmp_path),
+            )
+            for _ in range(2)
+        ]
+        got: list[list[list[int]]] = [[], []]
+        errors: list[BaseException] = []
+        loaders = [make_loader(kind, ds) for kind, ds in zip(kinds, datasets, strict=True)]
+
+        def train(i: int) -> None:
+            try:
+                loader = loaders[i]
+                for _ in range(2):
+                    got[i].append([r for batch in loader for r in ids(batch)])
+            except BaseException as exc:  # re-raised below, in the test's thread
+                errors.append(exc)
+
+        try:
+            for ds in datasets:
+                ds.start()
+            threads = [threading.Thread(target=train, args=(i,)) for i in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert not errors, errors
+            assert not any(t.is_alive() for t in threads)
+            for epoch in range(2):
+                assert sorted(got[0][epoch] + got[1][epoch]) == list(range(RECORDS))
+            assert any(ds.runtime.plane.shares_epochs for ds in datasets)
+            checked = 0
+            for ds, loader in zip(datasets, loaders, strict=True):
+                if ds.runtime.plane.shares_epochs and isinstance(loader, shmloader.DataLoader):
+                    check_master_held_state(loader.state_dict(), source, master, tmp_path)
+                    checked += 1
+            assert checked or "torch" in kinds
+        finally:
+            for ds in datasets:
+                ds.close()  # sends the last completions
+        progress = master.progress()
+        assert progress.finished and progress.counters["expired"] == 0
+
+
+def check_master_held_state(state, source, master, tmp_path) -> None:
+    """A sharing trainer's state says the master holds the position: loading it against that
+    master is fine (nothing to skip), against an embedded one it is refused."""
+    assert state["position"] == "master" and state["master"] == master.address
+    options = {"num_readers": 1, "shm_budget": "8MiB", "shm_dir": str(tmp_path)}
+    with shmloader.SharedTaskDataset(source, master=master.address, **options) as again:
+        shmloader.DataLoader(again, batch_size=8).load_state_dict(state)
+        assert again._skip_tasks == set() and again._resume is None
+    with (
+        shmloader.SharedTaskDataset(source, **options) as alone,
+        pytest.raises(ConfigError, match="that master keeps the position"),
+    ):
+        shmloader.DataLoader(alone, batch_size=8).load_state_dict(state)
+
+
+TRAINER = """
+import sys, time, shmloader
+source = shmloader.RecordFileSource(sys.argv[1])
+ds = shmloader.SharedTaskDataset(source, num_readers=1, master=sys.argv[2], shm_budget="8MiB",
+                                 shm_dir=sys.argv[3])
+with open(sys.argv[4], "a") as out:
+    for batch in shmloader.DataLoader(ds, batch_size=8):
+        out.write(" ".join(str(int.from_bytes(r, "little")) for r in batch["record"]) + "\\n")
+        out.flush()
+        time.sleep(0.2)  # a slow trainer: killed while it holds tasks
+"""
+
+
+def test_a_killed_trainer_leaves_its_tasks_to_the_others(tmp_path, source):
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    delivered = tmp_path / "delivered.txt"
+    delivered.touch()
+    with shmloader.Master(
+        source, records_per_task=10, epochs=2, seed=1, lease_timeout=2.0, consumer_timeout=2.0
+    ) as master:
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                str(script),
+                source.paths[0],
+                master.address,
+                str(tmp_path),
+                str(delivered),
+            ],
+        )
+        try:
+            give_up = time.monotonic() + 60
+            while len(delivered.read_text().splitlines()) < 3:
+                assert child.poll() is None, "the trainer exited early"
+                assert time.monotonic() < give_up, "the trainer delivered nothing"
+                time.sleep(0.05)
+            os.kill(child.pid, signal.SIGKILL)
+        finally:
+            child.kill()
+            child.wait()
+        by_dead = [int(r) for line in delivered.read_text().splitlines() for r in line.split()]
+        with shmloader.SharedTaskDataset(
+            source, num_readers=2, master=master.address, shm_budget="8MiB", shm_dir=str(tmp_path)
+        ) as ds:
+            loader = shmloader.DataLoader(ds, batch_size=8)
+            by_survivor = [r for _ in range(2) for batch in loader for r in ids(batch)]
+        # Epoch 0 was partly delivered to the dead trainer: the survivor delivers the rest of
+        # it (and again the rows of the tasks the dead one was in the middle of), then all of
+        # epoch 1. Nothing is lost.
+        counts = Counter(by_survivor)
+        assert set(counts) == set(range(RECORDS))
+        assert all(n <= 2 for n in counts.values())
+        once = {r for r, n in counts.items() if n == 1}
+        assert once <= set(by_dead)
+        progress = master.progress()
+        assert progress.finished and not progress.quarantined
+    leftovers = [n for n in os.listdir(tmp_path) if n.startswith("shmloader")]
+    assert leftovers == [], "the killed trainer's segments were not reaped"
+
+
+def test_readers_do_not_lease_far_ahead_of_the_sampler(tmp_path, source):
+    # Without a bound, a trainer's readers would lease every task its budget can hold, and
+    # other trainers sharing the master would find them all taken.
+    with shmloader.Master(source, records_per_task=4, epochs=1) as master:  # 60 tasks
+        with shmloader.SharedTaskDataset(
+            source,
+            num_readers=1,
+            master=master.address,
+            shm_budget="8MiB",
+            shm_dir=str(tmp_path),
+            shuffle_window=1,  # at most 2 tasks ready ahead
+        ) as ds:
+            ds.start()
+            time.sleep(1.5)  # the sampler takes nothing meanwhile
+            (epoch,) = master.progress().epochs
+            # 2 ready, plus what the reader holds: a lease call of 4, and one more (the trainer
+            # raises the flag on its next tick, 5 ms after the task that filled it was
+            # announced), and a task leased to give way; without the bound: all 60
+            assert 2 <= epoch.leased_units <= 2 + 2 * 4 + 1
+            assert os.path.exists(os.path.join(ds.runtime.handle.path, "ahead"))
+            rows = [r for batch in shmloader.DataLoader(ds, batch_size=8) for r in ids(batch)]
+        assert sorted(rows) == list(range(RECORDS))
