@@ -105,16 +105,24 @@ def test_two_trainers_split_every_epoch_exactly_once(tmp_path):
         assert a[0].handle().in_use() == b[0].handle().in_use() == 0
 
 
+def b_holds_3_and_4(d: Dispatcher, a, *, taken: bool) -> None:
+    """Epoch 0's 9 tasks: trainer a's readers read all but 3 and 4, which b's readers lease
+    (and b's sampler takes in hand, if ``taken``)."""
+    for unit in range(9):
+        consumer = "b" if unit in (3, 4) else "a"
+        (lease,) = d.lease(consumer, 1, time.time())
+        if consumer == "a":
+            announce(a[0], a[1], lease)
+        elif taken:
+            d.mark_taken([lease.lease_id], time.time())
+
+
 def test_the_pass_waits_for_tasks_a_dead_trainers_readers_held(tmp_path):
     d = dispatcher(epochs=1)
     a = trainer(d, "a", tmp_path / "a")
     d.register("b", time.time())
     with a[0], maintained(a[1]):
-        for unit in range(9):
-            consumer = "b" if unit in (3, 4) else "a"
-            (lease,) = d.lease(consumer, 1, time.time())
-            if consumer == "a":
-                announce(a[0], a[1], lease)
+        b_holds_3_and_4(d, a, taken=False)
 
         def b_dies() -> None:
             time.sleep(0.3)  # a's pass has given tasks 3 and 4 up and waits to see them go
@@ -135,13 +143,7 @@ def test_a_task_a_dead_trainer_had_taken_comes_back_in_the_next_pass(tmp_path):
     a = trainer(d, "a", tmp_path / "a")
     d.register("b", time.time())
     with a[0], maintained(a[1]):
-        for unit in range(9):
-            consumer = "b" if unit in (3, 4) else "a"
-            (lease,) = d.lease(consumer, 1, time.time())
-            if consumer == "b":
-                d.mark_taken([lease.lease_id], time.time())  # in b's sampler: not waited for
-            else:
-                announce(a[0], a[1], lease)
+        b_holds_3_and_4(d, a, taken=True)  # in b's sampler: not waited for
         (first,) = concurrently(a)
         assert sorted(first) == sorted(set(range(TOTAL)) - set(_records(d, 0, (3, 4))))
         d.leave("b", time.time())  # b died before its loop got those rows
