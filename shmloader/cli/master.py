@@ -20,6 +20,7 @@ from ..errors import ConfigError, ShmloaderError
 from ..master.progress import Progress
 from ..master.server import Master
 from ..sources.factory import source_for_paths
+from ._progress_text import counter_line, epoch_lines
 
 TOKEN_ENV = "SHMLOADER_TOKEN"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -154,16 +155,6 @@ def summary(p: Progress) -> str:
         f"{p.total_records} records per epoch"
     ]
     for e in p.epochs:
-        state = "finished" if e.finished else "open"
-        lines.append(
-            f"  epoch {e.epoch} ({state}): {e.done_records}/{e.total_records} records done, "
-            f"{e.leased_records} leased, {e.quarantined_records} quarantined, "
-            f"{e.dropped_records} dropped"
-        )
-        lines.extend(
-            f"    quarantined task {q.task.task_id} ({q.task.path} [{q.task.start}, "
-            f"{q.task.stop})): {q.error}"
-            for q in e.quarantined
-        )
-    lines.append("  " + ", ".join(f"{k} {v}" for k, v in sorted(p.counters.items())))
+        lines.extend(epoch_lines(e))
+    lines.append(counter_line(p))
     return "\n".join(lines)

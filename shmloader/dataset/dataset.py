@@ -191,6 +191,14 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         slots, _ = split_indices(indices[:1])
         return list(gatherer.views(int(slots[0])))
 
+    @property
+    def master_address(self) -> str | None:
+        """The master's ``host:port``: ``master=``, or the embedded master's once the dataset
+        started (None before). ``shmloader stats`` / ``top`` watch the job through it."""
+        if self.master is not None:
+            return self.master
+        return None if self._runtime is None else str(self._runtime.address)
+
     def stats(self) -> Any:
         from ..stats.stats import collect_stats
 

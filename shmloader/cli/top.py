@@ -1,0 +1,180 @@
+"""``shmloader stats`` and ``shmloader top``: where a running job stands, once or live.
+
+Both ask a master (standalone, or an embedded one whose address the trainer printed) for its
+progress: epochs, records done and leased, quarantined tasks, the trainers it serves and their
+leases (with several trainers sharing epochs, how the work splits between them), and its
+counters; and they list this machine's shared-memory stores. ``top`` redraws every
+``--interval`` seconds and shows how many records per second were done since the last frame.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from ..errors import ShmloaderError
+from ..master.client import MasterClient
+from ..master.progress import Progress
+from ..shm.reap import ReapReport, reap_stale
+from ..shm.sizes import format_size
+from ..shm.space import BASE_DIR_ENV
+from ._progress_text import counter_line, epoch_lines
+from .master import TOKEN_ENV
+
+_CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
+
+
+def register(subparsers: Any) -> None:
+    stats = subparsers.add_parser(
+        "stats",
+        help="print where a job stands (a master's progress, this machine's shared memory)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(stats)
+    stats.add_argument("--json", action="store_true", help="the master's progress as JSON")
+    stats.set_defaults(func=run_stats)
+    top = subparsers.add_parser(
+        "top",
+        help="watch a job live (what stats prints, redrawn, with records per second)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(top)
+    top.add_argument("--interval", type=float, default=2.0, help="seconds between frames")
+    top.add_argument("--count", type=int, default=0, help="stop after N frames (0: Ctrl-C)")
+    top.set_defaults(func=run_top)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("master", metavar="HOST:PORT", help="the master's address")
+    parser.add_argument("--token", default=None, help=f"bearer token (default: ${TOKEN_ENV})")
+    parser.add_argument("--tls-ca", metavar="PEM", default=None, help="CA to check TLS against")
+    parser.add_argument(
+        "--base",
+        metavar="DIR",
+        default=None,
+        help=f"base directory of the stores (default: ${BASE_DIR_ENV} or /dev/shm)",
+    )
+
+
+def _client(args: argparse.Namespace) -> MasterClient:
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    ca = None
+    if args.tls_ca is not None:
+        with open(args.tls_ca, "rb") as f:
+            ca = f.read()
+    # A watcher must not hang on a master that is gone: fail within seconds, say why.
+    return MasterClient(args.master, token=token, root_certificates=ca, timeout=5, retry_for=2)
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    try:
+        with _client(args) as client:
+            progress = client.progress()
+    except (ShmloaderError, OSError) as exc:
+        print(f"shmloader stats: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(dataclasses.asdict(progress), indent=1, sort_keys=True))
+    else:
+        stores = reap_stale(args.base, dry_run=True)
+        print(render(args.master, progress, time.time(), stores=stores))
+    return 0
+
+
+def run_top(args: argparse.Namespace) -> int:
+    if args.interval <= 0:
+        print("shmloader top: --interval must be > 0", file=sys.stderr)
+        return 2
+    live = sys.stdout.isatty()
+    try:
+        client = _client(args)
+    except OSError as exc:
+        print(f"shmloader top: {exc}", file=sys.stderr)
+        return 1
+    with client:
+        before: tuple[float, int] | None = None
+        frame = 0
+        try:
+            while True:
+                now = time.time()
+                try:
+                    progress = client.progress()
+                except ShmloaderError as exc:
+                    if before is None:  # never reached: nothing to watch
+                        print(f"shmloader top: {exc}", file=sys.stderr)
+                        return 1
+                    text = f"shmloader top: master {args.master} unreachable: {exc}"
+                else:
+                    done = records_done(progress)
+                    rate = None if before is None else (done - before[1]) / (now - before[0])
+                    before = (now, done)
+                    stores = reap_stale(args.base, dry_run=True)
+                    text = render(args.master, progress, now, rate=rate, stores=stores)
+                print((_CLEAR if live else "") + text, flush=True)
+                frame += 1
+                if args.count and frame >= args.count:
+                    return 0
+                if not live:
+                    print()
+                time.sleep(args.interval)
+        except KeyboardInterrupt:
+            return 0
+
+
+def records_done(p: Progress) -> int:
+    """Records done in every epoch the master started (finished ones included)."""
+    return sum(e.done_records for e in p.epochs)
+
+
+def render(
+    address: str,
+    p: Progress,
+    now: float,
+    *,
+    rate: float | None = None,
+    stores: ReapReport | None = None,
+) -> str:
+    """One frame: the job at ``address``, its trainers, and this machine's stores."""
+    planned = "unbounded" if p.epochs_planned is None else str(p.epochs_planned)
+    state = "finished" if p.finished else "running"
+    speed = "" if rate is None else f"; {rate:,.0f} records/s done since the last frame"
+    lines = [
+        f"master {address} ({state}): {p.epochs_finished} of {planned} epoch(s) finished, "
+        f"{p.num_tasks} tasks, {p.total_records:,} records per epoch{speed}",
+    ]
+    for e in p.epochs[-3:]:  # the open ones, and the last finished
+        lines.extend(epoch_lines(e))
+    if len(p.epochs) > 3:
+        lines.append(f"  ({len(p.epochs) - 3} earlier epoch(s) finished)")
+    lines.append(f"trainers: {len(p.consumers)}")
+    for c in p.consumers:
+        rank = "-" if c.rank is None else str(c.rank)
+        lines.append(
+            f"  {c.consumer}  rank {rank}  seen {max(now - c.last_seen, 0.0):.1f} s ago  "
+            f"{len(c.leases)} lease(s), {c.leased_records:,} records"
+        )
+    lines.append("counters:")
+    lines.append(counter_line(p))
+    if stores is not None:
+        lines.extend(_store_lines(stores))
+    return "\n".join(lines)
+
+
+def _store_lines(stores: ReapReport) -> list[str]:
+    live, stale = stores.kept, stores.removed
+    held = format_size(sum(e.nbytes for e in live))
+    lines = [f"shared memory in {stores.base_dir}: {len(live)} live store(s), {held}"]
+    lines.extend(f"  {format_size(e.nbytes):>10}  {e.path}  ({e.reason})" for e in live)
+    if stale:
+        freed = format_size(sum(e.nbytes for e in stale))
+        lines.append(
+            f"  {len(stale)} left by dead processes ({freed}): `shmloader clean` removes them"
+        )
+    return lines
