@@ -30,28 +30,26 @@ _CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
 
 
 def register(subparsers: Any) -> None:
-    stats = subparsers.add_parser(
+    stats = _parser(
+        subparsers,
         "stats",
-        help="print where a job stands (a master's progress, this machine's shared memory)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "print where a job stands (a master's progress, this machine's shared memory)",
     )
-    _common(stats)
     stats.add_argument("--json", action="store_true", help="the master's progress as JSON")
     stats.set_defaults(func=run_stats)
-    top = subparsers.add_parser(
-        "top",
-        help="watch a job live (what stats prints, redrawn, with records per second)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    top = _parser(
+        subparsers, "top", "watch a job live (what stats prints, redrawn, with records per second)"
     )
-    _common(top)
     top.add_argument("--interval", type=float, default=2.0, help="seconds between frames")
     top.add_argument("--count", type=int, default=0, help="stop after N frames (0: Ctrl-C)")
     top.set_defaults(func=run_top)
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _parser(subparsers: Any, name: str, help: str) -> argparse.ArgumentParser:
+    """A sub-command's parser with the options both commands share."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, help=help, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("master", metavar="HOST:PORT", help="the master's address")
     parser.add_argument("--token", default=None, help=f"bearer token (default: ${TOKEN_ENV})")
     parser.add_argument("--tls-ca", metavar="PEM", default=None, help="CA to check TLS against")
@@ -61,6 +59,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"base directory of the stores (default: ${BASE_DIR_ENV} or /dev/shm)",
     )
+    return parser
 
 
 def _client(args: argparse.Namespace) -> MasterClient:
