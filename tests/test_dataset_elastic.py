@@ -196,23 +196,33 @@ def test_readers_do_not_lease_far_ahead_of_the_sampler(tmp_path, source):
         assert sorted(rows) == list(range(RECORDS))
 
 
-def test_a_trainer_restarted_against_the_master_goes_on_with_the_epoch(tmp_path, source):
-    # No checkpoint: the master knows which tasks are done. The new trainer skips those and
-    # delivers the rest; rows of tasks the old one had partly consumed come again.
+@pytest.mark.parametrize("with_state", [False, True])
+def test_a_trainer_restarted_against_the_master_goes_on_with_the_epoch(
+    tmp_path, source, with_state
+):
+    # The master knows which tasks are done: the new trainer skips those and delivers the
+    # rest. Rows of tasks the old one had partly consumed come again, unless its state says
+    # which were delivered.
     options = {"num_readers": 1, "shm_budget": "8MiB", "shm_dir": str(tmp_path)}
     with shmloader.Master(source, records_per_task=10, epochs=1, seed=3) as master:
         first: list[int] = []
         with shmloader.SharedTaskDataset(source, master=master.address, **options) as ds:
-            for batch in shmloader.DataLoader(ds, batch_size=8):
+            loader = shmloader.DataLoader(ds, batch_size=8)
+            for batch in loader:
                 first += ids(batch)
                 if len(first) >= 100:
                     break
+            state = loader.state_dict()
         with shmloader.SharedTaskDataset(source, master=master.address, **options) as ds:
-            rest = [r for batch in shmloader.DataLoader(ds, batch_size=8) for r in ids(batch)]
+            loader = shmloader.DataLoader(ds, batch_size=8)
+            if with_state:
+                loader.load_state_dict(state)
+            rest = [r for batch in loader for r in ids(batch)]
             assert ds.runtime.plane.shares_epochs  # it found tasks done before it started
         assert master.progress().finished
     counts = Counter(first + rest)
     assert set(counts) == set(range(RECORDS))
     again = {r for r, n in counts.items() if n > 1}
     assert again <= set(first) and all(n == 2 for r, n in counts.items() if r in again)
+    assert not again if with_state else again
     assert len(rest) < RECORDS  # done tasks were not read again
