@@ -31,6 +31,7 @@ from .messages import Failed, Finished, Ready, Sealing, Started, task_key
 
 PR_SET_PDEATHSIG = 1
 AHEAD_POLL = 0.005  # seconds between looks while the trainer holds enough ready tasks
+SWEEP_EVERY = 100  # of those looks
 
 
 @dataclass(frozen=True)
@@ -138,13 +139,18 @@ class Reader:
 
     def run(self) -> None:
         delay = self.config.idle_poll
+        paused = 0  # polls spent waiting while the trainer holds enough ready tasks
         try:
             while not self.should_stop():
                 if not self._queue:
                     store = self.config.store
                     if store.is_ahead() and not store.wanted():  # enough ready: no hoarding
+                        if paused % SWEEP_EVERY == 0:  # as when idle, see below
+                            store.sweep_written()
+                        paused += 1
                         time.sleep(AHEAD_POLL)
                         continue
+                    paused = 0
                     # A few at a time: fewer round trips, and the next task is at hand.
                     reply = self.client.lease(self.config.consumer, self.config.lease_ahead)
                     if not reply.leases:
