@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 # Each module defines ``register(subparsers)`` which adds its parser and sets ``func``.
-_COMMANDS: list[str] = ["clean", "convert", "index", "master", "top"]
+_COMMANDS: list[str] = ["bench", "clean", "convert", "index", "master", "top"]
 
 
 def build_parser() -> argparse.ArgumentParser:
