@@ -36,4 +36,6 @@ def test_bench_refuses_what_does_not_fit(tmp_path, capsys) -> None:
     assert "give MODULE:FUNCTION" in capsys.readouterr().err
     assert main(["bench", str(table), "--decode", "no_such_module_x:f"]) == 1
     assert "No module named" in capsys.readouterr().err
+    assert main(["bench", str(table), "--decode", "json:JSONDecoder.no_such"]) == 1
+    assert "no attribute 'no_such'" in capsys.readouterr().err
     assert main(["bench", str(table), "--epochs", "0"]) == 2

@@ -57,7 +57,10 @@ def _function(spec: str, option: str) -> Callable[..., Any]:
     if not sep or not module or not name:
         raise ShmloaderError(f"{option} {spec!r}: give MODULE:FUNCTION, e.g. my_decoders:decode")
     try:
-        function: Callable[..., Any] = getattr(importlib.import_module(module), name)
+        found: Any = importlib.import_module(module)
+        for part in name.split("."):  # MODULE:OBJECT.METHOD too
+            found = getattr(found, part)
+        function: Callable[..., Any] = found
     except (ImportError, AttributeError) as exc:
         raise ShmloaderError(f"{option} {spec!r}: {exc}") from exc
     return function
