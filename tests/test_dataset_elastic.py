@@ -226,3 +226,25 @@ def test_a_trainer_restarted_against_the_master_goes_on_with_the_epoch(
     assert again <= set(first) and all(n == 2 for r, n in counts.items() if r in again)
     assert not again if with_state else again
     assert len(rest) < RECORDS  # done tasks were not read again
+
+
+def test_a_trainer_joining_a_master_in_a_later_epoch_starts_there(tmp_path, source):
+    # Its first pass is the master's oldest unfinished epoch, not an empty pass over epoch 0.
+    options = {"num_readers": 1, "shm_budget": "8MiB", "shm_dir": str(tmp_path)}
+    with shmloader.Master(source, records_per_task=10, epochs=3, seed=3) as master:
+        first: list[int] = []
+        with shmloader.SharedTaskDataset(source, master=master.address, **options) as ds:
+            loader = shmloader.DataLoader(ds, batch_size=8)
+            first += [r for batch in loader for r in ids(batch)]  # epoch 0, whole
+            for batch in loader:  # part of epoch 1
+                first += ids(batch)
+                if len(first) >= RECORDS + 100:
+                    break
+        with shmloader.SharedTaskDataset(source, master=master.address, **options) as ds:
+            loader = shmloader.DataLoader(ds, batch_size=8)
+            passes = [[r for batch in loader for r in ids(batch)] for _ in range(2)]
+        assert master.progress().finished
+    assert 0 < len(passes[0]) < RECORDS  # the rest of epoch 1
+    assert sorted(passes[1]) == list(range(RECORDS))  # epoch 2
+    counts = Counter(first + passes[0])
+    assert set(counts) == set(range(RECORDS)) and max(counts.values()) <= 3

@@ -148,6 +148,9 @@ class Runtime:
             self.lease_timeout = float(info.lease_timeout)
             self.client.start_heartbeat(self.consumer)
             self.handle = handle = self.store.handle()
+            start = config.start_epoch
+            if self.embedded is None:  # a running master may be past this trainer's start
+                start = max(start, self._first_unfinished_epoch())
             self.plane = DataPlane(
                 master=_MasterOps(self.client, self.consumer, info.epochs),
                 segments=handle,
@@ -155,8 +158,8 @@ class Runtime:
                 complete_on_delivery=config.complete_on_delivery,
                 starved=self._starved,
                 exclude=lambda epoch, task: config.exclude.get((epoch, task)),
-                start_epoch=config.start_epoch,
-                prior=config.resume,
+                start_epoch=start,
+                prior=config.resume if start == config.start_epoch else None,
             )
             # The source's own plan, not the master's word: readers open only these files.
             self._allowed = frozenset(shard.path for shard in config.source.plan())
@@ -168,6 +171,14 @@ class Runtime:
         except BaseException:
             self.close()
             raise
+
+    def _first_unfinished_epoch(self) -> int:
+        """The oldest epoch the master has not finished (the next to start if none is open):
+        a trainer that joins or restarts later begins there, not with passes over epochs
+        every task of which is done."""
+        progress = self.client.progress()
+        open_epochs = [e.epoch for e in progress.epochs if not e.finished]
+        return min(open_epochs, default=progress.epochs_started)
 
     def _reader_config(self, index: int) -> ReaderConfig:
         """What reader ``index`` needs (asked for once the master is up, and at restarts)."""
