@@ -143,9 +143,10 @@ class TaskSampler(torch.utils.data.Sampler[int]):
                 )
                 feed.want(epoch, [])
             got = {t.seq for t in tasks}
-            if got | dropped != set(block) | dropped:  # starved: part of the block, or later
-                # tasks in its place
-                left = [s for s in block if s not in got and s not in dropped]
+            # Starved: part of the block, or later tasks in its place. Tasks found elsewhere
+            # while waiting are not put back.
+            left = [s for s in block if s not in got and s not in dropped]
+            if left or not got <= set(block):
                 pending = left + [s for s in pending if s not in got]
             indices = self._block_indices(feed, epoch, tasks + feed.take_strays())
             if len(indices):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, MasterError
-from .epochs import DONE, LEASED, QUARANTINED, TODO, OpenEpoch
+from .epochs import DONE, LEASED, QUARANTINED, TODO, OpenEpoch, schedule_of
 from .progress import (
     SCHEDULE_FIELDS,
     ConsumerProgress,
@@ -212,4 +212,4 @@ def _closed_size(d: Dispatcher, epoch: int) -> int:
         if done.epoch == epoch:
             return done.total_units
     # Before first_epoch (a resumed job): consumed before the master started.
-    return len(OpenEpoch.create(d.table, d.config, epoch).status)
+    return len(schedule_of(d.table, d.config, epoch))
