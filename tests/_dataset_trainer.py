@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,9 @@ import shmloader
 
 
 def main(config_path: str) -> int:
+    # Tests send SIGINT as Ctrl-C would. A shell's background job (``pytest ... &``) starts with
+    # SIGINT ignored, children inherit that, and Python then installs no KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with open(config_path) as f:
         cfg: dict[str, Any] = json.load(f)
     out = open(cfg["out"], "a", buffering=1)  # noqa: SIM115 - lines must reach the test at once
