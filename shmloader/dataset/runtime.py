@@ -124,6 +124,8 @@ class Runtime:
         self._largest_segment = 0
         self._closed = False
         self._stop = threading.Event()
+        self._ahead = False  # the store's ``ahead`` hint as last set
+        self._ahead_lock = threading.Lock()
         self.store = store  # owned (and closed) by the dataset
         self._pid = os.getpid()
         _close_at_exit(self)
@@ -235,6 +237,7 @@ class Runtime:
                 stop=message.stop,
                 skipped=tuple(s.index for s in message.skipped),
             )
+            self._hold_readers_back()
         elif isinstance(message, Failed):
             self.failures.append(message)
             log.warning(
@@ -269,6 +272,17 @@ class Runtime:
                 )
             )
 
+    def _hold_readers_back(self) -> None:
+        """Raise or lower the store's ``ahead`` hint: readers lease no new task while
+        ``ready_ahead`` tasks are ready and not taken (shm/hints.py). Raised as soon as a
+        reader's announcement fills the count, not at the next tick: a reader of small tasks
+        would lease more within the tick's 5 ms."""
+        with self._ahead_lock:
+            ahead = len(self.plane.ready) >= self.config.ready_ahead
+            if ahead != self._ahead:
+                self._ahead = ahead
+                self.handle.set_ahead(ahead)
+
     def _starved(self) -> bool:
         if self._largest_segment == 0:
             return False
@@ -280,15 +294,12 @@ class Runtime:
     def _maintain(self) -> None:
         renew_every = self.lease_timeout / 3
         next_renew = 0.0
-        ahead = False
         import time
 
         try:
             while not self._stop.wait(POLL_SECONDS):
                 self.plane.poll()
-                if (len(self.plane.ready) >= self.config.ready_ahead) != ahead:
-                    ahead = not ahead
-                    self.handle.set_ahead(ahead)
+                self._hold_readers_back()  # lowered here once the sampler took tasks
                 now = time.monotonic()
                 if now >= next_renew:
                     for lease_id in self.plane.held_leases():
