@@ -275,7 +275,8 @@ def split_indexed(buf: bytes | memoryview, rel: np.ndarray, verify: bool) -> lis
         return None
     data = np.frombuffer(buf, np.uint8)
     header = data[starts[:, None] + np.arange(HEADER_SIZE)]
-    if not np.array_equal(header[:, :8].copy().view("<u8")[:, 0], lengths):
+    # As int64 like ``lengths``: uint64 against int64 would compare as float64, a cast per frame.
+    if not np.array_equal(header[:, :8].copy().view("<i8")[:, 0], lengths):
         return None
     known = np.unique(lengths) if int(lengths.min()) != int(lengths.max()) else lengths[:1]
     crcs = np.array([length_crc(int(n)) for n in known], dtype=np.uint32)
