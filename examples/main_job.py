@@ -55,22 +55,30 @@ def main() -> None:
         os.makedirs(folder, exist_ok=True)
         t0 = time.perf_counter()
         make_dataset(folder, args.records, args.files)
-        print(f"generated {args.records} records in {args.files} files "
-              f"({time.perf_counter() - t0:.1f} s)")
+        print(
+            f"generated {args.records} records in {args.files} files "
+            f"({time.perf_counter() - t0:.1f} s)"
+        )
 
-        source = shmloader.RecordFileSource(os.path.join(folder, "*.tfrecord"),
-                                            decode_batch=decode_batch)
+        source = shmloader.RecordFileSource(
+            os.path.join(folder, "*.tfrecord"), decode_batch=decode_batch
+        )
         model = torch.nn.Sequential(
             torch.nn.Linear(FEATURES, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)
         )
         optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
         loss_fn = torch.nn.CrossEntropyLoss()
 
-        with shmloader.SharedTaskDataset(source, num_readers=args.readers, records_per_task=4096,
-                                         shuffle=True, seed=7, shm_budget="512MiB",
-                                         epochs=args.epochs) as ds:
-            loader = shmloader.DataLoader(ds, batch_size=args.batch_size,
-                                          num_workers=args.workers)
+        with shmloader.SharedTaskDataset(
+            source,
+            num_readers=args.readers,
+            records_per_task=4096,
+            shuffle=True,
+            seed=7,
+            shm_budget="512MiB",
+            epochs=args.epochs,
+        ) as ds:
+            loader = shmloader.DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers)
             start = time.perf_counter()
             first_batch = None
             samples = 0
@@ -95,9 +103,11 @@ def main() -> None:
                 if seen != args.records:
                     raise SystemExit(f"epoch {epoch} delivered {seen} samples, not {args.records}")
             elapsed = time.perf_counter() - start
-            print(f"\ntrained {args.epochs} epochs, {samples} samples in {elapsed:.1f} s: "
-                  f"{samples / elapsed:,.0f} samples/s (training step included); "
-                  f"first batch after {first_batch:.2f} s")
+            print(
+                f"\ntrained {args.epochs} epochs, {samples} samples in {elapsed:.1f} s: "
+                f"{samples / elapsed:,.0f} samples/s (training step included); "
+                f"first batch after {first_batch:.2f} s"
+            )
             print(ds.stats())
 
 
