@@ -6,19 +6,34 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _dataset_helpers import TORCHRUN
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def test_elastic_trainers_share_epochs_and_survive_a_kill() -> None:
-    done = subprocess.run(
-        [sys.executable, "elastic.py", "--trainers", "3", "--records", "12000", "--kill"],
-        cwd=EXAMPLES,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+def run_example(*command: str) -> str:
+    """Run ``command`` in examples/; its stdout, once it exited with 0."""
+    done = subprocess.run(command, cwd=EXAMPLES, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
-    out = done.stdout
+    return done.stdout
+
+
+def test_elastic_trainers_share_epochs_and_survive_a_kill() -> None:
+    out = run_example(
+        sys.executable, "elastic.py", "--trainers", "3", "--records", "12000", "--kill"
+    )
     assert "killed trainer 0 after" in out
     assert "12,000 records x 2 epochs: 0 records short" in out
     assert "master: 2 of 2 epochs finished" in out
+
+
+def test_ddp_under_torchrun_gets_equal_shares_of_every_record() -> None:
+    out = run_example(
+        *TORCHRUN, "--nproc_per_node", "2", "ddp.py", "--records", "6001", "--epochs", "2"
+    )
+    for epoch in range(2):
+        assert (
+            f"epoch {epoch}: steps per rank [12, 12]; 6,001 records, 0 missing, padding rows: 1; ok"
+            in out
+        )
+    assert "2 ranks, master at 127.0.0.1:" in out

@@ -18,12 +18,11 @@ from typing import Any
 
 from ..errors import ConfigError, ShmloaderError
 from ..master.progress import Progress
-from ..master.server import Master
+from ..master.server import LOOPBACK_HOSTS, Master
 from ..sources.factory import source_for_paths
 from ._progress_text import counter_line, epoch_lines
 
 TOKEN_ENV = "SHMLOADER_TOKEN"
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def register(subparsers: Any) -> None:
@@ -120,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     except (ShmloaderError, OSError) as exc:
         print(f"shmloader master: {exc}", file=sys.stderr)
         return 1
-    if args.host not in _LOOPBACK and (token is None or tls is None):
+    if args.host not in LOOPBACK_HOSTS and (token is None or tls is None):
         missing = " and ".join(w for w, v in (("--token", token), ("TLS", tls)) if v is None)
         print(
             f"shmloader master: warning: listening beyond loopback without {missing}",

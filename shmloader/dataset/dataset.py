@@ -20,6 +20,7 @@ from ..shm.sizes import parse_size
 from ..shm.store import SegmentStore
 from ..sources.base import Source
 from . import ring
+from .launcher import TORCHRUN, Rendezvous, rendezvous_from_env
 from .ring import RingBatch
 from .runtime import Runtime, RuntimeConfig
 from .sampler import DEFAULT_SHUFFLE_WINDOW, TaskSampler
@@ -38,7 +39,9 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     of ``records_per_task`` records and hands them out per epoch (``epochs=None``: unbounded),
     shuffled from ``seed`` when ``shuffle``; ``shm_budget`` bounds the shared memory the
     readers may fill; ``master="host:port"`` uses a standalone master instead of an embedded
-    one; ``rank``/``world_size`` give each DDP rank the same number of rows per epoch.
+    one; ``rank``/``world_size`` give each DDP rank the same number of rows per epoch;
+    ``master="torchrun"`` takes them from torchrun, and rank 0's embedded master serves every
+    rank (``master_host``: where an embedded master listens, loopback by default).
     """
 
     collate = staticmethod(collate)
@@ -55,6 +58,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         epochs: int | None = None,
         shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
         master: str | None = None,
+        master_host: str | None = None,
         token: str | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -68,6 +72,17 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             raise ConfigError(f"source must be a shmloader source, got {type(source).__name__}")
         if num_readers < 1:
             raise ConfigError(f"num_readers must be at least 1, got {num_readers}")
+        self._rendezvous: Rendezvous | None = None
+        if master == TORCHRUN:  # rank 0 hosts the master; rank and world size from torchrun
+            self._rendezvous = rendezvous_from_env(
+                rank=rank, world_size=world_size, master_host=master_host
+            )
+            rank, world_size = self._rendezvous.rank, self._rendezvous.world_size
+        elif master is not None and master_host is not None:
+            raise ConfigError(
+                "master_host= is where the embedded master listens; with master='host:port' "
+                "there is none"
+            )
         if (rank is None) != (world_size is None):
             raise ConfigError("give both rank and world_size (DDP), or neither")
         self.source = source
@@ -79,6 +94,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self.epochs = epochs
         self.shuffle_window = shuffle_window
         self.master = master
+        self.master_host = master_host
         self.token = token
         self.rank = rank
         self.world_size = world_size
@@ -133,7 +149,9 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             shuffle=self.shuffle,
             seed=self.seed,
             epochs=self.epochs,
-            master=self.master,
+            master=None if self._rendezvous is not None else self.master,
+            master_host=self.master_host,
+            rendezvous=self._rendezvous,
             token=self.token,
             rank=self.rank,
             world_size=self.world_size,
@@ -195,7 +213,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     def master_address(self) -> str | None:
         """The master's ``host:port``: ``master=``, or the embedded master's once the dataset
         started (None before). ``shmloader stats`` / ``top`` watch the job through it."""
-        if self.master is not None:
+        if self.master is not None and self._rendezvous is None:
             return self.master
         return None if self._runtime is None else str(self._runtime.address)
 
@@ -206,6 +224,9 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
     def close(self) -> None:
         """Stop readers and the embedded master, remove every shared-memory segment."""
+        self._close(wait_for_ranks=True)
+
+    def _close(self, *, wait_for_ranks: bool) -> None:
         with self._lock:
             if self._closed:
                 return
@@ -215,7 +236,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         if self._owner_pid != os.getpid():
             return
         if runtime is not None:
-            runtime.close()
+            runtime.close(wait_for_ranks=wait_for_ranks)
         if self._gatherer is not None:
             self._gatherer.close()  # the trainer's own mappings (num_workers=0)
         if self._store is not None:
@@ -225,8 +246,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     def __enter__(self) -> SharedTaskDataset:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self._close(wait_for_ranks=exc_type is None)
 
     def __del__(self) -> None:
         if getattr(self, "_store", None) is not None:

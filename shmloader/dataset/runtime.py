@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 import weakref
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from ..reader.process import ReaderConfig
 from ..shm.budget import reap_dead_writers
 from ..shm.store import SegmentStore
 from ..sources.base import SkippedRecord, Source
+from .launcher import Rendezvous
 from .ledger import LedgerReader, ledger_dir
 from .plane import DataPlane
 
@@ -44,6 +46,8 @@ class RuntimeConfig:
     seed: int
     epochs: int | None
     master: str | None
+    master_host: str | None
+    rendezvous: Rendezvous | None
     token: str | None
     rank: int | None
     world_size: int | None
@@ -142,7 +146,7 @@ class Runtime:
                 on_reader_death=self._on_reader_death,
                 on_error=self._readers_failed,
             ).launch()
-            address = config.master or self._start_embedded()
+            address = self._master_address()
             self.address = address
             self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             self.client = MasterClient(address, token=config.token)
@@ -200,8 +204,19 @@ class Runtime:
     def _readers_failed(self, exc: BaseException) -> None:
         self.plane.ready.fail(exc)
 
-    def _start_embedded(self) -> str:
-        from ..master.server import Master
+    def _master_address(self) -> str:
+        """``master=``; or the embedded master's, started here; or, under torchrun, rank 0's
+        (published by rank 0, looked up by the others: launcher.py)."""
+        rendezvous = self.config.rendezvous
+        if rendezvous is None:
+            return self.config.master or self._start_embedded(self.config.master_host)
+        if not rendezvous.hosts_master:
+            return rendezvous.lookup()
+        self._start_embedded(rendezvous.bind_host)
+        return rendezvous.publish(self.embedded.port)
+
+    def _start_embedded(self, host: str | None) -> str:
+        from ..master.server import LOOPBACK_HOSTS, Master
 
         c = self.config
         self.embedded = Master(
@@ -218,7 +233,14 @@ class Runtime:
             token=c.token,
             first_epoch=c.start_epoch,
             resume=c.resume,
+            host=host or "127.0.0.1",
         ).start()
+        if host is not None and host not in LOOPBACK_HOSTS and c.token is None:
+            log.warning(
+                "the embedded master listens on %s without a token: anyone who reaches it can "
+                "lease and complete this job's tasks",
+                self.embedded.address,
+            )
         return str(self.embedded.address)
 
     # -- reader messages (pool thread) ---------------------------------------------------
@@ -294,8 +316,6 @@ class Runtime:
     def _maintain(self) -> None:
         renew_every = self.lease_timeout / 3
         next_renew = 0.0
-        import time
-
         try:
             while not self._stop.wait(POLL_SECONDS):
                 self.plane.poll()
@@ -315,7 +335,29 @@ class Runtime:
                 self.plane.ready.fail(exc if isinstance(exc, Exception) else MasterError(str(exc)))
 
     # -- shutdown ------------------------------------------------------------------------
-    def close(self) -> None:
+    def _wait_for_other_trainers(self) -> None:
+        """Rank 0 under torchrun: the other ranks use this master until their datasets close
+        (their last completions, then ``leave``), and stopping it first would fail their last
+        steps. Waits until they left, or the master gave up on them (consumer timeout)."""
+        rendezvous = self.config.rendezvous
+        if rendezvous is None or rendezvous.world_size == 1:
+            return
+        deadline = time.monotonic() + self.embedded.config.consumer_timeout + 1.0
+        while True:
+            others = [
+                c.rank for c in self.embedded.progress().consumers if c.consumer != self.consumer
+            ]
+            if not others:
+                return
+            if time.monotonic() >= deadline:
+                log.warning("stopping the master while ranks %s still use it", others)
+                return
+            time.sleep(0.05)
+
+    def close(self, *, wait_for_ranks: bool = True) -> None:
+        """Stop everything; ``wait_for_ranks``: rank 0 under torchrun first lets the other
+        ranks finish with its master (not when closing because the loop failed: the job is
+        going down, and they would only wait for rank 0 at their next collective)."""
         if self._closed or os.getpid() != self._pid:  # a forked child owns none of this
             return
         self._closed = True
@@ -339,4 +381,6 @@ class Runtime:
                     self.client.leave(self.consumer)
             self.client.close()
         if self.embedded is not None:
+            if wait_for_ranks:
+                self._wait_for_other_trainers()
             self.embedded.stop()

@@ -34,6 +34,7 @@ from .service import MAX_REQUEST_BYTES, MasterService
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "shmloader.master.Master"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")  # the default; others call for a token
 _WORKERS = 16
 T = TypeVar("T")
 

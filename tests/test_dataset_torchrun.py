@@ -1,0 +1,155 @@
+"""``master="torchrun"``: rank 0's dataset hosts the master and the other ranks find its address
+in torchrun's store; tried with torchrun itself, and the launcher's variables checked."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from _dataset_helpers import (
+    REPO_ROOT,
+    TESTS_DIR,
+    TORCHRUN,
+    dataset,
+    ids_of,
+    subprocess_env,
+    write_dataset,
+)
+
+import shmloader
+from shmloader.dataset.launcher import rendezvous_from_env
+
+TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "node0", "MASTER_PORT": "29500"}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
+    directory = tmp_path_factory.mktemp("data")
+    return directory, write_dataset(directory, [700, 455])  # 1155: two ranks need 1 of padding
+
+
+def test_two_ranks_under_torchrun_get_equal_shares_of_every_record(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    directory, expected = data
+    epochs = 2
+    done = subprocess.run(
+        [
+            *TORCHRUN,
+            "--nproc_per_node",
+            "2",
+            str(TESTS_DIR / "_torchrun_trainer.py"),
+            str(directory),
+            str(tmp_path / "shm"),
+            str(tmp_path),
+            str(epochs),
+        ],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    ranks = [
+        [json.loads(line) for line in (tmp_path / f"rank{r}.jsonl").read_text().splitlines()]
+        for r in range(2)
+    ]
+    assert all(lines[-1] == {"done": True} for lines in ranks)
+    share = math.ceil(len(expected) / 2)
+    for name, passes in (("train", epochs), ("val", 1)):
+        # Both ranks used the master rank 0 hosted for this dataset (the val dataset's ranks
+        # found their own master's address, not the closed train master's).
+        addresses = {
+            line["address"]
+            for lines in ranks
+            for line in lines
+            if "address" in line and line["ds"] == name
+        }
+        assert len(addresses) == 1, addresses
+        for p in range(passes):
+            got = [
+                [
+                    i
+                    for line in lines
+                    if (line.get("ds"), line.get("pass")) == (name, p)
+                    for i in line["ids"]
+                ]
+                for lines in ranks
+            ]
+            assert [len(g) for g in got] == [share, share], (name, p)
+            seen = Counter(got[0] + got[1])
+            assert set(seen) == set(expected)
+            assert sum(seen.values()) - len(seen) == 2 * share - len(expected)  # the padding
+
+
+def test_one_rank_needs_no_store(
+    tmp_path: Path, data: tuple[Path, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # WORLD_SIZE=1: nobody to tell, so the store (here: a port nothing listens on) is not used.
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    directory, expected = data
+    with dataset(directory, tmp_path / "shm", master="torchrun") as ds:
+        assert (ds.rank, ds.world_size) == (0, 1)
+        rows = [i for batch in shmloader.DataLoader(ds, batch_size=64) for i in ids_of(batch)]
+        assert ds.master_address is not None and ds.master_address.startswith("127.0.0.1:")
+    assert sorted(rows) == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "kwargs", "message"),
+    [
+        ({"RANK": "0"}, {}, "missing: WORLD_SIZE, MASTER_ADDR, MASTER_PORT"),
+        (TORCHRUN_ENV, {"rank": 1}, "rank=1 contradicts the launcher's RANK=0"),
+        (TORCHRUN_ENV, {"world_size": 4}, "world_size=4 contradicts the launcher's WORLD_SIZE=2"),
+        ({**TORCHRUN_ENV, "LOCAL_WORLD_SIZE": "1"}, {}, "run on several machines"),
+        ({**TORCHRUN_ENV, "WORLD_SIZE": "two"}, {}, "not a number"),
+    ],
+)
+def test_launcher_variables_are_checked(env: dict, kwargs: dict, message: str) -> None:
+    args = {"rank": None, "world_size": None, "master_host": None, **kwargs}
+    with pytest.raises(shmloader.ConfigError, match=message):
+        rendezvous_from_env(**args, environ=env)
+
+
+def test_where_rank_0_listens_and_how_the_others_reach_it() -> None:
+    one_machine = rendezvous_from_env(
+        rank=None, world_size=None, master_host=None, environ=TORCHRUN_ENV
+    )
+    assert (one_machine.bind_host, one_machine.advertise_host) == ("127.0.0.1", "127.0.0.1")
+    assert (one_machine.rank, one_machine.world_size) == (0, 2)
+    several = {**TORCHRUN_ENV, "LOCAL_WORLD_SIZE": "1", "TORCHELASTIC_RESTART_COUNT": "3"}
+    anywhere = rendezvous_from_env(rank=0, world_size=2, master_host="0.0.0.0", environ=several)
+    # Every interface: the others reach rank 0's machine where they reach the launcher's store.
+    assert (anywhere.bind_host, anywhere.advertise_host) == ("0.0.0.0", "node0")
+    assert anywhere.key.startswith("shmloader/restart-3/")
+    given = rendezvous_from_env(rank=0, world_size=2, master_host="10.0.0.5", environ=several)
+    assert given.advertise_host == "10.0.0.5"
+    assert given.key != anywhere.key  # the next dataset of this process: its own master
+
+
+def test_master_host_is_for_an_embedded_master(tmp_path: Path, data: tuple[Path, list[int]]):
+    with pytest.raises(shmloader.ConfigError, match="master_host= is where the embedded master"):
+        dataset(data[0], tmp_path / "shm", master="127.0.0.1:1", master_host="0.0.0.0")
+
+
+def test_an_embedded_master_beyond_loopback_without_a_token_is_warned_of(
+    tmp_path: Path, data: tuple[Path, list[int]], caplog: pytest.LogCaptureFixture
+) -> None:
+    with dataset(data[0], tmp_path / "shm", master_host="0.0.0.0") as ds:
+        ds.start()
+        assert ds.master_address is not None and ds.master_address.startswith("0.0.0.0:")
+        # Another trainer reaches it there (elastic mode needs no more).
+        client = shmloader.MasterClient(ds.master_address)
+        try:
+            assert client.progress().total_records == len(data[1])
+        finally:
+            client.close()
+    assert "listens on 0.0.0.0:" in caplog.text and "without a token" in caplog.text
