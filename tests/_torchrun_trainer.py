@@ -1,16 +1,21 @@
 """One rank of a job launched by torchrun, for tests/test_dataset_torchrun.py.
 
 ``python -m torch.distributed.run --standalone --nproc_per_node N tests/_torchrun_trainer.py
-DATA SHM OUT EPOCHS`` (with the repo and tests/ on PYTHONPATH). Each rank iterates a train
-dataset (``master="torchrun"``) for EPOCHS passes, then a second dataset made the same way
-(its own master) for one pass, and writes JSON lines to ``OUT/rank{RANK}.jsonl``:
-``{"ds": "train"|"val", "pass": p, "ids": [...]}`` per batch, ``{"address": ...}`` per dataset
-and ``{"done": true}``. No collectives: rank 1 is slower (a sleep per batch), so rank 0 ends
-first and closes its dataset while rank 1 still uses the master it hosts.
+DATA SHM OUT [--epochs E] [--val] [--stop-after B] [--resume]`` (with the repo and tests/ on
+PYTHONPATH). Each rank iterates a train dataset (``master="torchrun"``) for E passes and
+writes JSON lines to ``OUT/rank{RANK}.jsonl``: ``{"ds": "train"|"val", "pass": p, "ids":
+[...]}`` per batch, ``{"ds": ..., "address": ...}`` per dataset and ``{"done": true}``.
+
+``--val``: then a second dataset made the same way (its own master), one pass.
+``--stop-after B``: save the loader's state to ``OUT/state{RANK}.json`` after B batches of the
+first pass and stop there; ``--resume``: load that state first.
+No collectives: rank 1 is slower (a sleep per batch), so rank 0 ends first and closes its
+dataset while rank 1 still uses the master it hosts.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -22,23 +27,38 @@ from _dataset_helpers import dataset, ids_of
 import shmloader
 
 
-def main(data: str, shm: str, out_dir: str, epochs: int) -> int:
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    for name in ("data", "shm", "out"):
+        parser.add_argument(name, type=Path)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--val", action="store_true")
+    parser.add_argument("--stop-after", type=int)
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args()
     rank = int(os.environ["RANK"])
-    with open(Path(out_dir) / f"rank{rank}.jsonl", "a", buffering=1) as out:
-        for name, passes in (("train", epochs), ("val", 1)):
-            with dataset(
-                Path(data), Path(shm) / f"rank{rank}", master="torchrun", epochs=passes
-            ) as ds:
+    state_path = args.out / f"state{rank}.json"
+    runs = [("train", args.epochs)] + ([("val", 1)] if args.val else [])
+    with open(args.out / f"rank{rank}.jsonl", "a", buffering=1) as out:
+        for name, passes in runs:
+            shm = args.shm / f"rank{rank}"
+            with dataset(args.data, shm, master="torchrun", epochs=passes) as ds:
                 loader = shmloader.DataLoader(ds, batch_size=32)
+                if args.resume:
+                    loader.load_state_dict(json.loads(state_path.read_text()))
                 for p in range(passes):
-                    for batch in loader:
+                    for b, batch in enumerate(loader):
                         out.write(json.dumps({"ds": name, "pass": p, "ids": ids_of(batch)}) + "\n")
                         if rank == 1:
                             time.sleep(0.01)  # the slow rank
+                        if args.stop_after == b + 1:
+                            state_path.write_text(json.dumps(loader.state_dict()))
+                            out.write(json.dumps({"stopped": True}) + "\n")
+                            return 0
                 out.write(json.dumps({"ds": name, "address": ds.master_address}) + "\n")
         out.write(json.dumps({"done": True}) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
+    sys.exit(main())

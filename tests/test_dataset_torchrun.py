@@ -32,11 +32,8 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
     return directory, write_dataset(directory, [700, 455])  # 1155: two ranks need 1 of padding
 
 
-def test_two_ranks_under_torchrun_get_equal_shares_of_every_record(
-    tmp_path: Path, data: tuple[Path, list[int]]
-) -> None:
-    directory, expected = data
-    epochs = 2
+def torchrun_trainers(tmp_path: Path, directory: Path, *options: str) -> list[list[dict]]:
+    """Two ranks of ``_torchrun_trainer.py`` under torchrun; each rank's JSON lines."""
     done = subprocess.run(
         [
             *TORCHRUN,
@@ -46,7 +43,7 @@ def test_two_ranks_under_torchrun_get_equal_shares_of_every_record(
             str(directory),
             str(tmp_path / "shm"),
             str(tmp_path),
-            str(epochs),
+            *options,
         ],
         cwd=REPO_ROOT,
         env=subprocess_env(),
@@ -55,13 +52,37 @@ def test_two_ranks_under_torchrun_get_equal_shares_of_every_record(
         timeout=180,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    ranks = [
+    return [
         [json.loads(line) for line in (tmp_path / f"rank{r}.jsonl").read_text().splitlines()]
         for r in range(2)
     ]
-    assert all(lines[-1] == {"done": True} for lines in ranks)
+
+
+def delivered(lines: list[dict], name: str, pass_: int) -> list[int]:
+    return [
+        i
+        for line in lines
+        if (line.get("ds"), line.get("pass")) == (name, pass_)
+        for i in line["ids"]
+    ]
+
+
+def check_shares(got: list[list[int]], expected: list[int]) -> None:
+    """Equal shares that together hold every record once, plus the padding."""
     share = math.ceil(len(expected) / 2)
-    for name, passes in (("train", epochs), ("val", 1)):
+    assert [len(g) for g in got] == [share, share]
+    seen = Counter(got[0] + got[1])
+    assert set(seen) == set(expected)
+    assert sum(seen.values()) - len(seen) == 2 * share - len(expected)
+
+
+def test_two_ranks_under_torchrun_get_equal_shares_of_every_record(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    directory, expected = data
+    ranks = torchrun_trainers(tmp_path, directory, "--epochs", "2", "--val")
+    assert all(lines[-1] == {"done": True} for lines in ranks)
+    for name, passes in (("train", 2), ("val", 1)):
         # Both ranks used the master rank 0 hosted for this dataset (the val dataset's ranks
         # found their own master's address, not the closed train master's).
         addresses = {
@@ -72,19 +93,33 @@ def test_two_ranks_under_torchrun_get_equal_shares_of_every_record(
         }
         assert len(addresses) == 1, addresses
         for p in range(passes):
-            got = [
-                [
-                    i
-                    for line in lines
-                    if (line.get("ds"), line.get("pass")) == (name, p)
-                    for i in line["ids"]
-                ]
-                for lines in ranks
-            ]
-            assert [len(g) for g in got] == [share, share], (name, p)
-            seen = Counter(got[0] + got[1])
-            assert set(seen) == set(expected)
-            assert sum(seen.values()) - len(seen) == 2 * share - len(expected)  # the padding
+            check_shares([delivered(lines, name, p) for lines in ranks], expected)
+
+
+def test_a_torchrun_job_resumes_from_each_ranks_state(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    # Each rank saves its state after 5 batches; a new job (new master on the new rank 0)
+    # loads them and delivers the rest of epoch 0, then epoch 1.
+    directory, expected = data
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    first = torchrun_trainers(tmp_path / "first", directory, "--stop-after", "5")
+    for r in range(2):
+        (tmp_path / "second" / f"state{r}.json").write_text(
+            (tmp_path / "first" / f"state{r}.json").read_text()
+        )
+    second = torchrun_trainers(tmp_path / "second", directory, "--resume")
+    assert all(lines[-1] == {"done": True} for lines in second)
+    assert [len(delivered(lines, "train", 0)) for lines in first] == [5 * 32, 5 * 32]
+    check_shares(
+        [
+            delivered(a, "train", 0) + delivered(b, "train", 0)
+            for a, b in zip(first, second, strict=True)
+        ],
+        expected,
+    )
+    check_shares([delivered(lines, "train", 1) for lines in second], expected)
 
 
 def test_one_rank_needs_no_store(
