@@ -108,8 +108,8 @@ def shm_entries(shm_dir: str | Path) -> list[str]:
 
 
 PYTHON = sys.executable
-# ``torchrun --standalone``, without relying on the script being on PATH.
-TORCHRUN = [PYTHON, "-m", "torch.distributed.run", "--standalone"]
+# torchrun, without relying on the script being on PATH.
+TORCHRUN = [PYTHON, "-m", "torch.distributed.run"]
 
 
 class Trainer:

@@ -4,9 +4,11 @@
 DATA SHM OUT [--epochs E] [--val] [--stop-after B] [--resume]`` (with the repo and tests/ on
 PYTHONPATH). Each rank iterates a train dataset (``master="torchrun"``) for E passes and
 writes JSON lines to ``OUT/rank{RANK}.jsonl``: ``{"ds": "train"|"val", "pass": p, "ids":
-[...]}`` per batch, ``{"ds": ..., "address": ...}`` per dataset and ``{"done": true}``.
+[...]}`` per batch, ``{"ds": ..., "address": ..., "master_addr": ...}`` per dataset (its
+master's address, and ``MASTER_ADDR``) and ``{"done": true}``.
 
 ``--val``: then a second dataset made the same way (its own master), one pass.
+``--master-host``, ``--token``: passed to the datasets.
 ``--stop-after B``: save the loader's state to ``OUT/state{RANK}.json`` after B batches of the
 first pass and stop there; ``--resume``: load that state first.
 No collectives: rank 1 is slower (a sleep per batch), so rank 0 ends first and closes its
@@ -35,6 +37,8 @@ def main() -> int:
     parser.add_argument("--val", action="store_true")
     parser.add_argument("--stop-after", type=int)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--master-host")
+    parser.add_argument("--token")
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
     state_path = args.out / f"state{rank}.json"
@@ -42,7 +46,14 @@ def main() -> int:
     with open(args.out / f"rank{rank}.jsonl", "a", buffering=1) as out:
         for name, passes in runs:
             shm = args.shm / f"rank{rank}"
-            with dataset(args.data, shm, master="torchrun", epochs=passes) as ds:
+            with dataset(
+                args.data,
+                shm,
+                master="torchrun",
+                epochs=passes,
+                master_host=args.master_host,
+                token=args.token,
+            ) as ds:
                 loader = shmloader.DataLoader(ds, batch_size=32)
                 if args.resume:
                     loader.load_state_dict(json.loads(state_path.read_text()))
@@ -55,7 +66,8 @@ def main() -> int:
                             state_path.write_text(json.dumps(loader.state_dict()))
                             out.write(json.dumps({"stopped": True}) + "\n")
                             return 0
-                out.write(json.dumps({"ds": name, "address": ds.master_address}) + "\n")
+                where = {"address": ds.master_address, "master_addr": os.environ["MASTER_ADDR"]}
+                out.write(json.dumps({"ds": name, **where}) + "\n")
         out.write(json.dumps({"done": True}) + "\n")
     return 0
 

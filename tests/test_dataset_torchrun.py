@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -32,26 +33,37 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
     return directory, write_dataset(directory, [700, 455])  # 1155: two ranks need 1 of padding
 
 
-def torchrun_trainers(tmp_path: Path, directory: Path, *options: str) -> list[list[dict]]:
-    """Two ranks of ``_torchrun_trainer.py`` under torchrun; each rank's JSON lines."""
-    done = subprocess.run(
-        [
-            *TORCHRUN,
-            "--nproc_per_node",
-            "2",
-            str(TESTS_DIR / "_torchrun_trainer.py"),
-            str(directory),
-            str(tmp_path / "shm"),
-            str(tmp_path),
-            *options,
-        ],
-        cwd=REPO_ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+def torchrun_trainers(
+    tmp_path: Path, directory: Path, *options: str, machines: int = 1
+) -> list[list[dict]]:
+    """Two ranks of ``_torchrun_trainer.py`` under torchrun; each rank's JSON lines.
+    ``machines=2``: as on two machines, two torchrun agents with a rank each, meeting through
+    a c10d rendezvous on this one."""
+    script = [str(TESTS_DIR / "_torchrun_trainer.py"), str(directory), str(tmp_path / "shm")]
+    script += [str(tmp_path), *options]
+    if machines == 1:
+        launches = [[*TORCHRUN, "--standalone", "--nproc_per_node", "2", *script]]
+    else:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+        agent = [*TORCHRUN, "--nnodes", "2", "--nproc_per_node", "1", *rendezvous]
+        launches = [[*agent, "--rdzv-id", tmp_path.name, *script]] * machines
+    procs = [
+        subprocess.Popen(
+            command,
+            cwd=REPO_ROOT,
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for command in launches
+    ]
+    for proc in procs:
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 0, out
     return [
         [json.loads(line) for line in (tmp_path / f"rank{r}.jsonl").read_text().splitlines()]
         for r in range(2)
@@ -120,6 +132,25 @@ def test_a_torchrun_job_resumes_from_each_ranks_state(
         expected,
     )
     check_shares([delivered(lines, "train", 1) for lines in second], expected)
+
+
+def test_ranks_on_two_machines_reach_rank_0s_master_on_every_interface(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    # LOCAL_WORLD_SIZE=1 < WORLD_SIZE=2: rank 0's master listens on 0.0.0.0 (with a token), and
+    # rank 1 is given MASTER_ADDR, where torchrun put node 0.
+    directory, expected = data
+    options = ("--epochs", "1", "--master-host", "0.0.0.0", "--token", "s3cret")
+    ranks = torchrun_trainers(tmp_path, directory, *options, machines=2)
+    assert all(lines[-1] == {"done": True} for lines in ranks)
+    ((address, master_addr),) = {
+        (line["address"], line["master_addr"])
+        for lines in ranks
+        for line in lines
+        if "address" in line
+    }
+    assert address.rsplit(":", 1)[0] == master_addr  # not 0.0.0.0, where it listens
+    check_shares([delivered(lines, "train", 0) for lines in ranks], expected)
 
 
 def test_one_rank_needs_no_store(

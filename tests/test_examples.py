@@ -29,7 +29,15 @@ def test_elastic_trainers_share_epochs_and_survive_a_kill() -> None:
 
 def test_ddp_under_torchrun_gets_equal_shares_of_every_record() -> None:
     out = run_example(
-        *TORCHRUN, "--nproc_per_node", "2", "ddp.py", "--records", "6001", "--epochs", "2"
+        *TORCHRUN,
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "ddp.py",
+        "--records",
+        "6001",
+        "--epochs",
+        "2",
     )
     for epoch in range(2):
         assert (
