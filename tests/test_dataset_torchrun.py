@@ -3,11 +3,13 @@ in torchrun's store; tried with torchrun itself, and the launcher's variables ch
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import socket
 import subprocess
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -219,3 +221,32 @@ def test_an_embedded_master_beyond_loopback_without_a_token_is_warned_of(
         finally:
             client.close()
     assert "listens on 0.0.0.0:" in caplog.text and "without a token" in caplog.text
+
+
+def test_a_rank_waiting_for_rank_0_says_which_key_it_waited_for() -> None:
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=5))
+    env = {**TORCHRUN_ENV, "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
+    rank1 = rendezvous_from_env(rank=None, world_size=None, master_host=None, environ=env)
+    with pytest.raises(shmloader.MasterError, match="rank 0 did not publish") as caught:
+        rank1.lookup(timeout=0.3)
+    assert rank1.key in str(caught.value)
+    # Once rank 0 published (IPv6 addresses in brackets), the others get it.
+    rank0 = rendezvous_from_env(
+        rank=None, world_size=None, master_host="::1", environ={**env, "RANK": "0"}
+    )
+    rank0 = dataclasses.replace(rank0, key=rank1.key)  # the same dataset's key
+    assert rank0.publish(7070) == "[::1]:7070"
+    assert rank1.lookup(timeout=5) == "[::1]:7070"
+
+
+def test_an_unreachable_launcher_store_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("shmloader.dataset.launcher.CONNECT_SECONDS", 0.5)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    env = {**TORCHRUN_ENV, "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    rank1 = rendezvous_from_env(rank=None, world_size=None, master_host=None, environ=env)
+    with pytest.raises(shmloader.MasterError, match=f"launcher's store at 127.0.0.1:{port}"):
+        rank1.lookup(timeout=1)

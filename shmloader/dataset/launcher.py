@@ -56,7 +56,10 @@ class Rendezvous:
 
     def publish(self, port: int) -> str:
         """Rank 0: tell the other ranks where its master listens; returns that address."""
-        address = f"{self.advertise_host}:{port}"
+        host = self.advertise_host
+        address = (
+            f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+        )
         if self.world_size > 1:
             self._store().set(self.key, address)
         return address
