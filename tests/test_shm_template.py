@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from shmloader.shm import SegmentStore
+from shmloader.shm.template import _SkippingSink, ipc_skipping_values, zeros_like
 from shmloader.sources.columns import BatchBuilder, FixedColumns, tensor_type
 
 SCHEMAS = {
@@ -130,3 +132,21 @@ def test_what_is_not_fixed_width_as_is_goes_the_ordinary_way() -> None:
     assert flags.fixed_columns({"flag": np.ones(3, bool)}, 3) is None  # Arrow packs bits
     lists = BatchBuilder(pa.schema([pa.field("v", pa.list_(pa.float32()))]))
     assert lists.fixed_columns({"v": np.ones((3, 2), np.float32)}, 3) is None
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_a_layout_is_learned_from_a_file_whose_zeros_were_stepped_over(name: str) -> None:
+    schema = SCHEMAS[name]
+    builder = BatchBuilder(schema)
+    like = builder.fixed_columns(joined_columns(schema, 10, seed=1), 10)
+    assert like is not None
+    zeros = zeros_like(like.arrays, 5000)
+    batch = FixedColumns(builder, 5000, tuple(zeros)).to_batch()
+    expected = pyarrow_file(batch)
+    scratch = ipc_skipping_values(batch, zeros, len(expected))
+    assert bytes(scratch) == expected  # the zeros read as zeros, every other byte in place
+    sink = _SkippingSink(mmap.mmap(-1, len(expected)), zeros)
+    with pa.ipc.new_file(pa.PythonFile(sink, mode="w"), batch.schema) as writer:
+        writer.write_batch(batch)
+    assert sink.pos == len(expected)
+    assert sink.skipped == sum(z.nbytes for z in zeros)  # every value stepped over

@@ -38,7 +38,15 @@ from .reap import reap_stale
 from .region import Placed, Region
 from .sizes import format_size, parse_size
 from .space import check_space, resolve_base_dir
-from .template import Filled, Layout, Layouts, learn, write_chunks, zeros_like
+from .template import (
+    Filled,
+    Layout,
+    Layouts,
+    ipc_skipping_values,
+    learn,
+    write_chunks,
+    zeros_like,
+)
 from .written import WrittenMappings, write_ipc_into
 
 DEFAULT_MAX_OPEN = 64
@@ -72,6 +80,7 @@ class _Plan(NamedTuple):
     columns: StreamedColumns | None = None
     chunks: Iterator[Chunk] | None = None
     layout: Layout | None = None
+    learned: bool = False  # the layout was learned for this write (from zeros)
 
 
 def ipc_file_size(batch: pa.RecordBatch) -> int:
@@ -197,7 +206,13 @@ class StoreHandle:
         zeros = zeros_like(first.arrays, columns.num_rows)
         built = FixedColumns(first.builder, columns.num_rows, tuple(zeros)).to_batch()
         rest = itertools.chain([first], chunks)
-        return _Plan(ipc_file_size(built), columns.num_rows, built, columns, rest)
+        nbytes = ipc_file_size(built)
+        file = pa.py_buffer(ipc_skipping_values(built, zeros, nbytes))
+        layout = learn(file, read_segment(file))
+        if layout is None:  # not one to write in place: the file of zeros, then the chunks
+            return _Plan(nbytes, columns.num_rows, built, columns, rest)
+        self.layouts.remember(columns.schema, columns.num_rows, layout)
+        return _Plan(nbytes, columns.num_rows, None, columns, rest, layout, learned=True)
 
     def _fill(self, temp: str, plan: _Plan) -> Filled | None:
         """Write ``plan`` into the reserved file ``temp``: its batch the ordinary way, then
@@ -232,7 +247,7 @@ class StoreHandle:
                     filled = write_chunks(mapping, layout, plan.num_rows, plan.chunks)
                     if filled.rows == plan.num_rows and not filled.rest:
                         filled = None
-                        self.layouts.used += plan.layout is not None
+                        self.layouts.used += plan.layout is not None and not plan.learned
         except BaseException:
             mapping.close()
             raise
