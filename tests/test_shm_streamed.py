@@ -148,3 +148,18 @@ def test_collect_and_assemble_keep_row_order(tmp_path: Path) -> None:
     assert isinstance(joined, FixedColumns)
     assert joined.to_batch().equals(whole([head, fixed(2, 2)]))
     assert stream([], 4).collect().equals(BUILDER.empty())
+
+
+def test_without_a_layout_the_chunks_go_the_ordinary_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Should pyarrow ever lay fixed-width columns out so that no layout can be learned.
+    monkeypatch.setattr("shmloader.shm.store.learn_from_zeros", lambda *args: None)
+    with SegmentStore.create("8MiB", base_dir=tmp_path) as store:
+        writer = store.handle()
+        chunks: list[Chunk] = [fixed(30, 1), fixed(70, 2)]
+        info = writer.write(stream(chunks, 100))
+        assert info is not None and info.num_rows == 100
+        assert file_bytes(store, info.name) == pyarrow_file(whole(chunks))
+        assert writer.layouts.used == 0
+        assert store.in_use() == sum(store.segments().values())  # no reservation left over

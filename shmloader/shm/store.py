@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
-import mmap
 import os
 import weakref
 from collections import OrderedDict
@@ -38,15 +37,7 @@ from .reap import reap_stale
 from .region import Placed, Region
 from .sizes import format_size, parse_size
 from .space import check_space, resolve_base_dir
-from .template import (
-    Filled,
-    Layout,
-    Layouts,
-    ipc_skipping_values,
-    learn,
-    write_chunks,
-    zeros_like,
-)
+from .template import Filled, Layout, Layouts, learn_from_zeros, write_chunks, zeros_like
 from .written import WrittenMappings, write_ipc_into
 
 DEFAULT_MAX_OPEN = 64
@@ -71,8 +62,8 @@ class SegmentInfo(NamedTuple):
 
 
 class _Plan(NamedTuple):
-    """How a write goes: ``built`` written the ordinary way, then ``chunks`` of ``columns``
-    by ``layout`` (or the one learned from ``built``)."""
+    """How a write goes: ``built`` written the ordinary way, or ``chunks`` of ``columns`` by
+    ``layout``."""
 
     nbytes: int
     num_rows: int
@@ -81,6 +72,13 @@ class _Plan(NamedTuple):
     chunks: Iterator[Chunk] | None = None
     layout: Layout | None = None
     learned: bool = False  # the layout was learned for this write (from zeros)
+
+
+def _whole(columns: StreamedColumns, chunks: list[Chunk]) -> _Plan:
+    """The plan to write ``chunks`` of ``columns`` as one batch, the ordinary way."""
+    whole = columns.assemble(0, (), chunks)
+    built = whole if isinstance(whole, pa.RecordBatch) else whole.to_batch()
+    return _Plan(ipc_file_size(built), built.num_rows, built)
 
 
 def ipc_file_size(batch: pa.RecordBatch) -> int:
@@ -195,24 +193,20 @@ class StoreHandle:
         layout = self.layouts.find(columns.schema, columns.num_rows)
         if layout is not None:
             return _Plan(layout.nbytes, columns.num_rows, None, columns, iter(columns), layout)
-        # The first of its schema and row count. Its file is written from zeros first (they
-        # take no memory), which teaches the layout; then the chunks go in by it, as later.
+        # The first of its schema and row count. A file of zeros (they take no memory, and are
+        # not written: template.py) teaches the layout; the chunks go in by it, as later.
         chunks = iter(columns)
         first = next((chunk for chunk in chunks if chunk.num_rows), None)
         if not isinstance(first, FixedColumns):
-            whole = columns.assemble(0, (), [] if first is None else [first, *chunks])
-            built = whole if isinstance(whole, pa.RecordBatch) else whole.to_batch()
-            return _Plan(ipc_file_size(built), built.num_rows, built)
+            return _whole(columns, [] if first is None else [first, *chunks])
         zeros = zeros_like(first.arrays, columns.num_rows)
         built = FixedColumns(first.builder, columns.num_rows, tuple(zeros)).to_batch()
         rest = itertools.chain([first], chunks)
-        nbytes = ipc_file_size(built)
-        file = pa.py_buffer(ipc_skipping_values(built, zeros, nbytes))
-        layout = learn(file, read_segment(file))
-        if layout is None:  # not one to write in place: the file of zeros, then the chunks
-            return _Plan(nbytes, columns.num_rows, built, columns, rest)
+        layout = learn_from_zeros(built, zeros, ipc_file_size(built))
+        if layout is None:  # not one to write in place: the whole batch the ordinary way
+            return _whole(columns, list(rest))
         self.layouts.remember(columns.schema, columns.num_rows, layout)
-        return _Plan(nbytes, columns.num_rows, None, columns, rest, layout, learned=True)
+        return _Plan(layout.nbytes, columns.num_rows, None, columns, rest, layout, learned=True)
 
     def _fill(self, temp: str, plan: _Plan) -> Filled | None:
         """Write ``plan`` into the reserved file ``temp``: its batch the ordinary way, then
@@ -239,15 +233,11 @@ class StoreHandle:
             written = plan.nbytes
             if plan.built is not None:
                 written = write_ipc_into(mapping, plan.built, plan.nbytes)
-            if plan.columns is not None and plan.chunks is not None:
-                layout = plan.layout or self._learn(mapping, plan)
-                if layout is None:  # not one to write in place: all of it the ordinary way
-                    filled = Filled(0, [], list(plan.chunks))
-                else:
-                    filled = write_chunks(mapping, layout, plan.num_rows, plan.chunks)
-                    if filled.rows == plan.num_rows and not filled.rest:
-                        filled = None
-                        self.layouts.used += plan.layout is not None and not plan.learned
+            if plan.layout is not None and plan.chunks is not None:
+                filled = write_chunks(mapping, plan.layout, plan.num_rows, plan.chunks)
+                if filled.rows == plan.num_rows and not filled.rest:
+                    filled = None
+                    self.layouts.used += not plan.learned
         except BaseException:
             mapping.close()
             raise
@@ -257,15 +247,6 @@ class StoreHandle:
                 f"{temp}: wrote {written} bytes, the size computed was {plan.nbytes}"
             )
         return filled
-
-    def _learn(self, mapping: mmap.mmap, plan: _Plan) -> Layout | None:
-        """The layout of the file just written, remembered for the next ones like it."""
-        assert plan.columns is not None
-        file = pa.py_buffer(memoryview(mapping)[: plan.nbytes])
-        layout = learn(file, read_segment(file))
-        if layout is not None:
-            self.layouts.remember(plan.columns.schema, plan.num_rows, layout)
-        return layout
 
     def sweep_written(self) -> None:
         """Unmap this writer's kept mappings of files that left the store (``written.py``):

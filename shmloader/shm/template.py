@@ -171,6 +171,15 @@ def ipc_skipping_values(batch: pa.RecordBatch, values: Sequence[np.ndarray], nby
     return scratch
 
 
+def learn_from_zeros(
+    batch: pa.RecordBatch, zeros: Sequence[np.ndarray], nbytes: int
+) -> Layout | None:
+    """The layout of ``batch``'s IPC file (its columns on ``zeros``), learned from one written
+    with the zeros stepped over (:func:`ipc_skipping_values`); None as for :func:`learn`."""
+    file = pa.py_buffer(ipc_skipping_values(batch, zeros, nbytes))
+    return learn(file, pa.ipc.open_file(file).get_batch(0))
+
+
 class Filled(NamedTuple):
     """What :func:`write_chunks` wrote: ``rows`` rows. If that is not the whole file, ``head``
     holds copies of them and ``rest`` the chunks not written (the first that was not
