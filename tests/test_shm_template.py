@@ -150,3 +150,30 @@ def test_a_layout_is_learned_from_a_file_whose_zeros_were_stepped_over(name: str
         writer.write_batch(batch)
     assert sink.pos == len(expected)
     assert sink.skipped == sum(z.nbytes for z in zeros)  # every value stepped over
+
+
+def test_a_file_longer_than_computed_is_refused() -> None:
+    builder = BatchBuilder(SCHEMAS["image and label"])
+    like = builder.fixed_columns(joined_columns(builder.schema, 10, seed=1), 10)
+    assert like is not None
+    zeros = zeros_like(like.arrays, 100)
+    batch = FixedColumns(builder, 100, tuple(zeros)).to_batch()
+    size = len(pyarrow_file(batch))
+    with pytest.raises(RuntimeError, match="runs past"):
+        ipc_skipping_values(batch, zeros, size - 8)
+
+
+def _rss_shmem_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssShmem:"):
+            return int(line.split()[1])
+    pytest.skip("no RssShmem in /proc/self/status")
+
+
+def test_zeros_take_no_memory_even_when_read() -> None:
+    # Shared anonymous pages that are read get memory of their own; private ones stay the
+    # kernel's zero page.
+    (zeros,) = zeros_like([np.zeros((1, 1 << 20), np.uint8)], 64)
+    before = _rss_shmem_kib()
+    assert not zeros.any()  # reads all 64 MiB
+    assert _rss_shmem_kib() - before < 8 << 10

@@ -209,9 +209,9 @@ class StoreHandle:
         return _Plan(layout.nbytes, columns.num_rows, None, columns, rest, layout, learned=True)
 
     def _fill(self, temp: str, plan: _Plan) -> Filled | None:
-        """Write ``plan`` into the reserved file ``temp``: its batch the ordinary way, then
-        its chunks of columns by a layout (learned from that batch if not known). Returns
-        what the chunks left unwritten if they did not fill the file (None when it is whole)."""
+        """Write ``plan`` into the reserved file ``temp``: its batch the ordinary way, or its
+        chunks of columns by its layout. Returns what the chunks left unwritten if they did
+        not fill the file (None when it is whole)."""
         try:
             fd = os.open(temp, os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError as exc:
