@@ -8,7 +8,8 @@ writes JSON lines to ``OUT/rank{RANK}.jsonl``: ``{"ds": "train"|"val", "pass": p
 master's address, and ``MASTER_ADDR``) and ``{"done": true}``.
 
 ``--val``: then a second dataset made the same way (its own master), one pass.
-``--master-host``, ``--token``: passed to the datasets.
+``--master-host``, ``--token``: passed to the datasets. ``--late S``: rank 1 waits S seconds
+before it iterates the train dataset.
 ``--stop-after B``: save the loader's state to ``OUT/state{RANK}.json`` after B batches of the
 first pass and stop there; ``--resume``: load that state first.
 No collectives: rank 1 is slower (a sleep per batch), so rank 0 ends first and closes its
@@ -38,6 +39,7 @@ def main() -> int:
     parser.add_argument("--stop-after", type=int)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--master-host")
+    parser.add_argument("--late", type=float, default=0.0)
     parser.add_argument("--token")
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
@@ -55,6 +57,8 @@ def main() -> int:
                 token=args.token,
             ) as ds:
                 loader = shmloader.DataLoader(ds, batch_size=32)
+                if rank == 1 and name == "train":
+                    time.sleep(args.late)  # starts once rank 0 may be done with its share
                 if args.resume:
                     loader.load_state_dict(json.loads(state_path.read_text()))
                 for p in range(passes):

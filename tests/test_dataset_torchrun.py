@@ -94,7 +94,8 @@ def test_two_ranks_under_torchrun_get_equal_shares_of_every_record(
     tmp_path: Path, data: tuple[Path, list[int]]
 ) -> None:
     directory, expected = data
-    ranks = torchrun_trainers(tmp_path, directory, "--epochs", "2", "--val")
+    # Rank 1 starts late and is slow: rank 0 is done long before, and keeps its master up.
+    ranks = torchrun_trainers(tmp_path, directory, "--epochs", "2", "--val", "--late", "2")
     assert all(lines[-1] == {"done": True} for lines in ranks)
     for name, passes in (("train", 2), ("val", 1)):
         # Both ranks used the master rank 0 hosted for this dataset (the val dataset's ranks
@@ -193,14 +194,19 @@ def test_where_rank_0_listens_and_how_the_others_reach_it() -> None:
     )
     assert (one_machine.bind_host, one_machine.advertise_host) == ("127.0.0.1", "127.0.0.1")
     assert (one_machine.rank, one_machine.world_size) == (0, 2)
-    several = {**TORCHRUN_ENV, "LOCAL_WORLD_SIZE": "1", "TORCHELASTIC_RESTART_COUNT": "3"}
+    several = {**TORCHRUN_ENV, "LOCAL_WORLD_SIZE": "1"}
     anywhere = rendezvous_from_env(rank=0, world_size=2, master_host="0.0.0.0", environ=several)
     # Every interface: the others reach rank 0's machine where they reach the launcher's store.
     assert (anywhere.bind_host, anywhere.advertise_host) == ("0.0.0.0", "node0")
-    assert anywhere.key.startswith("shmloader/restart-3/")
+    assert anywhere.key.startswith("shmloader/dataset-")
     given = rendezvous_from_env(rank=0, world_size=2, master_host="10.0.0.5", environ=several)
     assert given.advertise_host == "10.0.0.5"
     assert given.key != anywhere.key  # the next dataset of this process: its own master
+
+
+def test_master_host_names_an_interface(tmp_path: Path, data: tuple[Path, list[int]]) -> None:
+    with pytest.raises(shmloader.ConfigError, match="master_host must name an interface"):
+        dataset(data[0], tmp_path / "shm", master_host="")
 
 
 def test_master_host_is_for_an_embedded_master(tmp_path: Path, data: tuple[Path, list[int]]):
@@ -223,22 +229,40 @@ def test_an_embedded_master_beyond_loopback_without_a_token_is_warned_of(
     assert "listens on 0.0.0.0:" in caplog.text and "without a token" in caplog.text
 
 
-def test_a_rank_waiting_for_rank_0_says_which_key_it_waited_for() -> None:
+def test_the_address_rank_0_publishes_is_taken_once_it_answers() -> None:
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=5))
     env = {**TORCHRUN_ENV, "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
     rank1 = rendezvous_from_env(rank=None, world_size=None, master_host=None, environ=env)
+    rank0 = rendezvous_from_env(rank=None, world_size=None, master_host=None, environ=env)
+    rank0 = dataclasses.replace(rank0, rank=0, key=rank1.key)  # the same dataset's key
     with pytest.raises(shmloader.MasterError, match="rank 0 did not publish") as caught:
         rank1.lookup(timeout=0.3)
     assert rank1.key in str(caught.value)
-    # Once rank 0 published (IPv6 addresses in brackets), the others get it.
-    rank0 = rendezvous_from_env(
-        rank=None, world_size=None, master_host="::1", environ={**env, "RANK": "0"}
-    )
-    rank0 = dataclasses.replace(rank0, key=rank1.key)  # the same dataset's key
-    assert rank0.publish(7070) == "[::1]:7070"
-    assert rank1.lookup(timeout=5) == "[::1]:7070"
+    # An address left by a master of an earlier round: nothing listens there any more.
+    with socket.socket() as gone:
+        gone.bind(("127.0.0.1", 0))
+        stale = gone.getsockname()[1]
+    store.set(rank1.key, f"oldnonce 127.0.0.1:{stale}")
+    with pytest.raises(shmloader.MasterError, match=f"127.0.0.1:{stale}, did not answer"):
+        rank1.lookup(timeout=0.5)
+    with socket.create_server(("127.0.0.1", 0)) as master:  # rank 0's master, listening
+        port = master.getsockname()[1]
+        assert rank0.publish(port) == f"127.0.0.1:{port}"
+        assert rank1.lookup(timeout=5) == f"127.0.0.1:{port}"
+    assert rank1.nonce == rank0.nonce != "oldnonce"
+    # Rank 0's close waits for rank 1's, then takes the key away.
+    assert rank0.wait_for_ranks(timeout=0.3) == [1]
+    rank1.mark_closed()
+    assert rank0.wait_for_ranks(timeout=5) == []
+    assert not store.check([rank1.key])
+
+
+def test_ipv6_addresses_are_published_in_brackets() -> None:
+    env = {**TORCHRUN_ENV, "WORLD_SIZE": "1"}  # nobody to tell: no store needed
+    only = rendezvous_from_env(rank=None, world_size=None, master_host="::1", environ=env)
+    assert only.publish(7070) == "[::1]:7070"
 
 
 def test_an_unreachable_launcher_store_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

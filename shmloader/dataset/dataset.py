@@ -72,6 +72,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             raise ConfigError(f"source must be a shmloader source, got {type(source).__name__}")
         if num_readers < 1:
             raise ConfigError(f"num_readers must be at least 1, got {num_readers}")
+        if master_host is not None and not master_host.strip():
+            raise ConfigError("master_host must name an interface ('0.0.0.0': all of them)")
         self._rendezvous: Rendezvous | None = None
         if master == TORCHRUN:  # rank 0 hosts the master; rank and world size from torchrun
             self._rendezvous = rendezvous_from_env(
@@ -246,8 +248,12 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     def __enter__(self) -> SharedTaskDataset:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        self._close(wait_for_ranks=exc_type is None)
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        # An error or Ctrl-C takes the job down: other ranks must not wait for rank 0's close.
+        ended = exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None))
+        self._close(wait_for_ranks=ended)
 
     def __del__(self) -> None:
         if getattr(self, "_store", None) is not None:

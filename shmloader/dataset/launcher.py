@@ -3,12 +3,16 @@
 Under torchrun (or any launcher that sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
 ``MASTER_PORT`` and serves a ``torch.distributed.TCPStore`` there) nobody has to start a
 standalone master or pass its address around: rank 0's dataset starts an embedded master with
-``world_size`` = the job's, writes its address under a key of the store, and every other rank
-reads it from there when its dataset starts. The key names the launcher's restart round, so a
-job restarted by torchrun never reads the address of the master that died with it, and the
-dataset's number in its process (the k-th dataset made with ``master="torchrun"``), so a train
-and a validation dataset each get their own master; every rank must make them in the same
-order, as the same script does.
+``world_size`` = the job's and writes its address under a key of the store, and every other
+rank reads it from there when its dataset starts. The key names the dataset's number in its
+process (the k-th dataset made with ``master="torchrun"``), so a train and a validation dataset
+each get their own master; every rank must make them in the same order, as one script does.
+
+The store outlives a restarted round of torchrun, and restart counts differ between machines
+(only the agent whose worker failed counts one), so neither can tell a round's key apart: an
+address is taken only once something listens there. With it goes a nonce of that master's, under
+which each rank marks that it closed its dataset; rank 0 keeps its master up until every other
+rank did.
 """
 
 from __future__ import annotations
@@ -16,8 +20,11 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import socket
+import time
+import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -31,14 +38,17 @@ log = logging.getLogger(__name__)
 TORCHRUN = "torchrun"
 # Rank 0 starts its master with its dataset (at the first batch), which may come a while after
 # the other ranks' datasets start, e.g. after loading a large model: wait as long as torch's
-# own collectives do by default.
+# own collectives do by default. Rank 0's close waits as long for the others to close theirs.
 LOOKUP_SECONDS = 600.0
+CLOSE_SECONDS = 600.0
 CONNECT_SECONDS = 60.0
-_WILDCARDS = ("0.0.0.0", "::", "")
+RETRY_SECONDS = 0.2  # between looks at the store while the address found does not answer
+LOG_EVERY = 30.0
+_WILDCARDS = ("0.0.0.0", "::")
 _numbers = itertools.count()  # datasets made with master="torchrun" in this process
 
 
-@dataclass(frozen=True)
+@dataclass
 class Rendezvous:
     """Where this rank stands in the launched job, and where the master's address is kept."""
 
@@ -49,6 +59,7 @@ class Rendezvous:
     key: str
     bind_host: str  # where rank 0's master listens
     advertise_host: str  # how the other ranks reach it
+    nonce: str | None = field(default=None, compare=False)  # the master's, once known
 
     @property
     def hosts_master(self) -> bool:
@@ -61,23 +72,65 @@ class Rendezvous:
             f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
         )
         if self.world_size > 1:
-            self._store().set(self.key, address)
+            self.nonce = uuid.uuid4().hex
+            self._store().set(self.key, f"{self.nonce} {address}")
         return address
 
     def lookup(self, timeout: float = LOOKUP_SECONDS) -> str:
-        """Ranks but 0: the address rank 0 published, waiting up to ``timeout`` for it."""
+        """Ranks but 0: the address rank 0 published, once something listens there (an address
+        left by an earlier round's master does not answer), waiting up to ``timeout``."""
         store = self._store()
-        try:
-            store.wait([self.key], timedelta(seconds=timeout))
-        except RuntimeError as exc:  # torch's DistStoreError: the wait timed out
-            raise MasterError(
-                f"rank {self.rank}: rank 0 did not publish its master's address within "
-                f"{timeout:.0f} s (key {self.key!r} of the launcher's store at "
-                f"{self.store_host}:{self.store_port}). Rank 0 starts its master with its "
-                "dataset's first batch (or SharedTaskDataset.start()); did it get there? "
-                f"({exc})"
-            ) from exc
-        return bytes(store.get(self.key)).decode()
+        deadline = time.monotonic() + timeout
+        found = ""
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise RuntimeError("timed out")
+                store.wait([self.key], timedelta(seconds=left))
+            except RuntimeError as exc:  # torch's DistStoreError: the wait timed out
+                seen = f"; the address found there, {found}, did not answer" if found else ""
+                raise MasterError(
+                    f"rank {self.rank}: rank 0 did not publish its master's address within "
+                    f"{timeout:.0f} s (key {self.key!r} of the launcher's store at "
+                    f"{self.store_host}:{self.store_port}{seen}). Rank 0 starts its master with "
+                    "its dataset's first batch (or SharedTaskDataset.start()); did it get there?"
+                ) from exc
+            nonce, _, found = bytes(store.get(self.key)).decode().partition(" ")
+            if _answers(found):
+                self.nonce = nonce
+                return found
+            time.sleep(RETRY_SECONDS)
+
+    def mark_closed(self) -> None:
+        """Ranks but 0, closing a dataset that used rank 0's master: rank 0 may stop it."""
+        if self.nonce is not None and not self.hosts_master:
+            self._store().set(self._closed_key(self.rank), "1")
+
+    def wait_for_ranks(self, timeout: float = CLOSE_SECONDS) -> list[int]:
+        """Rank 0, closing: wait until every other rank closed its dataset; returns those that
+        had not after ``timeout`` (then the master stops anyway). Removes the key."""
+        if self.nonce is None or self.world_size == 1:
+            return []
+        store = self._store()
+        keys = [self._closed_key(r) for r in range(1, self.world_size)]
+        deadline = time.monotonic() + timeout
+        next_log = time.monotonic() + LOG_EVERY
+        while not store.check(keys):
+            now = time.monotonic()
+            if now >= deadline or now >= next_log:
+                waiting = [r for r, k in enumerate(keys, 1) if not store.check([k])]
+                if now >= deadline:
+                    store.delete_key(self.key)
+                    return waiting
+                log.info("rank 0 keeps its master up until ranks %s close their datasets", waiting)
+                next_log = now + LOG_EVERY
+            time.sleep(0.05)
+        store.delete_key(self.key)
+        return []
+
+    def _closed_key(self, rank: int) -> str:
+        return f"{self.key}/{self.nonce}/closed/{rank}"
 
     def _store(self) -> Store:
         from torch.distributed import TCPStore
@@ -96,6 +149,16 @@ class Rendezvous:
                 "torchrun serves one there; with another launcher, call "
                 "torch.distributed.init_process_group first"
             ) from exc
+
+
+def _answers(address: str) -> bool:
+    """Whether something accepts connections at ``host:port``."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=2.0):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def rendezvous_from_env(
@@ -140,13 +203,12 @@ def rendezvous_from_env(
         master_host = "127.0.0.1"
     store_host = environ["MASTER_ADDR"]
     advertise = store_host if master_host in _WILDCARDS else master_host
-    restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return Rendezvous(
         rank=env_rank,
         world_size=env_world,
         store_host=store_host,
         store_port=store_port,
-        key=f"shmloader/restart-{restart}/dataset-{next(_numbers)}/master",
+        key=f"shmloader/dataset-{next(_numbers)}/master",
         bind_host=master_host,
         advertise_host=advertise,
     )

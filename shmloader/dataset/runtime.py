@@ -175,7 +175,7 @@ class Runtime:
             )
             self._thread.start()
         except BaseException:
-            self.close()
+            self.close(wait_for_ranks=False)
             raise
 
     def _first_unfinished_epoch(self) -> int:
@@ -335,24 +335,17 @@ class Runtime:
                 self.plane.ready.fail(exc if isinstance(exc, Exception) else MasterError(str(exc)))
 
     # -- shutdown ------------------------------------------------------------------------
-    def _wait_for_other_trainers(self) -> None:
+    def _wait_for_other_ranks(self) -> None:
         """Rank 0 under torchrun: the other ranks use this master until their datasets close
-        (their last completions, then ``leave``), and stopping it first would fail their last
-        steps. Waits until they left, or the master gave up on them (consumer timeout)."""
+        (their last completions, then ``leave``), also those that have not started yet, and
+        stopping it first would fail their steps. Waits until each marked its close."""
         rendezvous = self.config.rendezvous
-        if rendezvous is None or rendezvous.world_size == 1:
+        if rendezvous is None:
             return
-        deadline = time.monotonic() + self.embedded.config.consumer_timeout + 1.0
-        while True:
-            others = [
-                c.rank for c in self.embedded.progress().consumers if c.consumer != self.consumer
-            ]
-            if not others:
-                return
-            if time.monotonic() >= deadline:
-                log.warning("stopping the master while ranks %s still use it", others)
-                return
-            time.sleep(0.05)
+        with contextlib.suppress(MasterError):  # the launcher's store is gone: so is the job
+            waiting = rendezvous.wait_for_ranks()
+            if waiting:
+                log.warning("stopping the master while ranks %s have not closed", waiting)
 
     def close(self, *, wait_for_ranks: bool = True) -> None:
         """Stop everything; ``wait_for_ranks``: rank 0 under torchrun first lets the other
@@ -379,8 +372,11 @@ class Runtime:
             if self.embedded is None:  # an embedded master stops next: nobody to tell
                 with contextlib.suppress(MasterError):
                     self.client.leave(self.consumer)
+                if self.config.rendezvous is not None:
+                    with contextlib.suppress(MasterError):
+                        self.config.rendezvous.mark_closed()
             self.client.close()
         if self.embedded is not None:
             if wait_for_ranks:
-                self._wait_for_other_trainers()
+                self._wait_for_other_ranks()
             self.embedded.stop()
