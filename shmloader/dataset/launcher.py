@@ -17,13 +17,14 @@ rank did.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -73,7 +74,8 @@ class Rendezvous:
         )
         if self.world_size > 1:
             self.nonce = uuid.uuid4().hex
-            self._store().set(self.key, f"{self.nonce} {address}")
+            with self._store_errors():
+                self._store().set(self.key, f"{self.nonce} {address}")
         return address
 
     def lookup(self, timeout: float = LOOKUP_SECONDS) -> str:
@@ -96,7 +98,8 @@ class Rendezvous:
                     f"{self.store_host}:{self.store_port}{seen}). Rank 0 starts its master with "
                     "its dataset's first batch (or SharedTaskDataset.start()); did it get there?"
                 ) from exc
-            nonce, _, found = bytes(store.get(self.key)).decode().partition(" ")
+            with self._store_errors():
+                nonce, _, found = bytes(store.get(self.key)).decode().partition(" ")
             if _answers(found):
                 self.nonce = nonce
                 return found
@@ -105,14 +108,18 @@ class Rendezvous:
     def mark_closed(self) -> None:
         """Ranks but 0, closing a dataset that used rank 0's master: rank 0 may stop it."""
         if self.nonce is not None and not self.hosts_master:
-            self._store().set(self._closed_key(self.rank), "1")
+            with self._store_errors():
+                self._store().set(self._closed_key(self.rank), "1")
 
     def wait_for_ranks(self, timeout: float = CLOSE_SECONDS) -> list[int]:
         """Rank 0, closing: wait until every other rank closed its dataset; returns those that
         had not after ``timeout`` (then the master stops anyway). Removes the key."""
         if self.nonce is None or self.world_size == 1:
             return []
-        store = self._store()
+        with self._store_errors():
+            return self._wait_for_ranks(self._store(), timeout)
+
+    def _wait_for_ranks(self, store: Store, timeout: float) -> list[int]:
         keys = [self._closed_key(r) for r in range(1, self.world_size)]
         deadline = time.monotonic() + timeout
         next_log = time.monotonic() + LOG_EVERY
@@ -128,6 +135,17 @@ class Rendezvous:
             time.sleep(0.05)
         store.delete_key(self.key)
         return []
+
+    @contextlib.contextmanager
+    def _store_errors(self) -> Iterator[None]:
+        """torch's store errors (RuntimeError) as MasterError, naming the store."""
+        try:
+            yield
+        except RuntimeError as exc:
+            raise MasterError(
+                f"rank {self.rank}: the launcher's store at {self.store_host}:{self.store_port} "
+                f"failed: {exc}"
+            ) from exc
 
     def _closed_key(self, rank: int) -> str:
         return f"{self.key}/{self.nonce}/closed/{rank}"

@@ -342,10 +342,13 @@ class Runtime:
         rendezvous = self.config.rendezvous
         if rendezvous is None:
             return
-        with contextlib.suppress(MasterError):  # the launcher's store is gone: so is the job
+        try:
             waiting = rendezvous.wait_for_ranks()
-            if waiting:
-                log.warning("stopping the master while ranks %s have not closed", waiting)
+        except MasterError as exc:  # the launcher's store is gone, and with it the job
+            log.warning("stopping the master without waiting for the other ranks: %s", exc)
+            return
+        if waiting:
+            log.warning("stopping the master while ranks %s have not closed", waiting)
 
     def close(self, *, wait_for_ranks: bool = True) -> None:
         """Stop everything; ``wait_for_ranks``: rank 0 under torchrun first lets the other
@@ -373,8 +376,10 @@ class Runtime:
                 with contextlib.suppress(MasterError):
                     self.client.leave(self.consumer)
                 if self.config.rendezvous is not None:
-                    with contextlib.suppress(MasterError):
+                    try:
                         self.config.rendezvous.mark_closed()
+                    except MasterError as exc:  # rank 0 then waits for us until its timeout
+                        log.warning("could not tell rank 0 this dataset closed: %s", exc)
             self.client.close()
         if self.embedded is not None:
             if wait_for_ranks:
