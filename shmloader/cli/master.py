@@ -25,6 +25,11 @@ from ._progress_text import counter_line, epoch_lines
 TOKEN_ENV = "SHMLOADER_TOKEN"
 
 
+def token_from(given: str | None) -> str | None:
+    """``--token``, else ``$SHMLOADER_TOKEN``, else none (an empty variable counts as none)."""
+    return given if given is not None else os.environ.get(TOKEN_ENV) or None
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "master",
@@ -88,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if args.epochs < 0:
         print("shmloader master: --epochs must be >= 0 (0: unbounded)", file=sys.stderr)
         return 2
-    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    token = token_from(args.token)
     try:
         tls = None
         first_epoch, resume = _resume_from(args.resume) if args.resume else (0, None)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 from typing import Any
@@ -24,7 +23,7 @@ from ..shm.reap import ReapReport, reap_stale
 from ..shm.sizes import format_size
 from ..shm.space import BASE_DIR_ENV
 from ._progress_text import counter_line, epoch_lines
-from .master import TOKEN_ENV
+from .master import TOKEN_ENV, token_from
 
 _CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
 
@@ -63,7 +62,7 @@ def _parser(subparsers: Any, name: str, help: str) -> argparse.ArgumentParser:
 
 
 def _client(args: argparse.Namespace) -> MasterClient:
-    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    token = token_from(args.token)
     ca = None
     if args.tls_ca is not None:
         with open(args.tls_ca, "rb") as f:

@@ -8,9 +8,9 @@ one poll.
   writers may use the room the others leave in the budget (budget.reserve), and a reader
   serves them before other tasks it holds.
 - ``ahead``: present while the consumer holds enough segments it has not taken up yet
-  (``DataPlane.ahead``): readers then lease no new task unless one is wanted. A reader that
-  leases without end only hoards tasks; with several trainers sharing a master's epochs (elastic
-  mode), it would hoard them from the others.
+  (``Runtime._hold_readers_back``): readers then lease no new task unless one is wanted. A
+  reader that leases without end only hoards tasks; with several trainers sharing a master's
+  epochs (elastic mode), it would hoard them from the others.
 """
 
 from __future__ import annotations
