@@ -8,6 +8,8 @@ import json
 import math
 import socket
 import subprocess
+import threading
+import time
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
@@ -257,6 +259,55 @@ def test_the_address_rank_0_publishes_is_taken_once_it_answers() -> None:
     rank1.mark_closed()
     assert rank0.wait_for_ranks(timeout=5) == []
     assert not store.check([rank1.key])
+
+
+@pytest.mark.parametrize(
+    ("leaving", "waits"),
+    [(SystemExit(0), True), (RuntimeError("the loop failed"), False), (KeyboardInterrupt(), False)],
+    ids=["exit-0", "error", "ctrl-c"],
+)
+def test_rank_0_waits_for_the_others_only_when_its_loop_ended(
+    leaving: BaseException,
+    waits: bool,
+    tmp_path: Path,
+    data: tuple[Path, list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch.distributed import TCPStore
+
+    # Waiting in vain takes close_seconds; where rank 0 should wait, rank 1 marks its close
+    # after mark_after.
+    close_seconds, mark_after = 30.0, 1.0
+    monkeypatch.setattr("shmloader.dataset.launcher.CLOSE_SECONDS", close_seconds)
+    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=5))
+    env = {**TORCHRUN_ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    directory, _ = data
+    # The dataset's __exit__ sees the exception first, then pytest.raises.
+    with (
+        pytest.raises(type(leaving)),
+        dataset(directory, tmp_path / "shm", master="torchrun") as ds,
+    ):
+        ds.start()  # rank 0: its master starts and its address is published
+        key = ds._rendezvous.key
+        other = rendezvous_from_env(
+            rank=None, world_size=None, master_host=None, environ={**env, "RANK": "1"}
+        )
+        rank1 = dataclasses.replace(other, key=key)
+        assert rank1.lookup(timeout=5) == ds.master_address
+        marker = threading.Timer(mark_after, rank1.mark_closed)
+        if waits:
+            marker.start()
+        left = time.monotonic()
+        raise leaving
+    took = time.monotonic() - left
+    if waits:  # until rank 1 marked its close, then the key is gone
+        marker.join()
+        assert mark_after <= took < close_seconds
+        assert not store.check([key])
+    else:  # without waiting for rank 1, who never marks: the job is going down
+        assert took < close_seconds / 2
 
 
 def test_ipv6_addresses_are_published_in_brackets() -> None:

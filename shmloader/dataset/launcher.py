@@ -111,13 +111,16 @@ class Rendezvous:
             with self._store_errors():
                 self._store().set(self._closed_key(self.rank), "1")
 
-    def wait_for_ranks(self, timeout: float = CLOSE_SECONDS) -> list[int]:
+    def wait_for_ranks(self, timeout: float | None = None) -> list[int]:
         """Rank 0, closing: wait until every other rank closed its dataset; returns those that
-        had not after ``timeout`` (then the master stops anyway). Removes the key."""
+        had not after ``timeout`` (default ``CLOSE_SECONDS``; then the master stops anyway).
+        Removes the key."""
         if self.nonce is None or self.world_size == 1:
             return []
         with self._store_errors():
-            return self._wait_for_ranks(self._store(), timeout)
+            return self._wait_for_ranks(
+                self._store(), CLOSE_SECONDS if timeout is None else timeout
+            )
 
     def _wait_for_ranks(self, store: Store, timeout: float) -> list[int]:
         keys = [self._closed_key(r) for r in range(1, self.world_size)]
