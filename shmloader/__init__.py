@@ -69,6 +69,7 @@ _EXPORTS: dict[str, str] = {
     "DataLoader": "shmloader.dataset.loader",
     "merge_states": "shmloader.dataset.state",
     "TaskSampler": "shmloader.dataset.sampler",
+    "TaskBatchSampler": "shmloader.dataset.sampler",
     "Stats": "shmloader.stats.stats",
 }
 

@@ -3,6 +3,7 @@ reader processes and real DataLoader workers (both our DataLoader and torch's)."
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,54 @@ def test_shmloader_loader_redelivers_what_the_loop_never_saw(
         rest = one_pass(dl)
         assert_once(first + rest, expected)
         assert_once(one_pass(dl), expected)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind", ["shmloader", "batch_sampler"])
+def test_drop_last_drops_the_short_batch_for_its_epoch(
+    tmp_path: Path, data: tuple[Path, list[int]], kind: str, num_workers: int
+) -> None:
+    directory, expected = data
+    full = len(expected) // BATCH  # 2247 rows: 35 batches, 7 rows dropped per epoch
+    with dataset(directory, tmp_path, epochs=None) as ds:
+        if kind == "shmloader":
+            dl: Any = shmloader.DataLoader(
+                ds, batch_size=BATCH, drop_last=True, num_workers=num_workers
+            )
+        else:  # a plain DataLoader, told through the dataset's batch sampler
+            dl = torch.utils.data.DataLoader(
+                ds,
+                batch_sampler=ds.batch_sampler(BATCH, drop_last=True),
+                collate_fn=ds.collate,
+                num_workers=num_workers,
+            )
+        for epoch in range(3):
+            assert len(dl) == full
+            got = one_pass(dl)
+            # Dropped rows do not come back in the next pass (they did: 36 batches, repeats).
+            assert len(got) == full * BATCH == len(set(got))
+            assert set(got) <= set(expected)
+            if kind == "shmloader":
+                assert dl.state_dict()["epoch"] == epoch + 1
+        if kind == "shmloader":
+            assert ds.stats().records_consumed == 3 * len(expected)
+
+
+def test_torchs_own_drop_last_leaves_rows_for_the_next_pass_and_says_so(
+    tmp_path: Path, data: tuple[Path, list[int]], caplog: pytest.LogCaptureFixture
+) -> None:
+    directory, expected = data
+    with dataset(directory, tmp_path, epochs=None) as ds:
+        dl = torch.utils.data.DataLoader(
+            ds, batch_size=BATCH, sampler=ds.sampler(), collate_fn=ds.collate, drop_last=True
+        )
+        first = one_pass(dl)
+        with caplog.at_level(logging.WARNING, logger="shmloader.dataset.plane"):
+            second = one_pass(dl)
+    dropped = set(expected) - set(first)
+    assert len(dropped) == len(expected) % BATCH
+    assert dropped <= set(second[:BATCH])  # owed to epoch 0: first in the next pass
+    assert "ds.batch_sampler(batch_size, drop_last=True)" in caplog.text
 
 
 def run_ids(directory: Path, shm_dir: Path, *, seed: int, num_workers: int) -> list[list[int]]:

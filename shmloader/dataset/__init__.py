@@ -2,6 +2,6 @@
 
 from .dataset import SharedTaskDataset, collate
 from .loader import DataLoader
-from .sampler import TaskSampler
+from .sampler import TaskBatchSampler, TaskSampler
 
-__all__ = ["DataLoader", "SharedTaskDataset", "TaskSampler", "collate"]
+__all__ = ["DataLoader", "SharedTaskDataset", "TaskBatchSampler", "TaskSampler", "collate"]

@@ -23,7 +23,7 @@ from . import ring
 from .launcher import TORCHRUN, Rendezvous, rendezvous_from_env
 from .ring import RingBatch
 from .runtime import Runtime, RuntimeConfig
-from .sampler import DEFAULT_SHUFFLE_WINDOW, TaskSampler
+from .sampler import DEFAULT_SHUFFLE_WINDOW, TaskBatchSampler, TaskSampler
 from .worker import Gatherer
 
 
@@ -179,6 +179,18 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
                 window=self.shuffle_window,
             )
         return self._sampler
+
+    def batch_sampler(self, batch_size: int, *, drop_last: bool = False) -> TaskBatchSampler:
+        """Batches of :meth:`sampler`, for a plain DataLoader's ``batch_sampler=``.
+
+        Use it for ``drop_last=True``: the rows of a pass's short last batch are then dropped
+        for that epoch. With ``sampler=ds.sampler()`` and torch's ``drop_last=True`` the dataset
+        never learns of the drop, and those rows come first in the next pass.
+        """
+        return TaskBatchSampler(self.sampler(), batch_size, drop_last, self._drop_rows)
+
+    def _drop_rows(self, indices: np.ndarray) -> None:
+        self._ensure_started().plane.dropped(indices)
 
     def __len__(self) -> int:
         """Rows of the next (or current) epoch, as planned."""

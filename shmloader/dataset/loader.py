@@ -20,45 +20,25 @@ from ..errors import ConfigError
 from . import ring
 from .dataset import SharedTaskDataset
 from .ring import MAX_RING_SLOTS, RingBatch
-from .sampler import TaskSampler
+from .sampler import TaskBatchSampler
 from .state import loader_state, restore_state
 
 
-class _RecordingBatchSampler(torch.utils.data.Sampler[np.ndarray]):
-    """Cuts the sampler's blocks into batches and remembers them in order.
+class _RecordingBatchSampler(TaskBatchSampler):
+    """The dataset's batches, remembered in the order they are issued: the loader marks each
+    delivered as the loop receives it."""
 
-    Each batch is handed over as a *sorted* int64 array, not a list: the dataset gathers it
-    without converting a list or sorting it by segment, and reads each segment's rows in
-    address order (the batch holds the same samples; only their order inside it changes).
-    """
-
-    def __init__(self, sampler: TaskSampler, batch_size: int, drop_last: bool):
-        self.sampler = sampler
-        self.batch_size = batch_size
-        self.drop_last = drop_last
+    def __init__(self, dataset: SharedTaskDataset, batch_size: int, drop_last: bool) -> None:
+        super().__init__(dataset.sampler(), batch_size, drop_last, dataset._drop_rows)
         self.issued: deque[np.ndarray] = deque()
 
     def __iter__(self) -> Iterator[np.ndarray]:
         self.issued.clear()
-        size = self.batch_size
-        carry = np.empty(0, dtype=np.int64)
-        for chunk in self.sampler.chunks():  # slices of arrays: no Python work per sample
-            if len(carry):
-                chunk = np.concatenate((carry, chunk))
-            full = len(chunk) - len(chunk) % size
-            for i in range(0, full, size):
-                batch = np.sort(chunk[i : i + size])
-                self.issued.append(batch)
-                yield batch
-            carry = chunk[full:]
-        if len(carry) and not self.drop_last:
-            batch = np.sort(carry)
-            self.issued.append(batch)
-            yield batch
+        return super().__iter__()
 
-    def __len__(self) -> int:
-        n = len(self.sampler)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+    def _issue(self, batch: np.ndarray) -> np.ndarray:
+        self.issued.append(batch)
+        return batch
 
 
 class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
@@ -88,7 +68,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         dataset._complete_on_delivery = True
         if dataset._runtime is not None:
             dataset._runtime.plane.set_complete_on_delivery(True)
-        self._recorder = _RecordingBatchSampler(dataset.sampler(), batch_size, drop_last)
+        self._recorder = _RecordingBatchSampler(dataset, batch_size, drop_last)
         super().__init__(
             dataset,
             # torch hands each batch to __getitems__ unchanged, arrays as well as lists.

@@ -146,6 +146,7 @@ class DataPlane:
         # trainer started: then what this trainer consumed is not the epoch's position.
         self.shares_epochs = False
         self.consumed_records = 0
+        self.dropped_rows = 0  # rows a batcher dropped for their epoch (drop_last)
         self.duplicates = 0
         self.wait_seconds = 0.0  # how long the training loop waited for batches
         self.batches_delivered = 0
@@ -305,11 +306,12 @@ class DataPlane:
         """
         self.poll()
         parts = []
+        older = 0
         with self._lock:
             # Older epochs too: a stray task of one (see ``take_strays``) is delivered in a
             # later pass, and may be left unconsumed by it.
-            slots = [s for e, st in self._epochs.items() if e <= epoch for s in st.slots]
-            for slot in slots:
+            slots = [(e, s) for e, st in self._epochs.items() if e <= epoch for s in st.slots]
+            for e, slot in slots:
                 state = self._slots.get(slot)
                 if state is None or state.released or state.emit is None:
                     continue
@@ -318,6 +320,17 @@ class DataPlane:
                 rows = state.emit[~consumed[state.emit]]
                 if len(rows):
                     parts.append(encode_indices(slot, rows))
+                    older += len(rows) if e < epoch else 0
+            shared = self.shares_epochs
+        if older and not shared:
+            # One trainer has no strays: its last pass ran to the end without these rows.
+            log.warning(
+                "%d rows of an earlier epoch were never gathered although its pass ran to its "
+                "end; they come first in this pass. A plain DataLoader with drop_last=True "
+                "does that: pass batch_sampler=ds.batch_sampler(batch_size, drop_last=True) "
+                "(or use shmloader.DataLoader) to drop them for their epoch",
+                older,
+            )
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
     def starved(self) -> bool:
@@ -380,6 +393,15 @@ class DataPlane:
                 return
             groups = group_by_segment(idx)
         self._mark_groups(groups, gathered=gathered, delivered=True)
+
+    def dropped(self, indices: np.ndarray) -> None:
+        """A batcher dropped these rows for their epoch (``drop_last``): consumed, as if
+        gathered and delivered, so their tasks complete and their segments go."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if len(idx):
+            with self._lock:
+                self.dropped_rows += len(idx)
+            self._mark_groups(group_by_segment(idx), gathered=True, delivered=True)
 
     def _mark_groups(
         self, groups: list[SegmentRows], *, gathered: bool, delivered: bool = False

@@ -187,6 +187,57 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         return indices
 
 
+class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
+    """Batches of a :class:`TaskSampler` for a DataLoader's ``batch_sampler=``.
+
+    Each batch is handed over as a *sorted* int64 array, not a list: the dataset gathers it
+    without converting a list or sorting it by segment, and reads each segment's rows in
+    address order (the batch holds the same samples; only their order inside it changes).
+
+    ``drop_last`` drops the short last batch of a pass *for its epoch*, as torch means it: its
+    rows are handed to ``on_drop``, which marks them consumed. torch's own ``drop_last`` (a
+    plain DataLoader given ``sampler=``) drops them without the dataset knowing, so they are
+    still owed to the epoch and come first in the next pass.
+    """
+
+    def __init__(
+        self,
+        sampler: TaskSampler,
+        batch_size: int,
+        drop_last: bool,
+        on_drop: Callable[[np.ndarray], None],
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.drop_last = bool(drop_last)
+        self.on_drop = on_drop
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        size = self.batch_size
+        carry = np.empty(0, dtype=np.int64)
+        for chunk in self.sampler.chunks():  # slices of arrays: no Python work per sample
+            if len(carry):
+                chunk = np.concatenate((carry, chunk))
+            full = len(chunk) - len(chunk) % size
+            for i in range(0, full, size):
+                yield self._issue(np.sort(chunk[i : i + size]))
+            carry = chunk[full:]
+        # Only a pass that ran to its end drops: one left early (``break``) resumes with these.
+        if len(carry) and self.drop_last:
+            self.on_drop(carry)
+        elif len(carry):
+            yield self._issue(np.sort(carry))
+
+    def _issue(self, batch: np.ndarray) -> np.ndarray:
+        return batch
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
 def _next_block(
     feed: Feed,
     epoch: int,
