@@ -8,9 +8,10 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 
 from shmloader.dataset.gather import _dense_view, encode_indices, group_rows, split_indices
-from shmloader.errors import ConfigError
+from shmloader.errors import ConfigError, DataError
 
 
 def _reference(idx: np.ndarray) -> list[tuple[int, list[int], int, int, int]]:
@@ -75,3 +76,68 @@ def test_the_first_gather_does_not_import_pyarrow_compute() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _gather_two_segments(columns: dict[str, list]) -> dict[str, object]:
+    """Rows 0-2 of one segment and 0-1 of another, each segment made of ``columns``' values
+    split 3 + 2 (the first three in segment 1, the last two in segment 2)."""
+    from shmloader.dataset.gather import gather, segment_views
+
+    table = pa.table(columns)
+    segs = {
+        1: segment_views(table.slice(0, 3).to_batches()[0]),
+        2: segment_views(table.slice(3).to_batches()[0]),
+    }
+    indices = np.concatenate([encode_indices(1, np.arange(3)), encode_indices(2, np.arange(2))])
+    return gather(segs.__getitem__, indices, list(columns))
+
+
+def test_a_columns_form_follows_its_type_not_its_data() -> None:
+    tensor3 = pa.fixed_shape_tensor(pa.bool_(), [3])
+    bools = pa.array([[True, False, True]] * 5, pa.list_(pa.bool_(), 3))
+    out = _gather_two_segments(
+        {
+            "flag": pa.array([True, False, True, True, False]),
+            "mask": bools,
+            "mask_tensor": pa.ExtensionArray.from_storage(tensor3, bools),
+            "grid": pa.array(
+                [[[i, i]] * 3 for i in range(5)], pa.list_(pa.list_(pa.float32(), 2), 3)
+            ),
+            "tokens": pa.array([[1], None, [2, 3], [], [4]], pa.list_(pa.int64())),
+            "words": pa.array([["a"], ["b", "c"], [], None, ["d"]], pa.list_(pa.string())),
+            "nested": pa.array(
+                [[[1]], [[2, 3]], [], [[4], []], [[5]]], pa.list_(pa.list_(pa.int64()))
+            ),
+            "name": pa.array(["a", None, "c", "d", "e"]),
+        }
+    )
+    flag, mask, mask_tensor, grid = out["flag"], out["mask"], out["mask_tensor"], out["grid"]
+    assert isinstance(flag, torch.Tensor) and flag.dtype == torch.bool
+    assert flag.tolist() == [True, False, True, True, False]
+    for m in (mask, mask_tensor):
+        assert isinstance(m, torch.Tensor) and m.dtype == torch.bool and m.shape == (5, 3)
+        assert m.tolist() == [[True, False, True]] * 5
+    assert isinstance(grid, torch.Tensor) and grid.shape == (5, 3, 2)
+    assert grid[:, 0, 0].tolist() == [0, 1, 2, 3, 4]
+    tokens = out["tokens"]
+    assert isinstance(tokens, list) and tokens[1] is None
+    assert [t.tolist() for t in tokens if t is not None] == [[1], [2, 3], [], [4]]
+    assert out["words"] == [["a"], ["b", "c"], [], None, ["d"]]
+    assert out["nested"] == [[[1]], [[2, 3]], [], [[4], []], [[5]]]
+    assert out["name"] == ["a", None, "c", "d", "e"]
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        pa.array([1.0, 2.0, 3.0, None, 5.0]),
+        pa.array([True, False, True, None, False]),
+        pa.array([[1, 2], [3, 4], [5, 6], [7, None], [9, 10]], pa.list_(pa.int64(), 2)),
+        pa.array([[1], [2], [3], [4, None], [5]], pa.list_(pa.int64())),
+    ],
+    ids=["number", "bool", "fixed-size-list", "list-of-numbers"],
+)
+def test_a_null_where_a_tensor_stands_is_refused(column: pa.Array) -> None:
+    # Segment 1 has no null, segment 2 has one: that batch was a tensor or a list by the data.
+    with pytest.raises(DataError, match="column 'x' holds a null"):
+        _gather_two_segments({"x": column})

@@ -147,3 +147,49 @@ def test_a_file_that_is_not_parquet_is_a_data_error(tmp_path: Path) -> None:
     path.write_bytes(b"not parquet at all")
     with pytest.raises(DataError, match=rf"{path}.*not a readable Parquet file"):
         ParquetSource(str(path)).plan()
+
+
+@pytest.mark.parametrize(
+    ("column", "row"),
+    [
+        (pa.array([float(i) if i != 57 else None for i in range(100)]), 57),
+        (
+            pa.array(
+                [[i, i] if i != 70 else [i, None] for i in range(100)], pa.list_(pa.int64(), 2)
+            ),
+            70,
+        ),
+        (
+            pa.array(
+                [[i] * (i % 3) + ([None] if i == 41 else []) for i in range(100)],
+                pa.list_(pa.int64()),
+            ),
+            41,
+        ),
+    ],
+    ids=["number", "in-a-fixed-size-list", "in-a-list-of-numbers"],
+)
+def test_a_null_where_a_tensor_stands_names_file_row_and_column(
+    tmp_path: Path, column: pa.Array, row: int
+) -> None:
+    path = str(tmp_path / "n.parquet")
+    pq.write_table(pa.table({"id": list(range(100)), "x": column}), path, row_group_size=30)
+    src = ParquetSource(path)
+    (shard,) = src.plan()
+    assert src.read(shard, 0, row).num_rows == row  # the rows before it are fine
+    with pytest.raises(DataError, match="column 'x' holds a null") as caught:
+        src.read(shard, row - 5, 100)
+    assert (caught.value.path, caught.value.index) == (path, row)
+
+
+def test_nulls_where_lists_and_strings_stand_are_kept(tmp_path: Path) -> None:
+    path = str(tmp_path / "k.parquet")
+    table = pa.table(
+        {
+            "words": pa.array(["a", None, "c"]),
+            "tokens": pa.array([[1], None, [2, 3]], pa.list_(pa.int64())),
+        }
+    )
+    pq.write_table(table, path)
+    src = ParquetSource(path)
+    assert src.read(src.plan()[0], 0, 3).to_pydict() == table.to_pydict()

@@ -22,8 +22,9 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..shm.region import Region
+from ..sources._tensor_types import first_null_row, is_number_list, tensor_form
 
 ROW_BITS = 32
 ROW_MASK = (1 << ROW_BITS) - 1
@@ -57,37 +58,25 @@ class ColumnView:
 
 
 def _dense_view(array: pa.Array) -> np.ndarray | None:
-    """Zero-copy numpy view of a fixed-shape numeric column, or None if it has no such view."""
-    if array.null_count:
+    """Zero-copy numpy view ``(rows, *shape)`` of a numeric tensor column, or None: for other
+    columns, booleans (bit-packed in Arrow: no zero-copy view) and columns with nulls."""
+    form = tensor_form(array.type)
+    if form is None or pa.types.is_boolean(form[0]) or first_null_row(array) is not None:
         return None
-    typ = array.type
-    if isinstance(typ, pa.FixedShapeTensorType):
-        flat = _list_values(array.storage)
-        if not _is_plain_numeric(flat.type):
-            return None
-        values = flat.to_numpy(zero_copy_only=True)
-        return values.reshape((len(array), *typ.shape))
-    if pa.types.is_fixed_size_list(typ):
-        flat = _list_values(array)
-        if not _is_plain_numeric(flat.type):
-            return None
-        return flat.to_numpy(zero_copy_only=True).reshape(len(array), typ.list_size)
-    if _is_plain_numeric(typ):
-        return array.to_numpy(zero_copy_only=True)
-    return None
+    values = _innermost(array).to_numpy(zero_copy_only=True)
+    return values.reshape((len(array), *form[1]))
 
 
-def _list_values(array: pa.FixedSizeListArray) -> pa.Array:
-    """The values of a fixed-size list array's rows, as ``array.flatten()`` gives them (for an
-    array without null rows). ``flatten`` imports ``pyarrow.compute`` on first use: about 0.1 s
-    of a trainer's time to its first batch."""
-    size = array.type.list_size
-    return array.values.slice(array.offset * size, len(array) * size)
-
-
-def _is_plain_numeric(typ: pa.DataType) -> bool:
-    # Booleans are bit-packed in Arrow, so they have no zero-copy numpy view.
-    return (pa.types.is_integer(typ) or pa.types.is_floating(typ)) and not pa.types.is_boolean(typ)
+def _innermost(array: pa.Array) -> pa.Array:
+    """The scalar values of a tensor column's rows (fixed-size lists unwrapped, at any depth),
+    as ``flatten()`` gives them for an array without nulls. ``flatten`` imports
+    ``pyarrow.compute`` on first use: about 0.1 s of a trainer's time to its first batch."""
+    if isinstance(array, pa.ExtensionArray):
+        return _innermost(array.storage)
+    if pa.types.is_fixed_size_list(array.type):
+        size = array.type.list_size
+        return _innermost(array.values.slice(array.offset * size, len(array) * size))
+    return array
 
 
 class SegmentViews(dict[str, ColumnView]):
@@ -119,6 +108,7 @@ def segment_views(batch: pa.RecordBatch, region: Region | None = None) -> Segmen
     for name, column in zip(batch.schema.names, batch.columns, strict=True):
         dense = _dense_view(column)
         if dense is None:
+            _refuse_nulls(column, name)
             views[name] = ColumnView(dense=None, arrow=column)
             continue
         residue, first = None, 0
@@ -420,14 +410,24 @@ def _gather_arrow(
             raise ConfigError(f"column {name!r} changes type between segments")
         parts.append(array.take(pa.array(group.rows)))
     typ = parts[0].type
-    if pa.types.is_boolean(typ) and all(p.null_count == 0 for p in parts):
-        values = np.concatenate([p.to_numpy(zero_copy_only=False) for p in parts])
-        return torch.from_numpy(values)
-    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+    form = tensor_form(typ)
+    if form is not None:  # booleans, copied out of their bits (nulls: see segment_views)
+        rows = [_innermost(p).to_numpy(zero_copy_only=False) for p in parts]
+        return torch.from_numpy(np.concatenate(rows).reshape((-1, *form[1])))
+    if is_number_list(typ):
         # Copied: a tensor must not keep a released segment's mapping alive.
         return [
-            torch.tensor(item.values.to_numpy(zero_copy_only=False))
+            None if not item.is_valid else torch.tensor(item.values.to_numpy(zero_copy_only=False))
             for part in parts
             for item in part
         ]
     return [v for part in parts for v in part.to_pylist()]
+
+
+def _refuse_nulls(column: pa.Array, name: str) -> None:
+    """Sources that read Arrow data refuse these nulls, naming file and row; a segment written
+    some other way must not turn a tensor column into a list either."""
+    if first_null_row(column) is not None:
+        raise DataError(
+            f"column {name!r} holds a null, and its rows become tensors, which have none"
+        )

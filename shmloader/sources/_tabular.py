@@ -13,6 +13,7 @@ import pyarrow.fs as pafs
 
 from .._fs import open_random, resolve
 from ..errors import ConfigError, DataError, DecodeError
+from ._tensor_types import first_null_row
 from .columns import as_tensor_column
 
 
@@ -97,7 +98,24 @@ def finish(
             index = None if exc.index is None else start + exc.index
             raise type(exc)(exc.reason, path=path, index=index) from exc
         table = table.set_column(i, name, column)
-    return to_batch(table)
+    batch = to_batch(table)
+    refuse_nulls(path, batch, start)
+    return batch
+
+
+def refuse_nulls(path: str, batch: pa.RecordBatch, start: int) -> None:
+    """A null where a tensor will stand is bad input, named by file, row and column: the
+    column cannot gather as a tensor in one task and as a list in the next
+    (``_tensor_types``)."""
+    for name, column in zip(batch.schema.names, batch.columns, strict=True):
+        row = first_null_row(column)
+        if row is not None:
+            raise DataError(
+                f"column {name!r} holds a null, and its rows become tensors, which have none: "
+                "fill the nulls when writing the file, or leave the column out with columns=",
+                path=path,
+                index=start + row,
+            )
 
 
 def to_batch(table: pa.Table) -> pa.RecordBatch:

@@ -1,0 +1,81 @@
+"""Which Arrow columns become tensors in a batch, and where such a column holds a null.
+
+A batch column's form must follow from its type alone, never from the data: otherwise one
+task's segment (no null in it) gathers as a tensor and the next one's (a null) as a list, and
+a batch drawing from both cannot be built. So numeric and boolean columns, and fixed-size lists
+and fixed-shape tensors of them, always become tensors, which have no null: a source that reads
+Arrow data (Parquet, Arrow IPC) refuses a null in them, as in the values of a variable-length
+numeric list (each row of one becomes a 1-D tensor). A null *row* of a variable-length list, a
+string or a binary column is kept: those become Python lists, where it is ``None``.
+
+Kept free of torch: readers check their batches with it, and the gather shapes its output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+
+def is_number(typ: pa.DataType) -> bool:
+    """Integer, floating point or boolean: what a tensor can hold."""
+    return pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_boolean(typ)
+
+
+def tensor_form(typ: pa.DataType) -> tuple[pa.DataType, tuple[int, ...]] | None:
+    """``(value type, row shape)`` of a column that becomes one tensor, else None.
+
+    Scalars have shape ``()``; fixed-size lists (also nested) and fixed-shape tensors the
+    shape of a row."""
+    if isinstance(typ, pa.FixedShapeTensorType):
+        inner = tensor_form(typ.value_type)
+        return None if inner is None else (inner[0], (*typ.shape, *inner[1]))
+    if pa.types.is_fixed_size_list(typ):
+        inner = tensor_form(typ.value_type)
+        return None if inner is None else (inner[0], (typ.list_size, *inner[1]))
+    return (typ, ()) if is_number(typ) else None
+
+
+def is_number_list(typ: pa.DataType) -> bool:
+    """A variable-length list of numbers: each row becomes a 1-D tensor."""
+    return (pa.types.is_list(typ) or pa.types.is_large_list(typ)) and is_number(typ.value_type)
+
+
+def first_null_row(array: pa.Array) -> int | None:
+    """The first row of ``array`` that a tensor cannot hold (a null in it, at any depth), for
+    columns that become tensors or lists of 1-D tensors; None if there is none or the column
+    becomes something else."""
+    typ = array.type
+    if tensor_form(typ) is not None:
+        return _first_null(array)
+    if is_number_list(typ):
+        offsets = array.offsets.to_numpy(zero_copy_only=False)
+        values = array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+        value = _first_null(values)
+        if value is None:
+            return None
+        return int(np.searchsorted(offsets, int(offsets[0]) + value, side="right")) - 1
+    return None
+
+
+def _first_null(array: pa.Array) -> int | None:
+    """The first of ``array``'s entries that is null or holds a null in its fixed-size values."""
+    if isinstance(array, pa.ExtensionArray):
+        return _first_null(array.storage)
+    found = [_null_position(array)]
+    if pa.types.is_fixed_size_list(array.type):
+        size = array.type.list_size
+        inner = _first_null(array.values.slice(array.offset * size, len(array) * size))
+        found.append(None if inner is None else inner // size)
+    rows = [p for p in found if p is not None]
+    return min(rows) if rows else None
+
+
+def _null_position(array: pa.Array) -> int | None:
+    if not array.null_count:
+        return None
+    validity = array.buffers()[0]
+    assert validity is not None  # a null count needs a validity bitmap
+    bits = np.unpackbits(np.frombuffer(validity, np.uint8), bitorder="little")
+    valid = bits[array.offset : array.offset + len(array)]
+    return int(np.flatnonzero(valid == 0)[0])
