@@ -117,6 +117,18 @@ def test_a_task_that_always_fails_is_quarantined_and_raised(tmp_path: Path) -> N
         assert stats.task_failures == 2  # the first attempt and max_retries=1 retry
 
 
+def test_skips_count_once_per_epoch_consumed_not_per_read(tmp_path: Path) -> None:
+    directory = tmp_path / "data"
+    expected = write_dataset(directory, [500, 300], poison=[123, 777])
+    # epochs=None: readers read on into the next epochs while the loop finishes this one.
+    with dataset(directory, tmp_path / "shm", epochs=None, on_error="skip") as ds:
+        dl = shmloader.DataLoader(ds, batch_size=50)
+        got = [i for batch in dl for i in ids_of(batch)]
+        assert sorted(got) == sorted(set(expected) - {123, 777})
+        assert sum(r.records for r in ds.stats().readers) > len(got) + 2  # read ahead
+        assert ds.stats().records_skipped == 2  # it was 2 for every epoch read, ahead too
+
+
 def test_a_bad_record_is_skipped_and_counted(tmp_path: Path) -> None:
     directory = tmp_path / "data"
     expected = write_dataset(directory, [500, 300], poison=[123, 777])

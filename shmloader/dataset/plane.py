@@ -146,6 +146,7 @@ class DataPlane:
         # trainer started: then what this trainer consumed is not the epoch's position.
         self.shares_epochs = False
         self.consumed_records = 0
+        self.skipped_records = 0  # what sources left out of the tasks consumed (on_error)
         self.dropped_rows = 0  # rows a batcher dropped for their epoch (drop_last)
         self.duplicates = 0
         self.wait_seconds = 0.0  # how long the training loop waited for batches
@@ -444,6 +445,7 @@ class DataPlane:
             self._complete(state.task.lease_id)
             state.completed = True
             self.consumed_records += len(state.emit)
+            self.skipped_records += len(state.task.skipped)
             ep = self._epoch(state.task.epoch)
             ep.completed.add(state.task.seq)
             ep.consumed.append((state.task.task_id, *state.task.records()))

@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ from .plane import DataPlane
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.005
+SKIPPED_KEPT = 10_000  # reports of skipped records kept for a look (Runtime.skipped)
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,9 @@ class Runtime:
         from ..master.client import MasterClient
 
         self.config = config
-        self.skipped: list[SkippedRecord] = []
+        # What readers reported skipping, latest last, for a look at where (Stats counts the
+        # skips of consumed tasks: see DataPlane.skipped_records).
+        self.skipped: deque[SkippedRecord] = deque(maxlen=SKIPPED_KEPT)
         self.failures: list[Failed] = []
         self._largest_segment = 0
         self._closed = False

@@ -171,7 +171,7 @@ def collect_stats(ds: SharedTaskDataset) -> Stats:
         shm_budget=handle.budget,
         shm_free=space(handle.base_dir).free,
         records_consumed=runtime.plane.consumed_records,
-        records_skipped=len(runtime.skipped),
+        records_skipped=runtime.plane.skipped_records,
         task_failures=len(runtime.failures),
         duplicate_tasks=runtime.plane.duplicates,
         epochs_started=progress.epochs_started,
