@@ -115,6 +115,14 @@ def test_variable_length_needs_a_list_schema_and_then_round_trips() -> None:
     assert batched.equals(batch)
 
 
+@pytest.mark.parametrize("other", [[], [1, 2, 3], [[1], [2, 3]]], ids=["empty", "longer", "ragged"])
+def test_a_python_list_of_another_length_gets_the_list_schema_hint(other: list) -> None:
+    # An empty list is float64 to numpy: the error blamed a cast, without the hint.
+    records = [{"tok": [1, 2]}, {"tok": other}]
+    with pytest.raises(SchemaMismatchError, match=r"'tok'.*found list of \d+ values.*pa\.list_"):
+        records_to_batch(records)
+
+
 @pytest.mark.parametrize(
     ("value", "target", "ok"),
     [

@@ -105,3 +105,26 @@ def test_our_loader_hands_sorted_arrays_and_the_trainer_skips_the_ledger(tmp_pat
     assert sorted(int.from_bytes(r, "little") for r in rows) == list(range(300))
     assert all(isinstance(i, np.ndarray) and (np.diff(i) > 0).all() for i in seen)
     assert [len(i) for i in seen] == [64, 64, 64, 64, 44]
+
+
+def test_misuse_is_named(tmp_path):
+    import pytest
+
+    path = str(tmp_path / "r.tfrecord")
+    shmloader.write_records(path, [bytes([i]) for i in range(40)])
+    source = shmloader.RecordFileSource(path)
+    options = dict(num_readers=1, records_per_task=10, shm_budget="8MiB", shm_dir=str(tmp_path))
+    with (
+        shmloader.SharedTaskDataset(source, columns=["record", "nope"], **options) as ds,
+        pytest.raises(shmloader.ConfigError, match=r"columns= names 'nope'.*its columns: record"),
+    ):
+        next(iter(shmloader.DataLoader(ds, batch_size=8)))
+    with shmloader.SharedTaskDataset(source, **options) as ds:
+        for size in (0, None, 2.5):
+            with pytest.raises(shmloader.ConfigError, match="batch_size must be a positive int"):
+                shmloader.DataLoader(ds, batch_size=size)
+        with pytest.raises(shmloader.ConfigError, match="batch_size"):
+            ds.batch_sampler(-1)
+        ds.start()
+        with pytest.raises(FileNotFoundError, match="not from the dataset's sampler"):
+            ds[0]  # an index the sampler never issued

@@ -193,3 +193,17 @@ def test_nulls_where_lists_and_strings_stand_are_kept(tmp_path: Path) -> None:
     pq.write_table(table, path)
     src = ParquetSource(path)
     assert src.read(src.plan()[0], 0, 3).to_pydict() == table.to_pydict()
+
+
+def test_plan_checks_every_files_columns_and_types(tmp_path: Path) -> None:
+    a, b = str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")
+    pq.write_table(pa.table({"id": pa.array([1, 2], pa.int64()), "v": [[1.0], [2.0]]}), a)
+    pq.write_table(pa.table({"id": pa.array([3], pa.int32()), "v": [[3.0]]}), b)
+    with pytest.raises(ConfigError, match=f"column 'id' is int32 in {b} but int64 in {a}"):
+        ParquetSource([a, b]).plan()
+    assert ParquetSource([a, b], columns=["v"]).plan()[1].num_records == 1
+    with pytest.raises(ConfigError, match="tensors names column 'w', which it does not have"):
+        ParquetSource(a, tensors={"w": (1,)}).plan()
+    pq.write_table(pa.table({"id": pa.array([3], pa.int64())}), b)
+    with pytest.raises(ConfigError, match="pick common ones with columns="):
+        ParquetSource([a, b]).plan()

@@ -105,6 +105,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self.max_retries = max_retries
         self.shm_dir = shm_dir
         self._columns = list(columns) if columns is not None else None
+        self._columns_checked = False  # columns= against the data, at the first gather
         self._complete_on_delivery = False
         self._exclude: dict[tuple[int, int], np.ndarray] = {}
         self._skip_tasks: set[tuple[int, int]] = set()
@@ -213,11 +214,20 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         if gatherer is None:
             raise ShmloaderError("this SharedTaskDataset is closed")
         if not gatherer.columns:
-            gatherer.columns = self._discover_columns(gatherer, indices)
+            gatherer.columns = self._columns_of(gatherer, indices)
+        elif not self._columns_checked:
+            have = self._columns_of(gatherer, indices)
+            missing = [c for c in gatherer.columns if c not in have]
+            if missing:
+                raise ConfigError(
+                    f"columns= names {', '.join(map(repr, missing))}, which the data does not "
+                    f"have; its columns: {', '.join(have)}"
+                )
+            self._columns_checked = True
         return gatherer.gather(indices, ring=ring)
 
     @staticmethod
-    def _discover_columns(gatherer: Gatherer, indices: Sequence[int] | np.ndarray) -> list[str]:
+    def _columns_of(gatherer: Gatherer, indices: Sequence[int] | np.ndarray) -> list[str]:
         from .gather import split_indices
 
         slots, _ = split_indices(indices[:1])
@@ -278,6 +288,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._gatherer = state["_gatherer"]
+        self._columns_checked = False
         self._runtime = None
         self._sampler = None
         self._closed = False

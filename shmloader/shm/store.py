@@ -316,9 +316,8 @@ class StoreHandle:
     def _missing(self, name: str, path: str) -> Exception:
         if not os.path.isdir(self.path):
             return _budget.closed_error(self.path)
-        return FileNotFoundError(
-            errno.ENOENT, f"segment {name} is not in the store (released already?)", path
-        )
+        why = "released already, or an index not from the dataset's sampler (sampler=ds.sampler())"
+        return FileNotFoundError(errno.ENOENT, f"segment {name} is not in the store: {why}", path)
 
     def drop(self, name: str) -> None:
         """Forget this process's mapping of ``name`` (arrays already taken stay valid)."""

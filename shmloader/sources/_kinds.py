@@ -34,6 +34,8 @@ def describe(value: Any) -> str:
         return f"numpy {value.dtype} scalar"
     if isinstance(value, (bool, int, float)):
         return f"Python {type(value).__name__} {value!r}"
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__} of {len(value)} values"
     return type(value).__name__
 
 
@@ -149,6 +151,9 @@ class PrimitiveKind(Kind):
         return pa.array(_cast(name, self.describe(), arr, self.dtype), type=self.arrow_type)
 
 
+_OTHER_SHAPE = "other shape; for a column whose length varies pass schema= with pa.list_(...)"
+
+
 class TensorKind(Kind):
     """Fixed-shape arrays; ``arrow_type`` is a fixed_shape_tensor or a fixed_size_list."""
 
@@ -175,18 +180,19 @@ class TensorKind(Kind):
 
     def normalize(self, name: str, value: Any) -> Any:
         if isinstance(value, (list, tuple)):
+            try:
+                shape: tuple[int, ...] | None = np.shape(value)
+            except ValueError:  # ragged
+                shape = None
+            if shape != self.shape:  # before the cast: [] is float64 to numpy, say the length
+                raise _mismatch(name, self.describe(), value, _OTHER_SHAPE)
             value = _cast(name, self.describe(), value, self.dtype)
         if not isinstance(value, np.ndarray):
             raise DecodeError(
                 f"column {name!r}: expected {self.describe()}, found {describe(value)}"
             )
         if value.shape != self.shape:
-            raise _mismatch(
-                name,
-                self.describe(),
-                value,
-                "other shape; for a column whose length varies pass schema= with pa.list_(...)",
-            )
+            raise _mismatch(name, self.describe(), value, _OTHER_SHAPE)
         return _cast(name, self.describe(), value, self.dtype)
 
     def build(self, vals: list[Any]) -> pa.Array:

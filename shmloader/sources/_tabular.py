@@ -41,6 +41,50 @@ def check_columns(path: str, schema: pa.Schema, columns: Sequence[str] | None) -
         )
 
 
+class SchemaCheck:
+    """What ``plan()`` checks of each file's schema (metadata only, no data read): the columns
+    and tensors asked for exist, and every file gives each column the same type. A batch mixing
+    rows of two files would otherwise fail mid-epoch, once both files' tasks were in hand."""
+
+    def __init__(self, columns: list[str] | None, tensors: Mapping[str, tuple[int, ...]]):
+        self.columns = columns
+        self.tensors = tensors
+        self.first: tuple[str, pa.Schema] | None = None
+        self.types: dict[str, tuple[pa.DataType, str]] = {}  # each column's type, and where
+
+    def __call__(self, path: str, schema: pa.Schema) -> None:
+        check_columns(path, schema, self.columns)
+        if self.columns is not None:
+            schema = pa.schema([schema.field(c) for c in self.columns])
+        for name in self.tensors:
+            if name not in schema.names:
+                raise ConfigError(
+                    f"{path}: tensors names column {name!r}, which it does not have; "
+                    f"available columns: {', '.join(schema.names)}"
+                )
+        if self.first is None:
+            self.first = (path, schema)
+            self.types = {f.name: (f.type, path) for f in schema}
+            return
+        other, known = self.first
+        if set(schema.names) != set(known.names):
+            raise ConfigError(
+                f"{path} has the columns {', '.join(schema.names)} where {other} has "
+                f"{', '.join(known.names)}; pick common ones with columns="
+            )
+        for field in schema:
+            was, where = self.types[field.name]
+            # Type null: a column of an empty file (or of nulls only), whatever it holds elsewhere.
+            if pa.types.is_null(was):
+                self.types[field.name] = (field.type, path)
+            elif field.type != was and not pa.types.is_null(field.type):
+                raise ConfigError(
+                    f"column {field.name!r} is {field.type} in {path} but {was} in {where}: "
+                    "every file must give a column one type (cast when writing the files, or "
+                    "leave the column out with columns=)"
+                )
+
+
 def check_options(
     columns: Sequence[str] | None, tensors: Mapping[str, Sequence[int]] | None
 ) -> tuple[list[str] | None, dict[str, tuple[int, ...]]]:

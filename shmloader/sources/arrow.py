@@ -25,7 +25,7 @@ import pyarrow.fs as pafs
 
 from .._fs import _GLOB_CHARS, expand_paths, open_stream, resolve
 from ..errors import ConfigError, DataError
-from ._tabular import check_columns, check_options, finish, open_input, row_spans
+from ._tabular import SchemaCheck, check_columns, check_options, finish, open_input, row_spans
 from .base import BaseSource, ReadResult, Shard
 
 _FILE_MAGIC = b"ARROW1"
@@ -52,15 +52,16 @@ class ArrowSource(BaseSource):
 
     def _make_plan(self) -> list[Shard]:
         shards = []
+        check = SchemaCheck(self.columns, self.tensors)
         for path in self.paths:
             with open_input(path) as f:
                 if _is_ipc_file(path, f):
                     reader = _open_file(path, f)
-                    check_columns(path, reader.schema, self.columns)
+                    check(path, reader.schema)
                     shards.append(Shard(path, reader.count_rows()))
                 else:
                     reader = _open_stream(path, f)
-                    check_columns(path, reader.schema, self.columns)
+                    check(path, reader.schema)
                     counts = tuple(b.num_rows for b in _batches(path, reader))
                     self._batch_rows[path] = counts
                     shards.append(Shard(path, sum(counts)))

@@ -23,7 +23,14 @@ import pyarrow.parquet as pq
 
 from .._fs import expand_paths
 from ..errors import DataError
-from ._tabular import check_columns, check_options, finish, open_input, row_spans
+from ._tabular import (
+    SchemaCheck,
+    check_columns,
+    check_options,
+    finish,
+    open_input,
+    row_spans,
+)
 from .base import BaseSource, ReadResult, Shard
 
 
@@ -46,10 +53,11 @@ class ParquetSource(BaseSource):
 
     def _make_plan(self) -> list[Shard]:
         shards = []
+        check = SchemaCheck(self.columns, self.tensors)
         for path in self.paths:
             with open_input(path) as f:
                 pf = _parquet_file(path, f)
-                check_columns(path, pf.schema_arrow, self.columns)
+                check(path, pf.schema_arrow)
                 shards.append(Shard(path, pf.metadata.num_rows))
         return shards
 
