@@ -224,3 +224,51 @@ def test_a_killed_reader_in_a_tiny_budget_does_not_stall_later_epochs(
                     kill_a_reader_inside_a_lease(ds, 0)
             assert sorted(got) == expected, f"epoch {epoch}"
         assert ds.stats().readers[0].restarts == 1
+
+
+@pytest.mark.timeout(90)  # it hung
+@pytest.mark.parametrize("kind", ["shmloader", "batch_sampler"])
+def test_rows_kept_for_the_next_batch_are_let_go_when_they_fill_the_budget(
+    tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Room for one segment; a batch of 32 leaves rows of a block's task over, whose segment
+    then fills the budget while they wait for the next block to fill a batch: that block could
+    never be read (the run hung). They go out as a short batch instead."""
+    import torch.utils.data
+
+    from shmloader.shm import ipc_file_size
+
+    directory = tmp_path / "data"
+    expected = write_dataset(directory, [200, 200])
+    src = source(directory)
+    one = ipc_file_size(src.read(src.plan()[0], 0, 100))
+    with dataset(directory, tmp_path / "shm", epochs=1, shm_budget=one + 1024) as ds:
+        if kind == "shmloader":
+            dl: Any = shmloader.DataLoader(ds, batch_size=32)
+        else:
+            dl = torch.utils.data.DataLoader(
+                ds, batch_sampler=ds.batch_sampler(32), collate_fn=ds.collate
+            )
+        batches = [ids_of(b) for b in dl]
+        got = [i for b in batches for i in b]
+        assert sorted(got) == expected
+        assert sum(len(b) < 32 for b in batches[:-1]) >= 1  # let go before the end
+    assert "handing them out as a short batch" in caplog.text
+
+
+def test_under_ddp_rows_kept_for_the_next_batch_are_not_let_go() -> None:
+    import numpy as np
+
+    from shmloader.dataset.sampler import LET_GO, TaskBatchSampler
+
+    class Blocks:  # the sampler's side: one block of 40 rows, then only LET_GO
+        def chunks(self, stuck: Any = None) -> Any:
+            yield np.arange(40, dtype=np.int64)
+            yield LET_GO
+
+    batcher = TaskBatchSampler(Blocks(), 32, False, lambda rows: None, lambda: 8, let_go=False)  # type: ignore[arg-type]
+    batches = iter(batcher)
+    assert len(next(batches)) == 32
+    assert batcher._stuck()  # the 8 rows held are all that is not consumed
+    with pytest.raises(shmloader.ShmSpaceError, match="under DDP a short batch"):
+        next(batches)

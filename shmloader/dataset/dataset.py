@@ -188,10 +188,15 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         for that epoch. With ``sampler=ds.sampler()`` and torch's ``drop_last=True`` the dataset
         never learns of the drop, and those rows come first in the next pass.
         """
-        return TaskBatchSampler(self.sampler(), batch_size, drop_last, self._drop_rows)
+        return TaskBatchSampler(self.sampler(), batch_size, drop_last, **self._batcher_hooks())
 
-    def _drop_rows(self, indices: np.ndarray) -> None:
-        self._ensure_started().plane.dropped(indices)
+    def _batcher_hooks(self) -> dict[str, Any]:
+        """What a :class:`TaskBatchSampler` asks of this dataset."""
+        return {
+            "on_drop": lambda rows: self._ensure_started().plane.dropped(rows),
+            "unconsumed": lambda: self._ensure_started().plane.unconsumed_rows(),
+            "let_go": self.world_size in (None, 1),  # DDP: a short batch would unbalance steps
+        }
 
     def __len__(self) -> int:
         """Rows of the next (or current) epoch, as planned."""

@@ -29,7 +29,7 @@ class _RecordingBatchSampler(TaskBatchSampler):
     delivered as the loop receives it."""
 
     def __init__(self, dataset: SharedTaskDataset, batch_size: int, drop_last: bool) -> None:
-        super().__init__(dataset.sampler(), batch_size, drop_last, dataset._drop_rows)
+        super().__init__(dataset.sampler(), batch_size, drop_last, **dataset._batcher_hooks())
         self.issued: deque[np.ndarray] = deque()
 
     def __iter__(self) -> Iterator[np.ndarray]:

@@ -395,6 +395,17 @@ class DataPlane:
             groups = group_by_segment(idx)
         self._mark_groups(groups, gathered=gathered, delivered=True)
 
+    def unconsumed_rows(self) -> int:
+        """Rows the sampler handed out (admitted) and not consumed yet: in flight to the loop,
+        or held by a batcher. Their segments cannot go until they are."""
+        with self._lock:
+            n = 0
+            for state in self._slots.values():
+                if state.emit is not None and not state.completed:
+                    done = state.n_delivered if self._complete_on_delivery else state.n_gathered
+                    n += len(state.emit) - done
+            return n
+
     def dropped(self, indices: np.ndarray) -> None:
         """A batcher dropped these rows for their epoch (``drop_last``): consumed, as if
         gathered and delivered, so their tasks complete and their segments go."""

@@ -8,12 +8,24 @@ background thread.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ..errors import ShmloaderError
+
+log = logging.getLogger(__name__)
+
+STUCK_WARN = 10.0  # seconds starved with nothing ready before the warning below
+STUCK_MESSAGE = (
+    "the sampler has waited %.0f s for tasks of epoch %d (%s): readers wait for room in "
+    "shm_budget, which rows already handed out hold. If the loop is not merely slow, a "
+    "batcher holds them while it waits for more rows to fill a batch (torch's BatchSampler, "
+    "given sampler=ds.sampler()): raise shm_budget (to two shuffle windows of tasks), or use "
+    "shmloader.DataLoader or batch_sampler=ds.batch_sampler(...), which let such rows go"
+)
 
 
 @dataclass(frozen=True)
@@ -84,7 +96,8 @@ class ReadyTasks:
         later: Sequence[int] = (),
         gone: Callable[[list[int]], set[int]] | None = None,
         recheck: float = 0.1,
-    ) -> list[ReadyTask]:
+        stuck: Callable[[], bool] | None = None,
+    ) -> list[ReadyTask] | None:
         """Wait for the tasks ``seqs`` of ``epoch`` and return them in ``seqs`` order.
 
         If ``starved()`` stays true for ``patience`` seconds (readers blocked on the shared-memory
@@ -95,9 +108,17 @@ class ReadyTasks:
         the lock: it may ask the master), names those that will not come here (another
         trainer took them): they are waited for no more. The result is empty only when every
         one of ``seqs`` is gone.
+
+        Starved with *nothing* ready, only rows already handed out can free room. ``stuck()``
+        (asked then, after ``patience``) says whether those are held by the caller's batcher,
+        which waits for more rows to fill a batch: then None is returned, for it to let them go.
+        Without ``stuck``, or while it is false, a warning says what is waited for after
+        ``STUCK_WARN`` seconds.
         """
         wanted = list(seqs)
         starved_since: float | None = None
+        empty_since: float | None = None
+        warned = False
         next_check = time.monotonic() + recheck
         while True:
             with self._cond:
@@ -108,14 +129,24 @@ class ReadyTasks:
                         return [self._ready.pop((epoch, s)) for s in wanted]
                     if not have:
                         have = [s for s in later if (epoch, s) in self._ready][: len(wanted)]
-                    if have and starved is not None and starved():
-                        now = time.monotonic()
+                    now = time.monotonic()
+                    hungry = starved is not None and starved()
+                    if have and hungry:
                         starved_since = starved_since or now
                         if now - starved_since >= patience:
                             return [self._ready.pop((epoch, s)) for s in have]
                     else:
                         starved_since = None
-                    if gone is not None and time.monotonic() >= next_check:
+                    if not have and hungry:
+                        empty_since = empty_since or now
+                        if now - empty_since >= patience and stuck is not None and stuck():
+                            return None
+                        if now - empty_since >= STUCK_WARN and not warned:
+                            warned = True
+                            log.warning(STUCK_MESSAGE, now - empty_since, epoch, wanted)
+                    else:
+                        empty_since = None
+                    if gone is not None and now >= next_check:
                         missing = [s for s in wanted if (epoch, s) not in self._ready]
                         break
                     self._cond.wait(poll)

@@ -13,16 +13,21 @@ consumed, one filling).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import numpy as np
 import torch.utils.data
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ShmSpaceError
 from .ready import ReadyTask, ReadyTasks
 
+log = logging.getLogger(__name__)
+
 DEFAULT_SHUFFLE_WINDOW = 8
+# Yielded by ``TaskSampler.chunks`` when a batcher must hand out the rows it holds (see there).
+LET_GO = np.empty(0, dtype=np.int64)
 STRAY_POLL = 0.1  # seconds between asking the master where tasks given up as elsewhere are
 
 
@@ -114,8 +119,14 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         for chunk in self.chunks():
             yield from chunk.tolist()
 
-    def chunks(self) -> Iterator[np.ndarray]:
-        """The epoch's indices in order, a block at a time (for batchers that slice arrays)."""
+    def chunks(self, stuck: Callable[[], bool] | None = None) -> Iterator[np.ndarray]:
+        """The epoch's indices in order, a block at a time (for batchers that slice arrays).
+
+        ``stuck()``: whether the batcher holds every row handed out and not yet consumed, while
+        it waits for more (see ``ReadyTasks.take``). When the budget is full and nothing can
+        come until those rows are consumed, :data:`LET_GO` is yielded: the batcher hands them
+        out as they are, then asks again.
+        """
         feed = self._get_feed()
         epoch = feed.epoch_to_iterate()
         leftover = feed.reclaim(epoch)
@@ -134,14 +145,18 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             # Blocks of 1, 2, 4, ... tasks up to the window: the first batch needs one task
             # read, not a whole window (the sizes depend on nothing but the position).
             block, pending = _next_block(feed, epoch, pending, size, gone)
-            size = min(size * 2, self.window)
-            tasks: list[ReadyTask] = []
+            this_size, size = size, min(size * 2, self.window)
+            tasks: list[ReadyTask] | None = []
             if block:
                 feed.want(epoch, block)
                 tasks = feed.ready.take(
-                    epoch, block, starved=feed.starved, later=pending, gone=gone
+                    epoch, block, starved=feed.starved, later=pending, gone=gone, stuck=stuck
                 )
                 feed.want(epoch, [])
+            if tasks is None:  # nothing can come until the batcher lets its rows go
+                pending, size = block + pending, this_size  # the same block, once room is back
+                yield LET_GO
+                continue
             got = {t.seq for t in tasks}
             # Starved: part of the block, or later tasks in its place. Tasks found elsewhere
             # while waiting are not put back.
@@ -198,6 +213,13 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
     rows are handed to ``on_drop``, which marks them consumed. torch's own ``drop_last`` (a
     plain DataLoader given ``sampler=``) drops them without the dataset knowing, so they are
     still owed to the epoch and come first in the next pass.
+
+    The rows left over from a block wait for the next block to fill a batch, and pin their
+    segments meanwhile. Should those fill ``shm_budget`` (a budget below about a window of
+    tasks), the next block could never be read: then ``unconsumed()`` (rows handed out and not
+    consumed) equals what this batcher holds, and it hands them out as a short batch, with a
+    warning. Under DDP (``let_go=False``) a short batch would give ranks unequal steps, so it
+    raises ``ShmSpaceError`` instead.
     """
 
     def __init__(
@@ -206,6 +228,8 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         batch_size: int,
         drop_last: bool,
         on_drop: Callable[[np.ndarray], None],
+        unconsumed: Callable[[], int] | None = None,
+        let_go: bool = True,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -213,22 +237,58 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
         self.on_drop = on_drop
+        self.unconsumed = unconsumed
+        self.let_go = let_go
+        self._held = 0  # rows kept back for the next batch
+        self._warned = False
+
+    def _stuck(self) -> bool:
+        return self._held > 0 and self.unconsumed is not None and self.unconsumed() == self._held
 
     def __iter__(self) -> Iterator[np.ndarray]:
         size = self.batch_size
         carry = np.empty(0, dtype=np.int64)
-        for chunk in self.sampler.chunks():  # slices of arrays: no Python work per sample
+        self._held = 0
+        for chunk in self.sampler.chunks(stuck=self._stuck):  # arrays: no work per sample
+            if chunk is LET_GO:
+                if len(carry):
+                    self._let_go(len(carry))
+                    yield self._issue(np.sort(carry))
+                    carry = np.empty(0, dtype=np.int64)
+                    self._held = 0
+                continue
             if len(carry):
                 chunk = np.concatenate((carry, chunk))
             full = len(chunk) - len(chunk) % size
+            carry = chunk[full:]
+            self._held = len(carry)
             for i in range(0, full, size):
                 yield self._issue(np.sort(chunk[i : i + size]))
-            carry = chunk[full:]
+        self._held = 0
         # Only a pass that ran to its end drops: one left early (``break``) resumes with these.
         if len(carry) and self.drop_last:
             self.on_drop(carry)
         elif len(carry):
             yield self._issue(np.sort(carry))
+
+    def _let_go(self, rows: int) -> None:
+        if not self.let_go:
+            raise ShmSpaceError(
+                f"shm_budget is full with the segments of the {rows} rows kept for the next "
+                f"batch (of {self.batch_size}), so the tasks that would fill it cannot be "
+                "read; under DDP a short batch would give this rank a step more than the "
+                "others. Raise shm_budget to hold two shuffle windows of tasks, or lower "
+                "records_per_task or shuffle_window"
+            )
+        if not self._warned:  # once: with such a budget it happens at most blocks
+            self._warned = True
+            log.warning(
+                "shm_budget is full with the segments of the %d rows kept for the next batch, "
+                "so no further task can be read: handing them out as a short batch (and so on "
+                "whenever it happens again). Raise shm_budget to hold two shuffle windows of "
+                "tasks (or lower records_per_task or shuffle_window) to keep every batch full",
+                rows,
+            )
 
     def _issue(self, batch: np.ndarray) -> np.ndarray:
         return batch
