@@ -10,6 +10,7 @@ import pytest
 from shmloader.errors import ConfigError, ShmSpaceError
 from shmloader.shm import BASE_DIR_ENV, SegmentStore, check_space, resolve_base_dir, space
 from shmloader.shm.sizes import format_size, parse_size
+from shmloader.shm.space import mount_point
 
 
 @pytest.mark.parametrize(
@@ -88,6 +89,8 @@ def test_budget_larger_than_free_space_fails_with_the_fix(tmp_path: Path) -> Non
     assert f"({budget} bytes)" in message  # how much the budget needs
     assert "docker run --shm-size=" in message
     assert "mount -o remount,size=" in message
+    # The mount point to remount, not the folder in it (tmp_path is no mount point).
+    assert f"G {mount_point(str(tmp_path))}`" in message and not os.path.ismount(tmp_path)
     assert "lower shm_budget" in message
     assert os.listdir(tmp_path) == []  # nothing created
     assert check_space(str(tmp_path), 1).free > 0

@@ -34,6 +34,14 @@ def space(base_dir: str) -> Space:
     return Space(total=st.f_blocks * st.f_frsize, free=st.f_bavail * st.f_frsize)
 
 
+def mount_point(path: str) -> str:
+    """The filesystem's mount point that holds ``path`` (what ``mount -o remount`` takes)."""
+    path = os.path.realpath(path)
+    while not os.path.ismount(path):
+        path = os.path.dirname(path)
+    return path
+
+
 def check_space(base_dir: str, budget: int) -> Space:
     """Fail now, with the fix spelled out, rather than with SIGBUS or ENOSPC mid-epoch.
 
@@ -51,6 +59,6 @@ def check_space(base_dir: str, budget: int) -> Space:
         f"shm_budget needs {format_size(budget)} ({budget} bytes). Fix one of: run the container "
         f"with `docker run --shm-size={suggest}g ...` (Kubernetes: mount an emptyDir with "
         f"medium: Memory at /dev/shm); enlarge it with `sudo mount -o remount,size={suggest}G "
-        f"{base_dir}`; point ${BASE_DIR_ENV} at a larger tmpfs; or lower shm_budget to at most "
-        f"{format_size(have.free)}."
+        f"{mount_point(base_dir)}`; point ${BASE_DIR_ENV} at a larger tmpfs; or lower "
+        f"shm_budget to at most {format_size(have.free)}."
     )

@@ -68,7 +68,7 @@ def _cast(name: str, expected: str, value: Any, dst: np.dtype) -> Any:
         except (ValueError, TypeError) as exc:
             raise DecodeError(f"column {name!r}: cannot store {describe(value)}: {exc}") from exc
     if src.kind not in _NUMERIC_KINDS:
-        raise DecodeError(
+        raise SchemaMismatchError(
             f"column {name!r}: cannot store {describe(value)} of dtype {src} (only bool, "
             "integer and float values are stored)"
         )
