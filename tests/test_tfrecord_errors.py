@@ -220,3 +220,20 @@ def test_decode_frames_raises_on_corruption_followed_by_data() -> None:
     with pytest.raises(CorruptRecordError, match="length CRC") as info:
         decode_frames(bytes(header), path="journal.log")
     assert_names(info.value, "journal.log", STARTS[1], 1)
+
+
+def test_the_first_frame_not_where_the_index_says_is_named(tmp_path: Path) -> None:
+    # Records 4 and 5 become one frame of the same total size: the file keeps its size, the
+    # (restored) time keeps the index fresh-looking, and the frames after them stay in place.
+    path, offsets = make_file(tmp_path)
+    stat = os.stat(path)
+    rf = RecordFile(path)
+    assert rf.num_records == 20
+    with open(path, "r+b") as f:
+        f.seek(offsets[4])
+        f.write(encode_frame(b"z" * (offsets[6] - offsets[4] - 16)))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(IndexMismatchError, match="boundaries differ") as info:
+        list(RecordFile(path).read_range(2, 20))
+    # Record 5, where the index says it starts (it was at the end of the block, record 19).
+    assert (info.value.index, info.value.offset) == (5, offsets[5])

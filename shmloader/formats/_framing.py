@@ -316,17 +316,23 @@ def _walk_block(
         payloads: list[bytes] = []
         pos, status, _ = scan(buf, pos, found, payloads, verify)
         n = len(found)
-        matches = found == expected[k - i : k - i + n]
+        indexed = expected[k - i : k - i + n]
+        matches = found == indexed
+        where = pos  # the first frame that is not where the index says
         if matches and status == OK:
             matches = pos == len(buf) and k + n == j
         elif matches:
             matches = k + n < j and pos == expected[k + n - i]
+        else:
+            pairs = enumerate(zip(found, indexed, strict=False))  # indexed may be shorter
+            first = next((t for t, (a, b) in pairs if a != b), n)
+            n, where = first, indexed[first] if first < len(indexed) else found[first]
         if not matches:
             raise IndexMismatchError(
                 "record boundaries differ from the index; the file changed after it was "
                 "indexed (remove the stale index or run `shmloader index --force`)",
                 path=path,
-                offset=lo + pos,
+                offset=lo + where,
                 index=k + n,
             )
         if n:
