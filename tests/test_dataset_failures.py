@@ -272,3 +272,21 @@ def test_under_ddp_rows_kept_for_the_next_batch_are_not_let_go() -> None:
     assert batcher._stuck()  # the 8 rows held are all that is not consumed
     with pytest.raises(shmloader.ShmSpaceError, match="under DDP a short batch"):
         next(batches)
+
+
+def test_a_reader_long_on_one_task_is_warned_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A decode that never returns kept its lease renewed, silently, for ever; here a task of
+    # 400 records at 2 ms each stands for it, against a threshold of 0.3 s.
+    monkeypatch.setattr("shmloader.dataset.runtime.STALL_SECONDS", 0.3)
+    directory = tmp_path / "data"
+    expected = write_dataset(directory, [400])
+    with (
+        caplog.at_level("WARNING", logger="shmloader.dataset.runtime"),
+        dataset(directory, tmp_path / "shm", records_per_task=400, num_readers=1, slow=True) as ds,
+    ):
+        got = [i for b in shmloader.DataLoader(ds, batch_size=50) for i in ids_of(b)]
+        pid = ds.stats().readers[0].pid
+    assert sorted(got) == expected
+    assert "reader 0 (pid" in caplog.text and f"py-spy dump --pid {pid}" in caplog.text

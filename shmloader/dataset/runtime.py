@@ -36,6 +36,7 @@ from .plane import DataPlane
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.005
+STALL_SECONDS = 300.0  # on one task this long with room in the budget: warned of
 SKIPPED_KEPT = 10_000  # reports of skipped records kept for a look (Runtime.skipped)
 
 
@@ -134,6 +135,8 @@ class Runtime:
         self._stop = threading.Event()
         self._ahead = False  # the store's ``ahead`` hint as last set
         self._ahead_lock = threading.Lock()
+        self._next_stall_check = 0.0
+        self._stall_warned: dict[int, float] = {}  # reader index -> when last warned of
         self.store = store  # owned (and closed) by the dataset
         self._pid = os.getpid()
         _close_at_exit(self)
@@ -325,6 +328,7 @@ class Runtime:
                 self.plane.poll()
                 self._hold_readers_back()  # lowered here once the sampler took tasks
                 now = time.monotonic()
+                self._warn_of_stalls(now)
                 if now >= next_renew:
                     for lease_id in self.plane.held_leases():
                         # One at a time: a lease completed meanwhile must not stop the rest.
@@ -337,6 +341,31 @@ class Runtime:
         except BaseException as exc:
             if not self._stop.is_set():
                 self.plane.ready.fail(exc if isinstance(exc, Exception) else MasterError(str(exc)))
+
+    def _warn_of_stalls(self, now: float) -> None:
+        """A reader on one task for ``STALL_SECONDS`` while shared memory has room is likely
+        stuck in the source or the decode function: its lease is renewed all the while (a slow
+        read is allowed), so nothing else would ever say so."""
+        if self.pool is None or now < self._next_stall_check:
+            return
+        self._next_stall_check = now + 1.0
+        for info in self.pool.readers:
+            began = info.started_at
+            if began is None or now - began < STALL_SECONDS or self._starved():
+                continue
+            last = self._stall_warned.get(info.index, 0.0)
+            if now - last >= STALL_SECONDS:
+                self._stall_warned[info.index] = now
+                log.warning(
+                    "reader %d (pid %d) has been on one task (lease %s) for %.0f s while "
+                    "shared memory has room: does the source or the decode function hang? "
+                    "`py-spy dump --pid %d` shows where it is",
+                    info.index,
+                    info.pid,
+                    info.current_lease,
+                    now - began,
+                    info.pid,
+                )
 
     # -- shutdown ------------------------------------------------------------------------
     def _wait_for_other_ranks(self) -> None:

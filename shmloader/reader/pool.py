@@ -43,6 +43,7 @@ class ReaderInfo:
     busy_seconds: float = 0.0
     current_lease: int | None = None
     sealing: str | None = None  # segment being written for current_lease, not announced yet
+    started_at: float | None = None  # time.monotonic() when it began current_lease
     finished: bool = False
     exit_codes: list[int] = field(default_factory=list)
 
@@ -130,7 +131,7 @@ class ReaderPool:
         finally:
             theirs.close()
         info.pid = popen.pid
-        info.current_lease = None
+        info.current_lease = info.started_at = None
         self._procs[info.index] = _Proc(popen, Connection(ours.detach()))
 
     def _send_config(self, info: ReaderInfo) -> None:
@@ -216,18 +217,19 @@ class ReaderPool:
     def _handle(self, info: ReaderInfo, message: Message) -> None:
         if isinstance(message, Started):
             info.current_lease = message.lease_id
+            info.started_at = time.monotonic()
             info.sealing = None  # a task it gave way from named a segment it never wrote
         elif isinstance(message, Sealing):
             info.sealing = message.segment
         elif isinstance(message, Ready):
-            info.current_lease = None
+            info.current_lease = info.started_at = None
             info.sealing = None
             info.tasks += 1
             info.records += message.num_rows
             info.bytes += message.nbytes
             info.busy_seconds += message.read_seconds
         elif isinstance(message, Failed):
-            info.current_lease = None
+            info.current_lease = info.started_at = None
             info.sealing = None
             info.failures += 1
         elif isinstance(message, Finished):
