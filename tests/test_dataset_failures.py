@@ -227,7 +227,7 @@ def test_a_killed_reader_in_a_tiny_budget_does_not_stall_later_epochs(
 
 
 @pytest.mark.timeout(90)  # it hung
-@pytest.mark.parametrize("kind", ["shmloader", "batch_sampler"])
+@pytest.mark.parametrize("kind", ["shmloader", "batch_sampler", "batch_sampler-workers"])
 def test_rows_kept_for_the_next_batch_are_let_go_when_they_fill_the_budget(
     tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -245,9 +245,10 @@ def test_rows_kept_for_the_next_batch_are_let_go_when_they_fill_the_budget(
     with dataset(directory, tmp_path / "shm", epochs=1, shm_budget=one + 1024) as ds:
         if kind == "shmloader":
             dl: Any = shmloader.DataLoader(ds, batch_size=32)
-        else:
+        else:  # a plain DataLoader's workers report what they gathered themselves
+            workers = 2 if kind.endswith("workers") else 0
             dl = torch.utils.data.DataLoader(
-                ds, batch_sampler=ds.batch_sampler(32), collate_fn=ds.collate
+                ds, batch_sampler=ds.batch_sampler(32), collate_fn=ds.collate, num_workers=workers
             )
         batches = [ids_of(b) for b in dl]
         got = [i for b in batches for i in b]
@@ -266,7 +267,10 @@ def test_under_ddp_rows_kept_for_the_next_batch_are_not_let_go() -> None:
             yield np.arange(40, dtype=np.int64)
             yield LET_GO
 
-    batcher = TaskBatchSampler(Blocks(), 32, False, lambda rows: None, lambda: 8, let_go=False)  # type: ignore[arg-type]
+    def pinned(held: int) -> bool:  # a wanted reader is blocked, and only these 8 rows pin
+        return held == 8
+
+    batcher = TaskBatchSampler(Blocks(), 32, False, lambda rows: None, pinned, let_go=False)  # type: ignore[arg-type]
     batches = iter(batcher)
     assert len(next(batches)) == 32
     assert batcher._stuck()  # the 8 rows held are all that is not consumed
@@ -290,3 +294,44 @@ def test_a_reader_long_on_one_task_is_warned_of(
         pid = ds.stats().readers[0].pid
     assert sorted(got) == expected
     assert "reader 0 (pid" in caplog.text and f"py-spy dump --pid {pid}" in caplog.text
+
+
+@pytest.mark.timeout(90)  # it hung
+def test_batches_in_flight_that_fill_the_budget_are_a_named_error(tmp_path: Path) -> None:
+    """shmloader.DataLoader's workers: their rows count as consumed only when the loop gets
+    them, which it cannot while the sampler waits for room they hold. Nothing to let go:
+    an error that says what to raise, not a hang."""
+    from shmloader.shm import ipc_file_size
+
+    directory = tmp_path / "data"
+    write_dataset(directory, [200, 200])
+    src = source(directory)
+    one = ipc_file_size(src.read(src.plan()[0], 0, 100))
+    with (
+        dataset(directory, tmp_path / "shm", epochs=1, shm_budget=one + 1024) as ds,
+        pytest.raises(shmloader.ShmSpaceError, match=r"batches in flight.*raise shm_budget"),
+    ):
+        for _ in shmloader.DataLoader(ds, batch_size=32, num_workers=2):
+            pass
+
+
+def test_a_slow_task_with_room_for_it_is_waited_for_not_let_go(tmp_path: Path) -> None:
+    """Room for the task the sampler waits for, which is just slow to read: the rows kept for
+    the next batch wait for it (they were let go, and under DDP that raised)."""
+    import torch.utils.data
+
+    from shmloader.dataset.sampler import TaskBatchSampler
+    from shmloader.shm import ipc_file_size
+
+    directory = tmp_path / "data"
+    expected = write_dataset(directory, [1000, 1000, 1000])
+    src = source(directory)
+    one = ipc_file_size(src.read(src.plan()[0], 0, 1000))
+    options = dict(epochs=1, records_per_task=1000, num_readers=1, slow=True)  # 2 s a task
+    with dataset(directory, tmp_path / "shm", shm_budget=int(2.5 * one), **options) as ds:
+        hooks = {**ds._batcher_hooks(), "let_go": False}  # as under DDP
+        batcher = TaskBatchSampler(ds.sampler(), 64, False, **hooks)
+        dl = torch.utils.data.DataLoader(ds, batch_sampler=batcher, collate_fn=ds.collate)
+        batches = [ids_of(b) for b in dl]
+    assert sorted(i for b in batches for i in b) == expected
+    assert [len(b) for b in batches[:-1]] == [64] * (len(batches) - 1)

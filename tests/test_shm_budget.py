@@ -139,3 +139,16 @@ def test_waiting_writer_reclaims_a_dead_writers_reservation(tmp_path: Path) -> N
         assert info is not None
         assert not os.path.exists(temp)
         assert store.segments() == {info.name: seg}
+
+
+def test_a_blocked_writer_is_told_only_while_it_lives(tmp_path) -> None:
+    from shmloader.shm import hints
+
+    folder = str(tmp_path)
+    assert not hints.writer_blocked(folder)
+    (tmp_path / "blocked.999999999").touch()  # a writer that died while blocked
+    assert not hints.writer_blocked(folder)
+    hints.set_blocked(folder, True)
+    assert hints.writer_blocked(folder)
+    hints.set_blocked(folder, False)
+    assert not hints.writer_blocked(folder)

@@ -16,6 +16,7 @@ import numpy as np
 import torch.utils.data
 
 from ..errors import ConfigError, ShmloaderError
+from ..shm import hints
 from ..shm.sizes import parse_size
 from ..shm.store import SegmentStore
 from ..sources.base import Source
@@ -194,9 +195,17 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         """What a :class:`TaskBatchSampler` asks of this dataset."""
         return {
             "on_drop": lambda rows: self._ensure_started().plane.dropped(rows),
-            "unconsumed": lambda: self._ensure_started().plane.unconsumed_rows(),
+            "pinned": self._pinned,
             "let_go": self.world_size in (None, 1),  # DDP: a short batch would unbalance steps
         }
+
+    def _pinned(self, held: int) -> bool:
+        """Whether a reader of a task the sampler waits for is blocked on room while the
+        ``held`` rows a batcher holds are all that is not consumed (TaskBatchSampler)."""
+        store = self._store
+        if store is None or not hints.writer_blocked(store.path):
+            return False
+        return self._ensure_started().plane.unconsumed_rows() == held
 
     def __len__(self) -> int:
         """Rows of the next (or current) epoch, as planned."""

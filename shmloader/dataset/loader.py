@@ -40,6 +40,10 @@ class _RecordingBatchSampler(TaskBatchSampler):
         self.issued.append(batch)
         return batch
 
+    def _in_flight(self) -> int:
+        # Issued, not received: with workers, rows count as consumed only as the loop gets them.
+        return sum(len(batch) for batch in self.issued)
+
 
 class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     """A ``torch.utils.data.DataLoader`` over a :class:`SharedTaskDataset`.

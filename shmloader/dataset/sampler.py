@@ -215,11 +215,15 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
     still owed to the epoch and come first in the next pass.
 
     The rows left over from a block wait for the next block to fill a batch, and pin their
-    segments meanwhile. Should those fill ``shm_budget`` (a budget below about a window of
-    tasks), the next block could never be read: then ``unconsumed()`` (rows handed out and not
-    consumed) equals what this batcher holds, and it hands them out as a short batch, with a
-    warning. Under DDP (``let_go=False``) a short batch would give ranks unequal steps, so it
-    raises ``ShmSpaceError`` instead.
+    segments meanwhile; so do the batches a DataLoader's workers hold for the training process
+    (``_in_flight``), which it cannot receive while this batcher waits for the sampler. Should
+    those fill ``shm_budget`` (a budget below about a window of tasks), the task the sampler
+    waits for finds no room and the run would wait for ever. ``pinned(n)`` says when that is
+    so: a writer of a task the sampler waits for is blocked on room, and the ``n`` rows held
+    here are all that is not consumed. This batcher then hands the rows it keeps out as a short
+    batch, with a warning (torch receives the batches in flight meanwhile). Under DDP
+    (``let_go=False``) a short batch would give ranks unequal steps, and with no rows kept
+    nothing could be handed out: then it raises ``ShmSpaceError``.
     """
 
     def __init__(
@@ -228,7 +232,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         batch_size: int,
         drop_last: bool,
         on_drop: Callable[[np.ndarray], None],
-        unconsumed: Callable[[], int] | None = None,
+        pinned: Callable[[int], bool] | None = None,
         let_go: bool = True,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -237,13 +241,19 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
         self.on_drop = on_drop
-        self.unconsumed = unconsumed
+        self.pinned = pinned
         self.let_go = let_go
         self._held = 0  # rows kept back for the next batch
         self._warned = False
 
     def _stuck(self) -> bool:
-        return self._held > 0 and self.unconsumed is not None and self.unconsumed() == self._held
+        held = self._held + self._in_flight()
+        return held > 0 and self.pinned is not None and self.pinned(held)
+
+    def _in_flight(self) -> int:
+        """Rows of batches issued that only this thread could receive (none here: a plain
+        DataLoader's workers report what they gathered themselves)."""
+        return 0
 
     def __iter__(self) -> Iterator[np.ndarray]:
         size = self.batch_size
@@ -251,11 +261,10 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         self._held = 0
         for chunk in self.sampler.chunks(stuck=self._stuck):  # arrays: no work per sample
             if chunk is LET_GO:
-                if len(carry):
-                    self._let_go(len(carry))
-                    yield self._issue(np.sort(carry))
-                    carry = np.empty(0, dtype=np.int64)
-                    self._held = 0
+                self._let_go(len(carry))
+                yield self._issue(np.sort(carry))
+                carry = np.empty(0, dtype=np.int64)
+                self._held = 0
                 continue
             if len(carry):
                 chunk = np.concatenate((carry, chunk))
@@ -272,22 +281,29 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
             yield self._issue(np.sort(carry))
 
     def _let_go(self, rows: int) -> None:
+        why = (
+            f"shm_budget is full with the segments of rows not consumed yet ({rows} kept for "
+            f"the next batch of {self.batch_size}, the rest in batches in flight), so the task "
+            "the sampler waits for cannot be read"
+        )
+        fix = (
+            "raise shm_budget to hold two shuffle windows of tasks (or lower records_per_task, "
+            "shuffle_window, num_workers or prefetch_factor)"
+        )
+        if not rows:
+            raise ShmSpaceError(f"{why}; {fix}")
         if not self.let_go:
             raise ShmSpaceError(
-                f"shm_budget is full with the segments of the {rows} rows kept for the next "
-                f"batch (of {self.batch_size}), so the tasks that would fill it cannot be "
-                "read; under DDP a short batch would give this rank a step more than the "
-                "others. Raise shm_budget to hold two shuffle windows of tasks, or lower "
-                "records_per_task or shuffle_window"
+                f"{why}; under DDP a short batch would give this rank a step more than the "
+                f"others: {fix}"
             )
         if not self._warned:  # once: with such a budget it happens at most blocks
             self._warned = True
             log.warning(
-                "shm_budget is full with the segments of the %d rows kept for the next batch, "
-                "so no further task can be read: handing them out as a short batch (and so on "
-                "whenever it happens again). Raise shm_budget to hold two shuffle windows of "
-                "tasks (or lower records_per_task or shuffle_window) to keep every batch full",
-                rows,
+                "%s: handing them out as a short batch (and so on, whenever it "
+                "happens again); to keep every batch full, %s",
+                why,
+                fix,
             )
 
     def _issue(self, batch: np.ndarray) -> np.ndarray:

@@ -34,6 +34,7 @@ from typing import NamedTuple, Protocol
 
 from .._flock import exclusive
 from ..errors import ShmSpaceError, StoreClosedError
+from . import hints
 from .names import (
     LOCK_NAME,
     SEGMENT_PREFIX,
@@ -200,31 +201,41 @@ def reserve(
     deadline = None if timeout is None else start + timeout
     delay = _MIN_DELAY
     last_reap = start
-    while True:
-        with locked(dataset_path):
-            used, spares, largest = scan(dataset_path)
-            keep = 0 if urgent is None else max(nbytes, largest)
-            fits = used + nbytes + keep <= budget
-            if not fits and urgent is not None and used + nbytes <= budget:
-                fits = urgent()
-            if fits:
-                return _take_room(dataset_path, nbytes, budget - used - nbytes, spares)
-        now = time.monotonic()
-        if now - last_reap >= _REAP_EVERY:
-            last_reap = now
-            if reap_dead_writers(dataset_path):
-                continue
-        if _stop_requested(should_stop):
-            return None
-        if deadline is not None and now >= deadline:
-            raise TimeoutError(
-                f"waited {now - start:.1f} s for {format_size(nbytes)} of shared memory in "
-                f"{dataset_path}: {format_size(used)} of the {format_size(budget)} budget stay "
-                f"in use (segments not released by the consumer?)"
-            )
-        pause = delay if deadline is None else min(delay, max(deadline - now, 0.0))
-        _pause(pause, should_stop)
-        delay = min(delay * 2, _MAX_DELAY)
+    blocked = False
+    try:
+        while True:
+            with locked(dataset_path):
+                used, spares, largest = scan(dataset_path)
+                keep = 0 if urgent is None else max(nbytes, largest)
+                fits = used + nbytes + keep <= budget
+                if not fits and urgent is not None and used + nbytes <= budget:
+                    fits = urgent()
+                if fits:
+                    return _take_room(dataset_path, nbytes, budget - used - nbytes, spares)
+            # The consumer waits for this very segment, and it has no room: say so (and no
+            # more once it stops waiting for it).
+            if urgent is not None and urgent() != blocked:
+                blocked = not blocked
+                hints.set_blocked(dataset_path, blocked)
+            now = time.monotonic()
+            if now - last_reap >= _REAP_EVERY:
+                last_reap = now
+                if reap_dead_writers(dataset_path):
+                    continue
+            if _stop_requested(should_stop):
+                return None
+            if deadline is not None and now >= deadline:
+                raise TimeoutError(
+                    f"waited {now - start:.1f} s for {format_size(nbytes)} of shared memory in "
+                    f"{dataset_path}: {format_size(used)} of the {format_size(budget)} budget "
+                    f"stay in use (segments not released by the consumer?)"
+                )
+            pause = delay if deadline is None else min(delay, max(deadline - now, 0.0))
+            _pause(pause, should_stop)
+            delay = min(delay * 2, _MAX_DELAY)
+    finally:
+        if blocked:
+            hints.set_blocked(dataset_path, False)
 
 
 def _take_room(dataset_path: str, nbytes: int, room: int, spares: dict[str, int]) -> str:

@@ -11,6 +11,13 @@ one poll.
   (``Runtime._hold_readers_back``): readers then lease no new task unless one is wanted. A
   reader that leases without end only hoards tasks; with several trainers sharing a master's
   epochs (elastic mode), it would hoard them from the others.
+
+And one that writers tell the consumer:
+
+- ``blocked.<pid>``: present while writer ``pid`` waits for room for a segment the consumer
+  waits for (budget.reserve). Then only the consumer can make room, by consuming what it
+  holds: the dataset's batcher lets rows go that it keeps for the next batch
+  (``TaskBatchSampler``). A file per writer, so one that dies leaves a name that says whose.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from collections.abc import Sequence
 
 WANTED_NAME = "wanted"
 AHEAD_NAME = "ahead"
+BLOCKED_PREFIX = "blocked."
 
 
 def want(folder: str, keys: Sequence[str]) -> None:
@@ -50,3 +58,36 @@ def set_ahead(folder: str, ahead: bool) -> None:
 
 def is_ahead(folder: str) -> bool:
     return os.path.exists(os.path.join(folder, AHEAD_NAME))
+
+
+def set_blocked(folder: str, blocked: bool) -> None:
+    path = os.path.join(folder, f"{BLOCKED_PREFIX}{os.getpid()}")
+    if blocked:
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def writer_blocked(folder: str) -> bool:
+    """Whether a live writer waits for room for a segment the consumer waits for."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return False
+    for name in names:
+        if name.startswith(BLOCKED_PREFIX):
+            pid = name[len(BLOCKED_PREFIX) :]
+            if pid.isdigit() and _alive(int(pid)):
+                return True
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
