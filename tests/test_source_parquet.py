@@ -207,3 +207,29 @@ def test_plan_checks_every_files_columns_and_types(tmp_path: Path) -> None:
     pq.write_table(pa.table({"id": pa.array([3], pa.int64())}), b)
     with pytest.raises(ConfigError, match="pick common ones with columns="):
         ParquetSource([a, b]).plan()
+
+
+def test_plan_lets_types_that_gather_alike_agree(tmp_path: Path) -> None:
+    # Another writer's string type, and a tensor declared from lists nested another way.
+    a, b = str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")
+    flat = pa.array([[float(i)] * 6 for i in range(3)], pa.list_(pa.float32()))
+    nested = pa.array([[[1.0] * 3] * 2 for _ in range(3)], pa.list_(pa.list_(pa.float32())))
+    pq.write_table(pa.table({"x": flat, "s": pa.array(["a"] * 3, pa.string())}), a)
+    pq.write_table(pa.table({"x": nested, "s": pa.array(["b"] * 3, pa.large_string())}), b)
+    src = ParquetSource([a, b], tensors={"x": (2, 3)})
+    assert [s.num_records for s in src.plan()] == [3, 3]
+    assert {str(src.read(s, 0, 3).schema.field("x").type) for s in src.plan()} == {
+        str(tensor_type(np.float32, (2, 3)))
+    }
+
+
+def test_a_column_of_only_nulls_where_others_give_a_tensor_is_refused_by_plan(
+    tmp_path: Path,
+) -> None:
+    a, b, c = (str(tmp_path / f"{n}.parquet") for n in "abc")
+    pq.write_table(pa.table({"x": pa.array([1.0, 2.0], pa.float32())}), a)
+    pq.write_table(pa.table({"x": pa.array([None] * 4)}), b)  # type null, 4 rows
+    pq.write_table(pa.table({"x": pa.array([], pa.null())}), c)  # empty: harmless
+    assert len(ParquetSource([a, c]).plan()) == 2
+    with pytest.raises(ConfigError, match=f"column 'x' holds only nulls in {b}"):
+        ParquetSource([b, a]).plan()

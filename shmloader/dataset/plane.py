@@ -326,10 +326,12 @@ class DataPlane:
         if older and not shared:
             # One trainer has no strays: its last pass ran to the end without these rows.
             log.warning(
-                "%d rows of an earlier epoch were never gathered although its pass ran to its "
-                "end; they come first in this pass. A plain DataLoader with drop_last=True "
-                "does that: pass batch_sampler=ds.batch_sampler(batch_size, drop_last=True) "
-                "(or use shmloader.DataLoader) to drop them for their epoch",
+                "%d rows of an earlier epoch, whose pass ran to its end, never reached the "
+                "loop; they come first in this pass. Either the loop stopped in that pass's "
+                "last batches (fine), or a plain DataLoader with drop_last=True dropped them: "
+                "to drop them for their epoch, pass "
+                "batch_sampler=ds.batch_sampler(batch_size, drop_last=True) instead, or use "
+                "shmloader.DataLoader",
                 older,
             )
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)

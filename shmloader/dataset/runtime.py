@@ -28,6 +28,7 @@ from ..reader.messages import Failed, Message, Ready
 from ..reader.pool import ReaderInfo, ReaderPool
 from ..reader.process import ReaderConfig
 from ..shm.budget import reap_dead_writers
+from ..shm.names import parse_temp_name
 from ..shm.store import SegmentStore
 from ..sources.base import SkippedRecord, Source
 from .launcher import Rendezvous
@@ -119,6 +120,15 @@ def _close_at_exit(runtime: Runtime) -> None:
 
     register = getattr(threading, "_register_atexit", atexit.register)
     register(close)
+
+
+def _writing_pids(store_path: str) -> set[int]:
+    """Writers that hold a reservation in the store (``tmp-<pid>-...`` files)."""
+    try:
+        names = os.listdir(store_path)
+    except FileNotFoundError:
+        return set()
+    return {who[0] for who in map(parse_temp_name, names) if who is not None}
 
 
 class Runtime:
@@ -343,22 +353,28 @@ class Runtime:
                 self.plane.ready.fail(exc if isinstance(exc, Exception) else MasterError(str(exc)))
 
     def _warn_of_stalls(self, now: float) -> None:
-        """A reader on one task for ``STALL_SECONDS`` while shared memory has room is likely
+        """A reader on one task for ``STALL_SECONDS`` that has not come to write it is likely
         stuck in the source or the decode function: its lease is renewed all the while (a slow
         read is allowed), so nothing else would ever say so."""
         if self.pool is None or now < self._next_stall_check:
             return
         self._next_stall_check = now + 1.0
+        writing: set[int] | None = None  # pids with room reserved: decoding blocks, writing
         for info in self.pool.readers:
             began = info.started_at
-            if began is None or now - began < STALL_SECONDS or self._starved():
+            if began is None or now - began < STALL_SECONDS:
                 continue
+            if info.sealing is not None:  # waiting for room is no stall; decoding into it is
+                if writing is None:
+                    writing = _writing_pids(self.store.path)
+                if info.pid not in writing:
+                    continue
             last = self._stall_warned.get(info.index, 0.0)
             if now - last >= STALL_SECONDS:
                 self._stall_warned[info.index] = now
                 log.warning(
-                    "reader %d (pid %d) has been on one task (lease %s) for %.0f s while "
-                    "shared memory has room: does the source or the decode function hang? "
+                    "reader %d (pid %d) has been on one task (lease %s) for %.0f s, not "
+                    "waiting for room: does the source or the decode function hang? "
                     "`py-spy dump --pid %d` shows where it is",
                     info.index,
                     info.pid,

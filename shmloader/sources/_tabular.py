@@ -13,7 +13,7 @@ import pyarrow.fs as pafs
 
 from .._fs import open_random, resolve
 from ..errors import ConfigError, DataError, DecodeError
-from ._tensor_types import first_null_row
+from ._tensor_types import first_null_row, tensor_form
 from .columns import as_tensor_column
 
 
@@ -43,16 +43,21 @@ def check_columns(path: str, schema: pa.Schema, columns: Sequence[str] | None) -
 
 class SchemaCheck:
     """What ``plan()`` checks of each file's schema (metadata only, no data read): the columns
-    and tensors asked for exist, and every file gives each column the same type. A batch mixing
-    rows of two files would otherwise fail mid-epoch, once both files' tasks were in hand."""
+    and tensors asked for exist, every file has the same columns, and every file gives a
+    column the same form in a batch (``_tensor_types``): a tensor of one dtype and row shape,
+    or a Python list. A batch mixing rows of two files would otherwise fail mid-epoch, once
+    both files' tasks were in hand. Types that differ but gather alike agree (``string`` and
+    ``large_string``; ``list<float>`` and ``list<list<float>>`` declared as one tensor)."""
 
     def __init__(self, columns: list[str] | None, tensors: Mapping[str, tuple[int, ...]]):
         self.columns = columns
         self.tensors = tensors
         self.first: tuple[str, pa.Schema] | None = None
-        self.types: dict[str, tuple[pa.DataType, str]] = {}  # each column's type, and where
+        # Each column's form in a batch, with the type and file that gave it.
+        self.forms: dict[str, tuple[tuple[Any, ...], pa.DataType, str]] = {}
+        self.only_nulls: dict[str, str] = {}  # column -> a file where it is of type null
 
-    def __call__(self, path: str, schema: pa.Schema) -> None:
+    def __call__(self, path: str, schema: pa.Schema, rows: int) -> None:
         check_columns(path, schema, self.columns)
         if self.columns is not None:
             schema = pa.schema([schema.field(c) for c in self.columns])
@@ -64,8 +69,6 @@ class SchemaCheck:
                 )
         if self.first is None:
             self.first = (path, schema)
-            self.types = {f.name: (f.type, path) for f in schema}
-            return
         other, known = self.first
         if set(schema.names) != set(known.names):
             raise ConfigError(
@@ -73,16 +76,41 @@ class SchemaCheck:
                 f"{', '.join(known.names)}; pick common ones with columns="
             )
         for field in schema:
-            was, where = self.types[field.name]
-            # Type null: a column of an empty file (or of nulls only), whatever it holds elsewhere.
-            if pa.types.is_null(was):
-                self.types[field.name] = (field.type, path)
-            elif field.type != was and not pa.types.is_null(field.type):
+            self._agree(field.name, field.type, path, rows)
+
+    def _agree(self, name: str, typ: pa.DataType, path: str, rows: int) -> None:
+        if pa.types.is_null(typ):  # an empty file's column, or one of nulls only
+            if rows:
+                self.only_nulls.setdefault(name, path)
+        else:
+            form = self._form(name, typ)
+            known = self.forms.setdefault(name, (form, typ, path))
+            if known[0] != form:
                 raise ConfigError(
-                    f"column {field.name!r} is {field.type} in {path} but {was} in {where}: "
-                    "every file must give a column one type (cast when writing the files, or "
-                    "leave the column out with columns=)"
+                    f"column {name!r} is {typ} in {path} but {known[1]} in {known[2]}, and a "
+                    "batch cannot hold both: every file must give a column one type (cast "
+                    "when writing the files, or leave the column out with columns=)"
                 )
+        if name in self.only_nulls and name in self.forms and self.forms[name][0][0] == "tensor":
+            raise ConfigError(
+                f"column {name!r} holds only nulls in {self.only_nulls[name]}, where "
+                f"{self.forms[name][2]} gives it {self.forms[name][1]}, which becomes a tensor: "
+                "tensors have no null (fill them when writing, or leave the column out with "
+                "columns=)"
+            )
+
+    def _form(self, name: str, typ: pa.DataType) -> tuple[Any, ...]:
+        if name in self.tensors:  # re-typed when read: its innermost values decide
+            inner = typ.storage_type if isinstance(typ, pa.BaseExtensionType) else typ
+            while (
+                pa.types.is_list(inner)
+                or pa.types.is_large_list(inner)
+                or pa.types.is_fixed_size_list(inner)
+            ):
+                inner = inner.value_type
+            return ("tensor", inner, self.tensors[name])
+        form = tensor_form(typ)
+        return ("tensor", *form) if form is not None else ("list",)
 
 
 def check_options(

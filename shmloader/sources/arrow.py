@@ -57,14 +57,13 @@ class ArrowSource(BaseSource):
             with open_input(path) as f:
                 if _is_ipc_file(path, f):
                     reader = _open_file(path, f)
-                    check(path, reader.schema)
                     shards.append(Shard(path, reader.count_rows()))
                 else:
                     reader = _open_stream(path, f)
-                    check(path, reader.schema)
                     counts = tuple(b.num_rows for b in _batches(path, reader))
                     self._batch_rows[path] = counts
                     shards.append(Shard(path, sum(counts)))
+                check(path, reader.schema, shards[-1].num_records)
         return shards
 
     def _read(self, shard: Shard, start: int, stop: int) -> ReadResult:

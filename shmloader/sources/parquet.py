@@ -57,7 +57,7 @@ class ParquetSource(BaseSource):
         for path in self.paths:
             with open_input(path) as f:
                 pf = _parquet_file(path, f)
-                check(path, pf.schema_arrow)
+                check(path, pf.schema_arrow, pf.metadata.num_rows)
                 shards.append(Shard(path, pf.metadata.num_rows))
         return shards
 
