@@ -47,13 +47,17 @@ def wanted(folder: str) -> set[str]:
         return set()
 
 
-def set_ahead(folder: str, ahead: bool) -> None:
-    path = os.path.join(folder, AHEAD_NAME)
-    if ahead:
+def _flag(path: str, on: bool) -> None:
+    """A hint that is a file's presence."""
+    if on:
         os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
     else:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+
+def set_ahead(folder: str, ahead: bool) -> None:
+    _flag(os.path.join(folder, AHEAD_NAME), ahead)
 
 
 def is_ahead(folder: str) -> bool:
@@ -61,12 +65,7 @@ def is_ahead(folder: str) -> bool:
 
 
 def set_blocked(folder: str, blocked: bool) -> None:
-    path = os.path.join(folder, f"{BLOCKED_PREFIX}{os.getpid()}")
-    if blocked:
-        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+    _flag(os.path.join(folder, f"{BLOCKED_PREFIX}{os.getpid()}"), blocked)
 
 
 def writer_blocked(folder: str) -> bool:
