@@ -47,6 +47,7 @@ from .names import (
 from .sizes import format_size
 
 _MIN_DELAY = 0.0005
+_BLOCKED_EVERY = 0.05  # seconds between looks at whether the consumer waits for a blocked write
 _MAX_DELAY = 0.010
 _REAP_EVERY = 0.05  # seconds between looks for dead writers' reservations while waiting
 
@@ -202,6 +203,7 @@ def reserve(
     delay = _MIN_DELAY
     last_reap = start
     blocked = False
+    next_blocked_check = start
     try:
         while True:
             with locked(dataset_path):
@@ -212,12 +214,14 @@ def reserve(
                     fits = urgent()
                 if fits:
                     return _take_room(dataset_path, nbytes, budget - used - nbytes, spares)
-            # The consumer waits for this very segment, and it has no room: say so (and no
-            # more once it stops waiting for it).
-            if urgent is not None and urgent() != blocked:
-                blocked = not blocked
-                hints.set_blocked(dataset_path, blocked)
             now = time.monotonic()
+            # The consumer waits for this very segment, and it has no room: say so (and no
+            # more once it stops waiting for it). Asked now and then: it reads a file.
+            if urgent is not None and now >= next_blocked_check:
+                next_blocked_check = now + _BLOCKED_EVERY
+                if (used + nbytes > budget and urgent()) != blocked:
+                    blocked = not blocked
+                    hints.set_blocked(dataset_path, blocked)
             if now - last_reap >= _REAP_EVERY:
                 last_reap = now
                 if reap_dead_writers(dataset_path):
