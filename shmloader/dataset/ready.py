@@ -21,10 +21,11 @@ log = logging.getLogger(__name__)
 STUCK_WARN = 10.0  # seconds starved with nothing ready before the warning below
 STUCK_MESSAGE = (
     "the sampler has waited %.0f s for tasks of epoch %d (%s): readers wait for room in "
-    "shm_budget, which rows already handed out hold. If the loop is not merely slow, a "
-    "batcher holds them while it waits for more rows to fill a batch (torch's BatchSampler, "
-    "given sampler=ds.sampler()): raise shm_budget (to two shuffle windows of tasks), or use "
-    "shmloader.DataLoader or batch_sampler=ds.batch_sampler(...), which let such rows go"
+    "shm_budget, which rows already handed out hold. A slow training loop gives that room "
+    "back as it goes; if it is not slow, a batcher holds rows for its next batch that pin it. "
+    "torch's BatchSampler (a DataLoader given sampler=ds.sampler()) cannot let them go: use "
+    "shmloader.DataLoader or batch_sampler=ds.batch_sampler(...), or raise shm_budget to two "
+    "shuffle windows of tasks"
 )
 
 
