@@ -335,3 +335,33 @@ def test_a_slow_task_with_room_for_it_is_waited_for_not_let_go(tmp_path: Path) -
         batches = [ids_of(b) for b in dl]
     assert sorted(i for b in batches for i in b) == expected
     assert [len(b) for b in batches[:-1]] == [64] * (len(batches) - 1)
+
+
+@pytest.mark.timeout(120)  # it hung
+def test_short_tasks_read_ahead_do_not_starve_a_large_task_of_room(tmp_path: Path) -> None:
+    """Tasks of 1000 and 300 records (each file's tail), room for 1.5 large segments, readers
+    reading ahead into the next epoch: they filled the budget with the next epoch's short tasks
+    (they left room only for the largest segment *present*), and the large task the sampler
+    waited for never fit. Writers now leave room for the largest segment seen."""
+    from shmloader.shm import ipc_file_size
+
+    directory = tmp_path / "data"
+    expected = write_dataset(directory, [1300] * 6)
+    src = source(directory)
+    big = ipc_file_size(src.read(src.plan()[0], 0, 1000))
+    options = dict(records_per_task=1000, epochs=None, shm_budget=int(1.5 * big) + 1024)
+    with dataset(directory, tmp_path / "shm", **options) as ds:
+        dl = shmloader.DataLoader(ds, batch_size=32)
+        for _ in range(2):
+            assert sorted(i for b in dl for i in ids_of(b)) == expected
+
+
+def test_a_wait_that_cannot_end_is_a_named_error() -> None:
+    # Starved, nothing ready, a wanted reader blocked and nothing handed out to consume.
+    from shmloader.dataset.ready import ReadyTasks
+
+    def always() -> bool:
+        return True
+
+    with pytest.raises(shmloader.ShmSpaceError, match="read ahead into a later epoch"):
+        ReadyTasks().take(0, [3], starved=always, dead_end=always, patience=0.05)

@@ -16,7 +16,6 @@ import numpy as np
 import torch.utils.data
 
 from ..errors import ConfigError, ShmloaderError
-from ..shm import hints
 from ..shm.sizes import parse_size
 from ..shm.store import SegmentStore
 from ..sources.base import Source
@@ -202,10 +201,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     def _pinned(self, held: int) -> bool:
         """Whether a reader of a task the sampler waits for is blocked on room while the
         ``held`` rows a batcher holds are all that is not consumed (TaskBatchSampler)."""
-        store = self._store
-        if store is None or not hints.writer_blocked(store.path):
-            return False
-        return self._ensure_started().plane.unconsumed_rows() == held
+        plane = self._ensure_started().plane
+        return plane.blocked() and plane.unconsumed_rows() == held
 
     def __len__(self) -> int:
         """Rows of the next (or current) epoch, as planned."""

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Callable
 
 import numpy as np
 
@@ -22,6 +20,7 @@ from ..reader.messages import task_key
 from .consumed import Ranges, row_records, to_ranges, union
 from .gather import SegmentRows, encode_indices, group_by_segment
 from .ledger import LedgerReader
+from .plane_state import EpochState, LeaseOps, SegmentOps, SlotState
 from .ready import ReadyTask, ReadyTasks
 
 log = logging.getLogger(__name__)
@@ -45,61 +44,6 @@ def slot_name(slot: int) -> str:
     return f"seg-{slot:032x}"
 
 
-class LeaseOps(Protocol):
-    """The master calls the plane makes (a client, or the dispatcher behind a lock in tests)."""
-
-    def complete(self, lease_ids: list[int]) -> dict[int, str]:
-        """Complete the leases; returns those that could not be completed, with why."""
-        ...
-
-    def epoch_tasks(self, epoch: int) -> int:
-        """How many tasks this consumer gets in ``epoch``."""
-        ...
-
-    def epoch_records(self, epoch: int) -> int: ...
-
-    def whereabouts(self, epoch: int, seqs: list[int]) -> list[str]:
-        """Where tasks ``seqs`` are (``Dispatcher.whereabouts``), as this consumer sees it."""
-        ...
-
-    def mark_taken(self, lease_ids: list[int]) -> dict[int, str]:
-        """This trainer took the leases' tasks into its sampler (others stop waiting)."""
-        ...
-
-
-class SegmentOps(Protocol):
-    def rename(self, name: str, new_name: str) -> None: ...
-
-    def release(self, name: str, *, missing_ok: bool = False) -> None: ...
-
-    def want(self, keys: Sequence[str]) -> None: ...
-
-
-@dataclass
-class SlotState:
-    task: ReadyTask
-    slot: int
-    emit: np.ndarray | None = None  # rows to deliver (set when admitted)
-    gathered: np.ndarray | None = None  # bool per row
-    delivered: np.ndarray | None = None  # bool per row
-    # How many rows of ``emit`` are gathered / delivered: settling compares counts, not
-    # whole masks, on every batch.
-    n_gathered: int = 0
-    n_delivered: int = 0
-    released: bool = False
-    completed: bool = False
-    has_segment: bool = True
-
-
-@dataclass
-class EpochState:
-    admitted: set[int] = field(default_factory=set)  # seqs
-    slots: list[int] = field(default_factory=list)
-    iterated: bool = False  # the sampler yielded everything
-    completed: set[int] = field(default_factory=set)  # seqs consumed
-    consumed: list[tuple[int, int, int]] = field(default_factory=list)  # (task, start, stop)
-
-
 class DataPlane:
     """Implements the sampler's ``Feed``; all methods are thread-safe."""
 
@@ -111,6 +55,7 @@ class DataPlane:
         ledger: LedgerReader,
         complete_on_delivery: bool = False,
         starved: Callable[[], bool] | None = None,
+        blocked: Callable[[], bool] | None = None,  # a wanted task's reader has no room
         exclude: Callable[[int, int], np.ndarray | None] | None = None,
         start_epoch: int = 0,
         prior: Ranges | None = None,
@@ -121,6 +66,7 @@ class DataPlane:
         self._ledger = ledger
         self._complete_on_delivery = complete_on_delivery
         self._starved = starved or (lambda: False)
+        self._blocked = blocked or (lambda: False)
         self._exclude = exclude or (lambda epoch, task_id: None)
         self._lock = threading.RLock()
         self._poll_lock = threading.Lock()  # taken before _lock, never inside it
@@ -396,6 +342,14 @@ class DataPlane:
                 return
             groups = group_by_segment(idx)
         self._mark_groups(groups, gathered=gathered, delivered=True)
+
+    def blocked(self) -> bool:
+        """Whether a reader of a task the sampler waits for has no room (shm/hints.py)."""
+        return self._blocked()
+
+    def dead_end(self) -> bool:
+        """Blocked, and no row handed out is left to consume that could make room."""
+        return self._blocked() and self.unconsumed_rows() == 0
 
     def unconsumed_rows(self) -> int:
         """Rows the sampler handed out (admitted) and not consumed yet: in flight to the loop,

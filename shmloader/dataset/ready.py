@@ -14,11 +14,17 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ..errors import ShmloaderError
+from ..errors import ShmloaderError, ShmSpaceError
 
 log = logging.getLogger(__name__)
 
 STUCK_WARN = 10.0  # seconds starved with nothing ready before the warning below
+DEAD_END_MESSAGE = (
+    "shm_budget is full with segments the sampler cannot take yet (readers read ahead into a "
+    "later epoch), and the task of epoch {epoch} it waits for (of {seqs}) has no room beside "
+    "them, while nothing handed out is left to consume: raise shm_budget to hold two shuffle "
+    "windows of tasks, or make tasks more even in size (records_per_task)"
+)
 STUCK_MESSAGE = (
     "the sampler has waited %.0f s for tasks of epoch %d (%s): readers wait for room in "
     "shm_budget, which rows already handed out hold. A slow training loop gives that room "
@@ -98,6 +104,7 @@ class ReadyTasks:
         gone: Callable[[list[int]], set[int]] | None = None,
         recheck: float = 0.1,
         stuck: Callable[[], bool] | None = None,
+        dead_end: Callable[[], bool] | None = None,
     ) -> list[ReadyTask] | None:
         """Wait for the tasks ``seqs`` of ``epoch`` and return them in ``seqs`` order.
 
@@ -114,7 +121,9 @@ class ReadyTasks:
         (asked then, after ``patience``) says whether those are held by the caller's batcher,
         which waits for more rows to fill a batch: then None is returned, for it to let them go.
         Without ``stuck``, or while it is false, a warning says what is waited for after
-        ``STUCK_WARN`` seconds.
+        ``STUCK_WARN`` seconds. ``dead_end()``, asked then too, says that nothing handed out is
+        left to consume and still the task waited for has no room (the budget holds segments
+        of later epochs, read ahead): that raises ``ShmSpaceError``, since no wait can end.
         """
         wanted = list(seqs)
         starved_since: float | None = None
@@ -142,6 +151,8 @@ class ReadyTasks:
                         empty_since = empty_since or now
                         if now - empty_since >= patience and stuck is not None and stuck():
                             return None
+                        if now - empty_since >= patience and dead_end is not None and dead_end():
+                            raise ShmSpaceError(DEAD_END_MESSAGE.format(epoch=epoch, seqs=wanted))
                         if now - empty_since >= STUCK_WARN and not warned:
                             warned = True
                             log.warning(STUCK_MESSAGE, now - empty_since, epoch, wanted)

@@ -27,6 +27,7 @@ from ..errors import LeaseError, MasterError, TaskQuarantinedError
 from ..reader.messages import Failed, Message, Ready
 from ..reader.pool import ReaderInfo, ReaderPool
 from ..reader.process import ReaderConfig
+from ..shm import hints
 from ..shm.budget import reap_dead_writers
 from ..shm.names import parse_temp_name
 from ..shm.store import SegmentStore
@@ -180,6 +181,7 @@ class Runtime:
                 ledger=LedgerReader(ledger_dir(handle.path)),
                 complete_on_delivery=config.complete_on_delivery,
                 starved=self._starved,
+                blocked=lambda: hints.writer_blocked(handle.path),
                 exclude=lambda epoch, task: config.exclude.get((epoch, task)),
                 start_epoch=start,
                 prior=config.resume if start == config.start_epoch else None,
@@ -263,7 +265,10 @@ class Runtime:
     # -- reader messages (pool thread) ---------------------------------------------------
     def _on_message(self, info: ReaderInfo, message: Message) -> None:
         if isinstance(message, Ready):
-            self._largest_segment = max(self._largest_segment, message.nbytes)
+            if message.nbytes > self._largest_segment:
+                self._largest_segment = message.nbytes
+                with contextlib.suppress(FileNotFoundError):  # the store is closing
+                    hints.set_largest(self.store.path, message.nbytes)
             self.skipped.extend(message.skipped)
             self.plane.announce(
                 epoch=message.epoch,

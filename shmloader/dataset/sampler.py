@@ -56,6 +56,10 @@ class Feed(Protocol):
         """True when readers wait for shared-memory budget (more tasks cannot arrive)."""
         ...
 
+    def dead_end(self) -> bool:
+        """True when a task waited for has no room and nothing handed out is unconsumed."""
+        ...
+
     def want(self, epoch: int, seqs: list[int]) -> None:
         """The sampler is about to wait for these tasks (empty: for none)."""
         ...
@@ -150,7 +154,13 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             if block:
                 feed.want(epoch, block)
                 tasks = feed.ready.take(
-                    epoch, block, starved=feed.starved, later=pending, gone=gone, stuck=stuck
+                    epoch,
+                    block,
+                    starved=feed.starved,
+                    later=pending,
+                    gone=gone,
+                    stuck=stuck,
+                    dead_end=feed.dead_end,
                 )
                 feed.want(epoch, [])
             if tasks is None:  # nothing can come until the batcher lets its rows go

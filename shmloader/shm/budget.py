@@ -188,7 +188,8 @@ def reserve(
 
     ``urgent``: given by writers whose consumer takes segments in an order of its own (the
     dataset's sampler). Such a writer leaves room for one more segment, as large as the
-    largest in the store, unless ``urgent()`` says the consumer is waiting for this very one:
+    largest in the store or the largest the consumer has seen (the ``largest`` hint), unless
+    ``urgent()`` says the consumer is waiting for this very one:
     otherwise segments the consumer cannot use yet could fill the budget while the one it
     waits for has no room, and both would wait forever.
     """
@@ -204,11 +205,12 @@ def reserve(
     last_reap = start
     blocked = False
     next_blocked_check = start
+    seen = hints.largest(dataset_path) if urgent is not None else 0
     try:
         while True:
             with locked(dataset_path):
                 used, spares, largest = scan(dataset_path)
-                keep = 0 if urgent is None else max(nbytes, largest)
+                keep = 0 if urgent is None else max(nbytes, largest, seen)
                 fits = used + nbytes + keep <= budget
                 if not fits and urgent is not None and used + nbytes <= budget:
                     fits = urgent()

@@ -7,6 +7,10 @@ one poll.
 - ``wanted``: the keys (``"epoch:seq"``) of the segments the consumer waits for now. Their
   writers may use the room the others leave in the budget (budget.reserve), and a reader
   serves them before other tasks it holds.
+- ``largest``: the size of the largest segment the consumer has seen in this store. Writers
+  that leave room for one more segment (budget.reserve) leave at least that much, not just
+  the largest segment present: when only small ones are present (a next epoch's short tasks,
+  read ahead), a large task the consumer waits for would otherwise never fit.
 - ``ahead``: present while the consumer holds enough segments it has not taken up yet
   (``Runtime._hold_readers_back``): readers then lease no new task unless one is wanted. A
   reader that leases without end only hoards tasks; with several trainers sharing a master's
@@ -28,6 +32,7 @@ from collections.abc import Sequence
 
 WANTED_NAME = "wanted"
 AHEAD_NAME = "ahead"
+LARGEST_NAME = "largest"
 BLOCKED_PREFIX = "blocked."
 
 
@@ -90,3 +95,19 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def set_largest(folder: str, nbytes: int) -> None:
+    path = os.path.join(folder, LARGEST_NAME)
+    temp = f"{path}.{os.getpid()}"
+    with open(temp, "w") as f:
+        f.write(str(nbytes))
+    os.replace(temp, path)
+
+
+def largest(folder: str) -> int:
+    try:
+        with open(os.path.join(folder, LARGEST_NAME)) as f:
+            return int(f.read() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0

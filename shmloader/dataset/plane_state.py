@@ -1,0 +1,67 @@
+"""What the data plane keeps per slot and per epoch, and what it asks of the master and the
+store (protocols, so tests can give it a dispatcher behind a lock and a plain store)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from .ready import ReadyTask
+
+
+class LeaseOps(Protocol):
+    """The master calls the plane makes (a client, or the dispatcher behind a lock in tests)."""
+
+    def complete(self, lease_ids: list[int]) -> dict[int, str]:
+        """Complete the leases; returns those that could not be completed, with why."""
+        ...
+
+    def epoch_tasks(self, epoch: int) -> int:
+        """How many tasks this consumer gets in ``epoch``."""
+        ...
+
+    def epoch_records(self, epoch: int) -> int: ...
+
+    def whereabouts(self, epoch: int, seqs: list[int]) -> list[str]:
+        """Where tasks ``seqs`` are (``Dispatcher.whereabouts``), as this consumer sees it."""
+        ...
+
+    def mark_taken(self, lease_ids: list[int]) -> dict[int, str]:
+        """This trainer took the leases' tasks into its sampler (others stop waiting)."""
+        ...
+
+
+class SegmentOps(Protocol):
+    def rename(self, name: str, new_name: str) -> None: ...
+
+    def release(self, name: str, *, missing_ok: bool = False) -> None: ...
+
+    def want(self, keys: Sequence[str]) -> None: ...
+
+
+@dataclass
+class SlotState:
+    task: ReadyTask
+    slot: int
+    emit: np.ndarray | None = None  # rows to deliver (set when admitted)
+    gathered: np.ndarray | None = None  # bool per row
+    delivered: np.ndarray | None = None  # bool per row
+    # How many rows of ``emit`` are gathered / delivered: settling compares counts, not
+    # whole masks, on every batch.
+    n_gathered: int = 0
+    n_delivered: int = 0
+    released: bool = False
+    completed: bool = False
+    has_segment: bool = True
+
+
+@dataclass
+class EpochState:
+    admitted: set[int] = field(default_factory=set)  # seqs
+    slots: list[int] = field(default_factory=list)
+    iterated: bool = False  # the sampler yielded everything
+    completed: set[int] = field(default_factory=set)  # seqs consumed
+    consumed: list[tuple[int, int, int]] = field(default_factory=list)  # (task, start, stop)
