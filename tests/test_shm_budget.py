@@ -152,3 +152,30 @@ def test_a_blocked_writer_is_told_only_while_it_lives(tmp_path) -> None:
     assert hints.writer_blocked(folder)
     hints.set_blocked(folder, False)
     assert not hints.writer_blocked(folder)
+
+
+def test_writers_leave_room_for_the_largest_segment_seen_not_only_present(tmp_path: Path) -> None:
+    """Only small segments present (a next epoch's short tasks, read ahead), a large one seen
+    before: a writer the consumer does not wait for leaves room for the large one, so that it
+    can come when it is waited for. It left room for the largest present only."""
+    from shmloader.shm import hints
+
+    def not_waited_for() -> bool:
+        return False
+
+    small, large = 1000, 5000
+    with SegmentStore.create(small + large + 500, base_dir=tmp_path) as store:
+        path = store.handle().path
+        first = shm_budget.reserve(path, small, store.handle().budget, urgent=not_waited_for)
+        assert first is not None  # small + (room for the largest present: small) fits
+        hints.set_largest(path, large)
+        try:
+            shm_budget.reserve(
+                path, small, store.handle().budget, urgent=not_waited_for, timeout=0.3
+            )
+        except TimeoutError:
+            pass
+        else:
+            raise AssertionError("a second small segment took the large one's room")
+        # The one waited for still fits.
+        assert shm_budget.reserve(path, large, store.handle().budget, urgent=lambda: True)

@@ -105,6 +105,7 @@ class ReadyTasks:
         recheck: float = 0.1,
         stuck: Callable[[], bool] | None = None,
         dead_end: Callable[[], bool] | None = None,
+        blocked: Callable[[], bool] | None = None,
     ) -> list[ReadyTask] | None:
         """Wait for the tasks ``seqs`` of ``epoch`` and return them in ``seqs`` order.
 
@@ -120,7 +121,9 @@ class ReadyTasks:
         Starved with *nothing* ready, only rows already handed out can free room. ``stuck()``
         (asked then, after ``patience``) says whether those are held by the caller's batcher,
         which waits for more rows to fill a batch: then None is returned, for it to let them go.
-        Without ``stuck``, or while it is false, a warning says what is waited for after
+        ``blocked()`` (a reader of a task waited for says it has no room) ends the wait for
+        ``patience`` at once. Without ``stuck``, or while it is false, a warning says what is
+        waited for after
         ``STUCK_WARN`` seconds. ``dead_end()``, asked then too, says that nothing handed out is
         left to consume and still the task waited for has no room (the budget holds segments
         of later epochs, read ahead): that raises ``ShmSpaceError``, since no wait can end.
@@ -143,7 +146,9 @@ class ReadyTasks:
                     hungry = starved is not None and starved()
                     if have and hungry:
                         starved_since = starved_since or now
-                        if now - starved_since >= patience:
+                        # A reader of one of them says it has no room: no need to wait and see.
+                        waited = now - starved_since >= patience
+                        if waited or (blocked is not None and blocked()):
                             return [self._ready.pop((epoch, s)) for s in have]
                     else:
                         starved_since = None

@@ -56,6 +56,10 @@ class Feed(Protocol):
         """True when readers wait for shared-memory budget (more tasks cannot arrive)."""
         ...
 
+    def blocked(self) -> bool:
+        """True when a reader of a task waited for has no room in the budget."""
+        ...
+
     def dead_end(self) -> bool:
         """True when a task waited for has no room and nothing handed out is unconsumed."""
         ...
@@ -161,6 +165,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
                     gone=gone,
                     stuck=stuck,
                     dead_end=feed.dead_end,
+                    blocked=feed.blocked,
                 )
                 feed.want(epoch, [])
             if tasks is None:  # nothing can come until the batcher lets its rows go
