@@ -25,6 +25,7 @@ import torch
 from ..errors import ConfigError, DataError
 from ..shm.region import Region
 from ..sources._tensor_types import first_null_row, is_number_list, tensor_form
+from ..sources.columns import column_to_numpy
 
 ROW_BITS = 32
 ROW_MASK = (1 << ROW_BITS) - 1
@@ -63,20 +64,7 @@ def _dense_view(array: pa.Array) -> np.ndarray | None:
     form = tensor_form(array.type)
     if form is None or pa.types.is_boolean(form[0]) or first_null_row(array) is not None:
         return None
-    values = _innermost(array).to_numpy(zero_copy_only=True)
-    return values.reshape((len(array), *form[1]))
-
-
-def _innermost(array: pa.Array) -> pa.Array:
-    """The scalar values of a tensor column's rows (fixed-size lists unwrapped, at any depth),
-    as ``flatten()`` gives them for an array without nulls. ``flatten`` imports
-    ``pyarrow.compute`` on first use: about 0.1 s of a trainer's time to its first batch."""
-    if isinstance(array, pa.ExtensionArray):
-        return _innermost(array.storage)
-    if pa.types.is_fixed_size_list(array.type):
-        size = array.type.list_size
-        return _innermost(array.values.slice(array.offset * size, len(array) * size))
-    return array
+    return column_to_numpy(array)
 
 
 class SegmentViews(dict[str, ColumnView]):
@@ -410,10 +398,8 @@ def _gather_arrow(
             raise ConfigError(f"column {name!r} changes type between segments")
         parts.append(array.take(pa.array(group.rows)))
     typ = parts[0].type
-    form = tensor_form(typ)
-    if form is not None:  # booleans, copied out of their bits (nulls: see segment_views)
-        rows = [_innermost(p).to_numpy(zero_copy_only=False) for p in parts]
-        return torch.from_numpy(np.concatenate(rows).reshape((-1, *form[1])))
+    if tensor_form(typ) is not None:  # booleans, copied out of their bits (nulls: segment_views)
+        return torch.from_numpy(np.concatenate([column_to_numpy(p) for p in parts]))
     if is_number_list(typ):
         # Copied: a tensor must not keep a released segment's mapping alive.
         return [

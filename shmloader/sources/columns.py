@@ -42,6 +42,7 @@ import pyarrow as pa
 
 from ..errors import ConfigError, DecodeError, SchemaMismatchError
 from ._kinds import Kind, at, is_numeric, kind_for_type, kind_for_value, try_build
+from ._tensor_types import first_null_row, innermost_values, tensor_form
 
 __all__ = [
     "BatchBuilder",
@@ -290,30 +291,20 @@ def column_to_numpy(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     Arrow buffer (zero-copy), so ``column_to_numpy(col)[indices]`` is the one copy of a batch.
     Copies only where Arrow's layout differs from numpy's: bool (bit-packed) values, and a
     ChunkedArray of several chunks (concatenated). Nulls are refused: they have no numpy form.
+    Fixed-size lists are unwrapped by slicing, not ``flatten()`` (see ``innermost_values``).
     """
     if isinstance(array, pa.ChunkedArray):
         array = array.chunk(0) if array.num_chunks == 1 else array.combine_chunks()
-    if array.null_count:
-        raise DecodeError(f"column of type {array.type} has {array.null_count} nulls")
-    shape: list[int] = []
-    typ = array.type
-    if isinstance(typ, pa.FixedShapeTensorType):
-        shape = list(typ.shape)
-        array = array.storage
-        values = array.flatten()
-    else:
-        values = array
-        while pa.types.is_fixed_size_list(values.type):
-            shape.append(values.type.list_size)
-            values = values.flatten()
-    if not (pa.types.is_primitive(values.type) and not pa.types.is_temporal(values.type)):
+    form = tensor_form(array.type)
+    if form is None:
         raise ConfigError(
             f"column_to_numpy needs a tensor, fixed-size-list or numeric column, got {array.type}"
         )
-    if values.null_count:
-        raise DecodeError(f"column of type {array.type} has {values.null_count} null values")
-    flat = values.to_numpy(zero_copy_only=not pa.types.is_boolean(values.type))
-    return flat.reshape((len(array), *shape))
+    row = first_null_row(array)
+    if row is not None:
+        raise DecodeError(f"column of type {array.type} has nulls (the first in row {row})")
+    flat = innermost_values(array).to_numpy(zero_copy_only=not pa.types.is_boolean(form[0]))
+    return flat.reshape((len(array), *form[1]))
 
 
 def as_tensor_column(
