@@ -146,7 +146,7 @@ def test_a_blocked_writer_is_told_only_while_it_lives(tmp_path) -> None:
 
     folder = str(tmp_path)
     assert not hints.writer_blocked(folder)
-    (tmp_path / "blocked.999999999").touch()  # a writer that died while blocked
+    (tmp_path / "blocked.999999999-12345").touch()  # a writer that died while blocked
     assert not hints.writer_blocked(folder)
     hints.set_blocked(folder, True)
     assert hints.writer_blocked(folder)

@@ -194,15 +194,9 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         """What a :class:`TaskBatchSampler` asks of this dataset."""
         return {
             "on_drop": lambda rows: self._ensure_started().plane.dropped(rows),
-            "pinned": self._pinned,
+            "pinned": lambda held: self._ensure_started().plane.pinned(held),
             "let_go": self.world_size in (None, 1),  # DDP: a short batch would unbalance steps
         }
-
-    def _pinned(self, held: int) -> bool:
-        """Whether a reader of a task the sampler waits for is blocked on room while the
-        ``held`` rows a batcher holds are all that is not consumed (TaskBatchSampler)."""
-        plane = self._ensure_started().plane
-        return plane.blocked() and plane.unconsumed_rows() == held
 
     def __len__(self) -> int:
         """Rows of the next (or current) epoch, as planned."""

@@ -93,7 +93,6 @@ class DataPlane:
         self.shares_epochs = False
         self.consumed_records = 0
         self.skipped_records = 0  # what sources left out of the tasks consumed (on_error)
-        self.dropped_rows = 0  # rows a batcher dropped for their epoch (drop_last)
         self.duplicates = 0
         self.wait_seconds = 0.0  # how long the training loop waited for batches
         self.batches_delivered = 0
@@ -347,9 +346,14 @@ class DataPlane:
         """Whether a reader of a task the sampler waits for has no room (shm/hints.py)."""
         return self._blocked()
 
+    def pinned(self, held: int) -> bool:
+        """Blocked, and the ``held`` rows a batcher holds are all that is not consumed: only
+        letting those go can make room (TaskBatchSampler)."""
+        return self._blocked() and self.unconsumed_rows() == held
+
     def dead_end(self) -> bool:
         """Blocked, and no row handed out is left to consume that could make room."""
-        return self._blocked() and self.unconsumed_rows() == 0
+        return self.pinned(0)
 
     def unconsumed_rows(self) -> int:
         """Rows the sampler handed out (admitted) and not consumed yet: in flight to the loop,
@@ -367,8 +371,6 @@ class DataPlane:
         gathered and delivered, so their tasks complete and their segments go."""
         idx = np.asarray(indices, dtype=np.int64)
         if len(idx):
-            with self._lock:
-                self.dropped_rows += len(idx)
             self._mark_groups(group_by_segment(idx), gathered=True, delivered=True)
 
     def _mark_groups(

@@ -123,10 +123,10 @@ class ReadyTasks:
         which waits for more rows to fill a batch: then None is returned, for it to let them go.
         ``blocked()`` (a reader of a task waited for says it has no room) ends the wait for
         ``patience`` at once. Without ``stuck``, or while it is false, a warning says what is
-        waited for after
-        ``STUCK_WARN`` seconds. ``dead_end()``, asked then too, says that nothing handed out is
-        left to consume and still the task waited for has no room (the budget holds segments
-        of later epochs, read ahead): that raises ``ShmSpaceError``, since no wait can end.
+        waited for after ``STUCK_WARN`` seconds. ``dead_end()``, asked then too, says that
+        nothing handed out is left to consume and still the task waited for has no room (the
+        budget holds segments of later epochs, read ahead): that raises ``ShmSpaceError``,
+        since no wait can end.
         """
         wanted = list(seqs)
         starved_since: float | None = None

@@ -38,7 +38,7 @@ from .plane import DataPlane
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.005
-STALL_SECONDS = 300.0  # on one task this long with room in the budget: warned of
+STALL_SECONDS = 300.0  # on one task this long, not waiting for room: warned of
 SKIPPED_KEPT = 10_000  # reports of skipped records kept for a look (Runtime.skipped)
 
 

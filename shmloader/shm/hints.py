@@ -18,10 +18,11 @@ one poll.
 
 And one that writers tell the consumer:
 
-- ``blocked.<pid>``: present while writer ``pid`` waits for room for a segment the consumer
-  waits for (budget.reserve). Then only the consumer can make room, by consuming what it
-  holds: the dataset's batcher lets rows go that it keeps for the next batch
-  (``TaskBatchSampler``). A file per writer, so one that dies leaves a name that says whose.
+- ``blocked.<pid>-<start>``: present while writer ``pid`` waits for room for a segment the
+  consumer waits for (budget.reserve). Then only the consumer can make room, by consuming
+  what it holds: the dataset's batcher lets rows go that it keeps for the next batch
+  (``TaskBatchSampler``). A file per writer, named as the store names writers' files, so one
+  that died (or a pid used again) does not count.
 """
 
 from __future__ import annotations
@@ -30,18 +31,24 @@ import contextlib
 import os
 from collections.abc import Sequence
 
+from .names import is_alive, self_identity
+
 WANTED_NAME = "wanted"
 AHEAD_NAME = "ahead"
 LARGEST_NAME = "largest"
 BLOCKED_PREFIX = "blocked."
 
 
-def want(folder: str, keys: Sequence[str]) -> None:
-    path = os.path.join(folder, WANTED_NAME)
+def _replace(path: str, text: str) -> None:
+    """A hint with content, written whole or not at all."""
     temp = f"{path}.{os.getpid()}"
     with open(temp, "w") as f:
-        f.write("\n".join(keys))
+        f.write(text)
     os.replace(temp, path)
+
+
+def want(folder: str, keys: Sequence[str]) -> None:
+    _replace(os.path.join(folder, WANTED_NAME), "\n".join(keys))
 
 
 def wanted(folder: str) -> set[str]:
@@ -70,39 +77,29 @@ def is_ahead(folder: str) -> bool:
 
 
 def set_blocked(folder: str, blocked: bool) -> None:
-    _flag(os.path.join(folder, f"{BLOCKED_PREFIX}{os.getpid()}"), blocked)
+    pid, token = self_identity()
+    _flag(os.path.join(folder, f"{BLOCKED_PREFIX}{pid}-{token}"), blocked)
 
 
 def writer_blocked(folder: str) -> bool:
-    """Whether a live writer waits for room for a segment the consumer waits for."""
+    """Whether a live writer waits for room for a segment the consumer waits for (a file of
+    one that died names a process that is gone: its pid and start time, as the store's own
+    names do, so a reused pid does not count)."""
     try:
         names = os.listdir(folder)
     except FileNotFoundError:
         return False
     for name in names:
-        if name.startswith(BLOCKED_PREFIX):
-            pid = name[len(BLOCKED_PREFIX) :]
-            if pid.isdigit() and _alive(int(pid)):
-                return True
+        if not name.startswith(BLOCKED_PREFIX):
+            continue
+        pid, _, token = name[len(BLOCKED_PREFIX) :].partition("-")
+        if pid.isdigit() and token.isdigit() and is_alive(int(pid), int(token)):
+            return True
     return False
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def set_largest(folder: str, nbytes: int) -> None:
-    path = os.path.join(folder, LARGEST_NAME)
-    temp = f"{path}.{os.getpid()}"
-    with open(temp, "w") as f:
-        f.write(str(nbytes))
-    os.replace(temp, path)
+    _replace(os.path.join(folder, LARGEST_NAME), str(nbytes))
 
 
 def largest(folder: str) -> int:
