@@ -13,7 +13,7 @@ import pyarrow.fs as pafs
 
 from .._fs import open_random, resolve
 from ..errors import ConfigError, DataError, DecodeError
-from ._tensor_types import first_null_row, tensor_form
+from ._tensor_types import first_null_row, is_any_list, tensor_form
 from .columns import as_tensor_column
 
 
@@ -102,11 +102,7 @@ class SchemaCheck:
     def _form(self, name: str, typ: pa.DataType) -> tuple[Any, ...]:
         if name in self.tensors:  # re-typed when read: its innermost values decide
             inner = typ.storage_type if isinstance(typ, pa.BaseExtensionType) else typ
-            while (
-                pa.types.is_list(inner)
-                or pa.types.is_large_list(inner)
-                or pa.types.is_fixed_size_list(inner)
-            ):
+            while is_any_list(inner):
                 inner = inner.value_type
             return ("tensor", inner, self.tensors[name])
         form = tensor_form(typ)

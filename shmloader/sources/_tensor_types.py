@@ -48,6 +48,13 @@ def innermost_values(array: pa.Array) -> pa.Array:
     return array
 
 
+def is_any_list(typ: pa.DataType) -> bool:
+    """A list of any kind: variable-length (also large) or fixed-size."""
+    return bool(
+        pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)
+    )
+
+
 def is_number_list(typ: pa.DataType) -> bool:
     """A variable-length list of numbers: each row becomes a 1-D tensor."""
     return (pa.types.is_list(typ) or pa.types.is_large_list(typ)) and is_number(typ.value_type)

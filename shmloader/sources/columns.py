@@ -42,7 +42,7 @@ import pyarrow as pa
 
 from ..errors import ConfigError, DecodeError, SchemaMismatchError
 from ._kinds import Kind, at, is_numeric, kind_for_type, kind_for_value, try_build
-from ._tensor_types import first_null_row, innermost_values, tensor_form
+from ._tensor_types import first_null_row, innermost_values, is_any_list, tensor_form
 
 __all__ = [
     "BatchBuilder",
@@ -330,10 +330,10 @@ def as_tensor_column(
     values: pa.Array = array
     per_row = 1  # elements of the current level per row
     level = 0
-    while _is_list(values.type):
+    while is_any_list(values.type):
         if level >= len(shape):
             raise SchemaMismatchError(f"column {name!r}: {typ} has more levels than {shape}")
-        want = shape[level] if _is_list(values.type.value_type) else math.prod(shape[level:])
+        want = shape[level] if is_any_list(values.type.value_type) else math.prod(shape[level:])
         _check_lengths(name, values, want, per_row, shape)
         per_row *= want
         values = values.flatten()
@@ -348,10 +348,6 @@ def as_tensor_column(
     ttype = pa.fixed_shape_tensor(values.type, shape)
     storage = pa.FixedSizeListArray.from_arrays(values, type=ttype.storage_type)
     return pa.ExtensionArray.from_storage(ttype, storage)
-
-
-def _is_list(t: pa.DataType) -> bool:
-    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
 
 
 def _check_lengths(
