@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import ConfigError
+from ..sources._tensor_types import is_any_list
 
 _SUPPORTED = (
     "integers, booleans, floats, decimals, dates/times, strings, binaries, or lists of those"
@@ -45,14 +46,10 @@ def _kind_of_leaf(t: pa.DataType) -> str | None:
     return None
 
 
-def _is_list(t: pa.DataType) -> bool:
-    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
-
-
 def _fixed_dims(t: pa.DataType) -> tuple[int, ...] | None:
     """Shape every row has by type alone (fixed-size lists), or None for variable lists."""
     dims: list[int] = []
-    while _is_list(t):
+    while is_any_list(t):
         if not pa.types.is_fixed_size_list(t):
             return None
         dims.append(t.list_size)
@@ -61,7 +58,7 @@ def _fixed_dims(t: pa.DataType) -> tuple[int, ...] | None:
 
 
 def _leaf_type(t: pa.DataType) -> pa.DataType:
-    while _is_list(t):
+    while is_any_list(t):
         t = t.value_type
     return t
 
@@ -135,7 +132,7 @@ def _arrow_column(name: str, col: pa.Array, path: str) -> tuple[ColumnStats, lis
     stats = ColumnStats(name, kind, _fixed_dims(col.type), f"{path}: {col.type}")
     row_null = col.is_null().to_numpy(zero_copy_only=False)
     leaf, offsets = _flatten(col)
-    if _is_list(col.type) and leaf.null_count:
+    if is_any_list(col.type) and leaf.null_count:
         raise ConfigError(
             f"{path}: column {name!r} has null values inside its lists; an Example list "
             "cannot hold them (fill or drop them first)"
@@ -155,11 +152,11 @@ def _arrow_column(name: str, col: pa.Array, path: str) -> tuple[ColumnStats, lis
 def _flatten(col: pa.Array) -> tuple[pa.Array, np.ndarray]:
     """Leaf values and per-row offsets into them (null rows and null sublists are empty)."""
     counts = np.ones(len(col), dtype=np.int64)
-    if not _is_list(col.type):
+    if not is_any_list(col.type):
         # Null scalars still occupy a slot in the leaf array; their rows are dropped later.
         return col, np.concatenate(([0], np.cumsum(counts)))
     current = col
-    while _is_list(current.type):
+    while is_any_list(current.type):
         lengths = pc.fill_null(pc.list_value_length(current), 0).to_numpy(zero_copy_only=False)
         bounds = np.concatenate(([0], np.cumsum(counts)))
         running = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
