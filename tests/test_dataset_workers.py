@@ -118,3 +118,28 @@ def test_our_workers_write_no_ledger_and_everything_is_released(
         assert _ledger_files(ds) != []
         ds.runtime.plane.poll()
         assert ds.stats().shm_in_use == 0
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_plain_loader_without_collate_fn_names_the_fix(
+    tmp_path: Path, data: tuple[Path, list[int]], workers: int
+) -> None:
+    """torch's default_collate takes the batch for a list of samples; a bare ``KeyError: 0``
+    from inside torch would not say what to change."""
+    directory, _ = data
+    with dataset(directory, tmp_path, epochs=1) as ds:
+        dl = torch.utils.data.DataLoader(
+            ds, batch_size=50, sampler=ds.sampler(), num_workers=workers
+        )
+        with pytest.raises(TypeError, match=r"collate_fn=ds\.collate"):
+            next(iter(dl))
+
+
+def test_a_batch_is_a_dict(tmp_path: Path, data: tuple[Path, list[int]]) -> None:
+    directory, _ = data
+    with dataset(directory, tmp_path, epochs=1) as ds:
+        batch = next(iter(shmloader.DataLoader(ds, batch_size=50)))
+        assert isinstance(batch, dict)
+        assert dict(batch).keys() == batch.keys()
+        with pytest.raises(KeyError):
+            batch["no such column"]

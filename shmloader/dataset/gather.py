@@ -26,6 +26,7 @@ from ..errors import ConfigError, DataError
 from ..shm.region import Region
 from ..sources._tensor_types import first_null_row, is_number_list, tensor_form
 from ..sources.columns import column_to_numpy
+from .batch import Batch
 
 ROW_BITS = 32
 ROW_MASK = (1 << ROW_BITS) - 1
@@ -286,7 +287,7 @@ def gather(
                 # Bounds and types are checked above, so the takes can use mode="clip": with
                 # the default "raise", numpy copies through a temporary buffer given out=.
                 array.take(group.rows, axis=0, out=target[group.start : group.stop], mode="clip")
-    out: dict[str, object] = {}
+    out = Batch()
     results = iter(outputs)
     for name in columns:
         if first[name].dense is not None:

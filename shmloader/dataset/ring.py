@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .batch import Batch
 from .gather import block_layout
 
 RING_PREFIX = "ring-"
@@ -72,7 +73,7 @@ class RingBatch:
         if mm is None:
             raise FileNotFoundError(f"batch ring {self.path} is gone (its worker exited?)")
         base = _HEADER + self.slot * self.slot_bytes
-        out: dict[str, Any] = {}
+        out = Batch()
         try:
             for name, column in self.columns.items():
                 if not isinstance(column, RingColumn):
