@@ -366,3 +366,29 @@ def test_a_wait_that_cannot_end_is_a_named_error() -> None:
 
     with pytest.raises(shmloader.ShmSpaceError, match="read ahead into a later epoch"):
         ReadyTasks().take(0, [3], starved=always, dead_end=always, patience=0.05)
+
+
+def test_a_master_gone_for_good_is_one_error_and_a_prompt_close(
+    tmp_path: Path, data: tuple[Path, list[int]], monkeypatch: pytest.MonkeyPatch, capfd: Any
+) -> None:
+    """Readers that give up on the master tell the trainer, which raises from the sampler;
+    they are not restarted and print no traceback, and close() does not wait ``retry_for``
+    again for each call it makes (it took 4 such waits and a reader's stop timeout before)."""
+    directory, _ = data
+    monkeypatch.setenv("SHMLOADER_MASTER_RETRY", "6")  # readers inherit it
+    with shmloader.Master(source(directory), records_per_task=20, epochs=None) as master:
+        ds = dataset(directory, tmp_path, master=master.address, epochs=None, shm_budget="1MiB")
+        loader = shmloader.DataLoader(ds, batch_size=16)
+        next(iter(loader))
+        master.stop(grace=None)
+        with pytest.raises(shmloader.errors.MasterError, match="unreachable"):
+            for _ in range(1000):  # passes (epochs) until the error
+                for _batch in loader:
+                    pass
+        readers = ds.runtime.pool.readers
+        began = time.monotonic()
+        ds.close()
+        closing = time.monotonic() - began
+    assert closing < 4.0
+    assert all(r.restarts == 0 for r in readers)
+    assert "Traceback" not in capfd.readouterr().err

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import LeaseError, MasterError, TaskQuarantinedError
-from ..reader.messages import Failed, Message, Ready
-from ..reader.pool import ReaderInfo, ReaderPool
+from ..reader.messages import Failed, MasterLost, Message, Ready
+from ..reader.pool import STOP_SECONDS, ReaderInfo, ReaderPool
 from ..reader.process import ReaderConfig
 from ..shm import hints
 from ..shm.budget import reap_dead_writers
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 0.005
 STALL_SECONDS = 300.0  # on one task this long, not waiting for room: warned of
 SKIPPED_KEPT = 10_000  # reports of skipped records kept for a look (Runtime.skipped)
+LOST_STOP_SECONDS = 1.0  # readers' time to stop once the master is lost: they hold nothing
 
 
 @dataclass(frozen=True)
@@ -293,6 +294,8 @@ class Runtime:
                 message.error,
             )
             self._check_quarantine()
+        elif isinstance(message, MasterLost):
+            self.plane.ready.fail(MasterError(f"reader {info.index}: {message.error}"))
 
     def _on_reader_death(self, info: ReaderInfo, code: int) -> None:
         # A reader killed mid-write leaves its reservation (tmp-<pid>-...): remove it now, or
@@ -404,6 +407,13 @@ class Runtime:
         if waiting:
             log.warning("stopping the master while ranks %s have not closed", waiting)
 
+    def _master_lost(self) -> bool:
+        """Whether a call to the master already gave up on it, here or in a reader."""
+        if self.client is None:
+            return False
+        readers = self.pool.readers if self.pool is not None else []
+        return self.client.gave_up_at is not None or any(r.master_lost for r in readers)
+
     def close(self, *, wait_for_ranks: bool = True) -> None:
         """Stop everything; ``wait_for_ranks``: rank 0 under torchrun first lets the other
         ranks finish with its master (not when closing because the loop failed: the job is
@@ -412,6 +422,9 @@ class Runtime:
             return
         self._closed = True
         self._stop.set()
+        lost = self._master_lost()
+        if lost:  # each call below would wait retry_for again, for nothing
+            self.client.stop_retrying()
         plane = getattr(self, "plane", None)
         if plane is not None:
             plane.ready.close()
@@ -419,7 +432,8 @@ class Runtime:
         if thread is not None:
             thread.join(5.0)
         if self.pool is not None:
-            self.pool.stop()
+            # Readers retrying a lost master hear "stop" only after their call gives up.
+            self.pool.stop(LOST_STOP_SECONDS if lost else STOP_SECONDS)
         if plane is not None and self.client is not None:
             # What the loop consumed since the last tick must reach the master before we
             # leave: a standalone master would hand those tasks out again (duplicates).

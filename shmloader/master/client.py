@@ -3,8 +3,8 @@
 What it adds to plain stubs, so that readers and trainers need no gRPC code of their own:
 
 * a deadline (``timeout``) on every call, and retries with exponential backoff for up to
-  ``retry_for`` seconds while the master is UNAVAILABLE (restarting, not up yet), and on
-  DEADLINE_EXCEEDED for calls that are safe to repeat;
+  ``retry_for`` seconds (default ``$SHMLOADER_MASTER_RETRY``, else 30) while the master is
+  UNAVAILABLE (restarting, not up yet), and on DEADLINE_EXCEEDED for calls safe to repeat;
 * errors as ours: FAILED_PRECONDITION / NOT_FOUND of lease calls (renew, complete, fail)
   become :class:`LeaseError`, everything else :class:`MasterError`, with the master's words;
 * a master that restarted without its journal (or declared a consumer dead) answers
@@ -71,6 +71,27 @@ class RenewError(LeaseError):
         super().__init__("; ".join(not_active.values()))
 
 
+RETRY_ENV = "SHMLOADER_MASTER_RETRY"
+DEFAULT_RETRY_SECONDS = 30.0
+
+
+def default_retry_for() -> float:
+    """``$SHMLOADER_MASTER_RETRY`` seconds, else 30: how long a master may be unreachable
+    before calls give up. An environment variable, so that it reaches the reader processes
+    and every client a dataset makes (a master restarted from its journal on a slow host may
+    need longer)."""
+    raw = os.environ.get(RETRY_ENV, "").strip()
+    if not raw:
+        return DEFAULT_RETRY_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ConfigError(f"${RETRY_ENV} must be a number of seconds >= 0, got {raw!r}")
+    return seconds
+
+
 class MasterClient:
     """Talks to a master at ``address`` (``host:port``); see the module docstring.
 
@@ -84,8 +105,10 @@ class MasterClient:
         token: str | None = None,
         root_certificates: bytes | None = None,
         timeout: float = 10.0,
-        retry_for: float = 30.0,
+        retry_for: float | None = None,
     ) -> None:
+        if retry_for is None:
+            retry_for = default_retry_for()
         if not isinstance(address, str) or not address:
             raise ConfigError(f"address must be 'host:port', got {address!r}")
         if not timeout > 0 or not retry_for >= 0:
@@ -108,6 +131,16 @@ class MasterClient:
         self._infos: dict[str, ConsumerInfo] = {}
         self._heartbeats: dict[str, tuple[threading.Thread, threading.Event]] = {}
         self._closing = threading.Event()
+        # Set by stop_retrying (and close): backoff waits end at once.
+        self._hurry = threading.Event()
+        # When a call last gave up on an unreachable master (None after any answer).
+        self.gave_up_at: float | None = None
+
+    def stop_retrying(self) -> None:
+        """From now on try each call once: for a caller that knows the master is gone (a
+        call already gave up on it) and must not wait ``retry_for`` again per call, as
+        a dataset closing after losing its master. Calls waiting to retry give up now."""
+        self._hurry.set()
 
     # ------------------------------------------------------------------ consumers
 
@@ -236,8 +269,8 @@ class MasterClient:
             try:
                 self.heartbeat(consumer)
             except MasterError as exc:
-                if self._closing.is_set() or stop.is_set():
-                    return
+                if self._closing.is_set() or stop.is_set() or self._hurry.is_set():
+                    return  # closing, or the caller knows the master is gone
                 log.warning("heartbeat of consumer %r failed (will retry): %s", consumer, exc)
 
     def _stop_heartbeat(self, consumer: str) -> None:
@@ -253,6 +286,7 @@ class MasterClient:
         if self._closing.is_set():
             return
         self._closing.set()
+        self._hurry.set()
         with self._lock:
             beats = list(self._heartbeats.values())
             self._heartbeats.clear()
@@ -310,24 +344,29 @@ class MasterClient:
         """Call until an answer, retrying UNAVAILABLE (and DEADLINE_EXCEEDED when
         ``idempotent``) with exponential backoff for up to ``retry_for`` seconds."""
         stub: Callable[..., Any] = getattr(self._stub, method)
-        give_up = time.monotonic() + self.retry_for
+        give_up = time.monotonic() + (0.0 if self._hurry.is_set() else self.retry_for)
         delay = _FIRST_BACKOFF
         while True:
             self._check_usable()
             try:
-                return stub(request, timeout=self.timeout, metadata=self._metadata)
+                reply = stub(request, timeout=self.timeout, metadata=self._metadata)
             except grpc.RpcError as exc:
                 code = _code(exc)
                 again = code == grpc.StatusCode.UNAVAILABLE or (
                     idempotent and code == grpc.StatusCode.DEADLINE_EXCEEDED
                 )
-                if not again or time.monotonic() + delay > give_up:
+                if not again:
+                    raise
+                if time.monotonic() + delay > give_up or self._hurry.wait(delay):
+                    self._check_usable()
+                    self.gave_up_at = time.monotonic()
                     raise
             except ValueError as exc:  # grpc: "Cannot invoke RPC on closed channel!"
                 self._check_usable()
                 raise MasterError(f"{method} to the master at {self.address}: {exc}") from exc
-            if self._closing.wait(delay):
-                self._check_usable()
+            else:
+                self.gave_up_at = None
+                return reply
             delay = min(delay * 2, _MAX_BACKOFF)
 
     def _check_usable(self) -> None:

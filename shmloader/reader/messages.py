@@ -67,4 +67,13 @@ class Finished:
     """The master has no more work ever (all epochs done); the reader exits."""
 
 
-Message = Started | Sealing | Ready | Failed | Finished
+@dataclass(frozen=True)
+class MasterLost:
+    """A call to the master failed for good (unreachable for ``retry_for``, or refused): the
+    reader exits rather than print a traceback and be restarted into the same wall. The
+    trainer raises ``error`` from the sampler, and does not restart the reader."""
+
+    error: str
+
+
+Message = Started | Sealing | Ready | Failed | Finished | MasterLost

@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ..errors import ShmloaderError
-from .messages import Failed, Finished, Message, Ready, Sealing, Started
+from .messages import Failed, Finished, MasterLost, Message, Ready, Sealing, Started
 from .process import ReaderConfig
 
 STOP_SECONDS = 5.0  # how long readers get to stop on their own before they are killed
@@ -45,6 +45,7 @@ class ReaderInfo:
     sealing: str | None = None  # segment being written for current_lease, not announced yet
     started_at: float | None = None  # time.monotonic() when it began current_lease
     finished: bool = False
+    master_lost: str | None = None  # why it gave up on the master and exited (not restarted)
     exit_codes: list[int] = field(default_factory=list)
 
 
@@ -234,6 +235,8 @@ class ReaderPool:
             info.failures += 1
         elif isinstance(message, Finished):
             info.finished = True
+        elif isinstance(message, MasterLost):
+            info.master_lost = message.error
         self._on_message(info, message)
 
     def _reader_gone(self, index: int) -> None:
@@ -248,7 +251,7 @@ class ReaderPool:
         proc.conn.close()
         info = self.readers[index]
         info.exit_codes.append(code)
-        if self._stopping.is_set() or info.finished:
+        if self._stopping.is_set() or info.finished or info.master_lost is not None:
             return
         if self._on_death is not None:
             self._on_death(info, code)

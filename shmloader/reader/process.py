@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..errors import ConfigError, StoreClosedError
+from ..errors import ConfigError, LeaseError, MasterError, StoreClosedError
 from ..shm.names import new_segment_name
 from ..sources.base import Shard, SkippedRecord, Source
 from .heap import keep_freed_memory
-from .messages import Failed, Finished, Ready, Sealing, Started, task_key
+from .messages import Failed, Finished, MasterLost, Ready, Sealing, Started, task_key
 
 PR_SET_PDEATHSIG = 1
 AHEAD_POLL = 0.005  # seconds between looks while the trainer holds enough ready tasks
@@ -178,6 +178,10 @@ class Reader:
                         self._queue.append(lease)
         except StoreClosedError:
             return  # the trainer is closing the dataset
+        except LeaseError:
+            raise
+        except MasterError as exc:  # the trainer says so once; a traceback per reader would not
+            self.conn.send(MasterLost(str(exc)))
         finally:
             self._renewer.close()
             self.client.close()
