@@ -57,7 +57,9 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
                 raise ConfigError(f"{p}: no such file")
             if info.type == pafs.FileType.Directory:
                 raise ConfigError(f"{p} is a directory; give a file, a list or a glob like {p}/*")
-            out.append(p)
+            # Absolute and normalised, as globs give them: one file named two ways
+            # ("a.tfrecord", "./a.tfrecord", its absolute path) is planned once, not twice.
+            out.append(p if _is_uri(p) else inner)
             continue
         matched = _glob_one(p)
         if not matched:

@@ -396,3 +396,13 @@ def test_views_keep_errors_and_skips_exact(files: list[tuple[str, list[int]]]) -
     assert result.batch.column("y").to_pylist() == [y for y in labels if y % 5]
     with pytest.raises(ConfigError, match="views=True needs decode"):
         RecordFileSource(path, views=True)
+
+
+def test_one_file_named_several_ways_is_planned_once(tmp_path, monkeypatch):
+    """Relative, ``./``-prefixed, absolute and globbed names of one file are one shard: as
+    two, every record would be delivered twice per epoch."""
+    write_records(str(tmp_path / "a.tfrecord"), [b"x"] * 5)
+    monkeypatch.chdir(tmp_path)
+    names = ["a.tfrecord", "./a.tfrecord", str(tmp_path / "a.tfrecord"), "*.tfrecord"]
+    shards = RecordFileSource(names).plan()
+    assert [(s.path, s.num_records) for s in shards] == [(str(tmp_path / "a.tfrecord"), 5)]

@@ -215,7 +215,9 @@ def hf_data_files(folder: str) -> list[str]:
     for name in names:
         if "/" in name or name in ("", ".", ".."):
             raise DataError(f"data file name {name!r} points outside the folder", path=state_path)
-        path = f"{base}/{name}"
+        # Local paths absolute and normalised, as expand_paths gives them (one file, one name).
+        local = isinstance(fs, pafs.LocalFileSystem)
+        path = f"{inner}/{name}" if local else f"{base}/{name}"
         if fs.get_file_info(f"{inner}/{name}").type != pafs.FileType.File:
             raise DataError(f"lists {name}, which does not exist", path=state_path)
         files.append(path)
