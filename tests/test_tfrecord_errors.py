@@ -173,6 +173,29 @@ def test_corrupt_gzip_and_trailing_zlib_data(tmp_path: Path) -> None:
         list(read_records(zz))
 
 
+def test_gzip_damage_is_located(tmp_path: Path) -> None:
+    """zlib says neither where in the compressed chunk it failed nor what came out before:
+    the error must name the place (a second member whose start is damaged), and a checksum
+    mismatch must say that the damage cannot be placed."""
+    frames = [encode_frame(bytes(range(256)) * 8) for _ in range(50)]
+    first = gzip.compress(b"".join(frames))
+    second = bytearray(gzip.compress(b"".join(frames)))
+    second[12] ^= 0xFF  # the deflate data of the second member, right after its header
+    path = tmp_path / "two.tfrecord.gz"
+    path.write_bytes(first + bytes(second))
+    with pytest.raises(CorruptRecordError) as info:
+        list(read_records(path))
+    message = str(info.value)
+    lo, hi = (int(x) for x in message.split("compressed bytes ")[1].split(";")[0].split(".."))
+    assert lo <= len(first) + 12 < hi and hi - lo <= 4096, message
+    assert f"{sum(map(len, frames))} bytes inflated before it" in message
+    flipped = bytearray(first)
+    flipped[-6] ^= 0xFF  # the member's CRC32
+    path.write_bytes(bytes(flipped))
+    with pytest.raises(CorruptRecordError, match="checksum cannot say which"):
+        list(read_records(path))
+
+
 # --- decode_frames (journal semantics) -------------------------------------------------
 
 FRAMES = [encode_frame(p) for p in (b"alpha", b"", b"gamma" * 50)]

@@ -197,12 +197,7 @@ class InflateSource(ByteSource):
             try:
                 out = self._inflater.decompress(self._input, n - got)
             except zlib.error as exc:
-                raise CorruptRecordError(
-                    f"cannot inflate {self._compression} data near compressed byte "
-                    f"{self._raw_read - len(self._input)}: {exc}",
-                    path=self._path,
-                    offset=self.position + got,
-                ) from exc
+                raise self._damage(exc) from exc
             d = self._inflater
             self._input = d.unused_data if d.eof else d.unconsumed_tail
             if out:
@@ -211,8 +206,56 @@ class InflateSource(ByteSource):
         self.position += got
         return b"".join(parts)
 
+    def _damage(self, exc: zlib.error) -> CorruptRecordError:
+        """The error for a stream zlib refused, located by inflating it again from the start
+        in small steps: the chunk that failed here is up to a MiB of compressed data, and
+        zlib says neither where in it nor how much came out before."""
+        lo, hi, good = locate_damage(self._path, self._wbits)
+        unit = "gzip member" if self._compression == "gzip" else "zlib stream"
+        if "incorrect data check" in str(exc):
+            where = (
+                f"the checksum at the end of the {unit} (compressed bytes {lo}..{hi}) does "
+                f"not match its data: some byte of the {unit} is damaged, and the checksum "
+                "cannot say which"
+            )
+        else:
+            where = f"the damage is at or before compressed bytes {lo}..{hi}"
+        return CorruptRecordError(
+            f"cannot inflate {self._compression} data ({exc}): {where}; {good} bytes "
+            "inflated before it",
+            path=self._path,
+            offset=good,
+        )
+
     def close(self) -> None:
         self._raw.close()
+
+
+_LOCATE_STEP = 4096
+
+
+def locate_damage(path: str, wbits: int) -> tuple[int, int, int]:
+    """Where inflating ``path`` fails: the compressed range (``_LOCATE_STEP`` bytes) of the
+    failing call, and how many bytes were inflated before it."""
+    inflater = zlib.decompressobj(wbits)
+    consumed = good = 0
+    with _fs.open_stream(path) as raw:
+        pending = b""
+        while True:
+            if inflater.eof and pending:
+                inflater = zlib.decompressobj(wbits)  # next gzip member
+            if not pending:
+                pending = bytes(raw.read(_LOCATE_STEP))
+                if not pending:
+                    return consumed, consumed, good
+            step = pending[:_LOCATE_STEP]
+            try:
+                good += len(inflater.decompress(step))
+            except zlib.error:
+                return consumed, consumed + len(step), good
+            used = len(step) - len(inflater.unused_data if inflater.eof else b"")
+            consumed += used
+            pending = pending[used:] if inflater.eof else pending[len(step) :]
 
 
 def open_source(
