@@ -228,6 +228,23 @@ def test_skipping_builder_drops_only_bad_records_and_says_why() -> None:
     np.testing.assert_array_equal(column_to_numpy(batch.column("x"))[:, 0], [0, 2, 5])
 
 
+def test_a_str_without_utf8_form_is_one_bad_record() -> None:
+    """A lone surrogate (json.loads gives one for "\\ud800") cannot be stored as UTF-8: the
+    error names the record and column, or only that record is skipped."""
+    builder = BatchBuilder(pa.schema([("i", pa.int64()), ("s", pa.string())]))
+    records: list[Any] = [{"i": i, "s": f"r{i}"} for i in range(5)]
+    records[3] = {"i": 3, "s": "a\ud800"}
+    with pytest.raises(DecodeError, match=r"column 's'.*surrogates not allowed") as info:
+        builder.from_records(records)
+    assert info.value.index == 3
+    batch, bad = builder.from_records_skipping(records)
+    assert list(bad) == [3] and "column 's'" in bad[3].reason
+    assert batch.column("i").to_pylist() == [0, 1, 2, 4]
+    with pytest.raises(DecodeError, match="column 's'") as info:
+        builder.from_columns({"i": np.arange(5), "s": [r["s"] for r in records]}, 5)
+    assert info.value.index == 3
+
+
 def test_batched_output_errors() -> None:
     builder = BatchBuilder(pa.schema([("x", tensor_type(np.float32, (3,))), ("y", pa.int64())]))
     y = np.arange(4)

@@ -107,6 +107,25 @@ def test_bad_rows_are_named_and_skipped(tmp_path: Path) -> None:
     assert result.batch.column("id").to_pylist() == [i for i in range(40) if i not in (13, 20, 30)]
 
 
+def test_a_row_that_is_not_utf8_is_named_or_skipped(tmp_path: Path) -> None:
+    """pyarrow.csv checks UTF-8 when converting to string (a column inferred as binary for
+    such bytes is pinned to string), so the bad row is isolated like any other."""
+    p = tmp_path / "bad.csv"
+    lines = [b"id,name"] + [f"{i},r{i} \u00e9".encode() for i in range(10)]
+    lines[1 + 4] = b"4,\xff\xfe"
+    p.write_bytes(b"\n".join(lines) + b"\n")
+    offset = sum(len(line) + 1 for line in lines[:5])
+    src = CSVSource(str(p))
+    shard = src.plan()[0]
+    with pytest.raises(DecodeError, match="invalid UTF8") as info:
+        src.read(shard, 0, 10)
+    assert (info.value.path, info.value.index, info.value.offset) == (str(p), 4, offset)
+    result = CSVSource(str(p), on_error="skip").read_result(shard, 0, 10)
+    assert [(s.index, s.offset) for s in result.skipped] == [(4, offset)]
+    assert result.batch.column("id").to_pylist() == [i for i in range(10) if i != 4]
+    result.batch.validate(full=True)
+
+
 def test_decode_sees_typed_rows_and_fills_defaults(tmp_path: Path) -> None:
     p = tmp_path / "d.csv"
     p.write_text("id,score\n1,0.5\n2,\n3,7\n", encoding="utf-8")

@@ -134,11 +134,17 @@ def test_glob_skips_sidecar_indexes_and_plans_files_in_order(tmp_path: Path) -> 
     ]
 
 
-def _bad_file(tmp_path: Path) -> tuple[Path, int]:
+def _bad_file(
+    tmp_path: Path, bad: bytes = b'{"id": 4, "x": [1, 2, 3], "name": "r4",'
+) -> tuple[Path, int]:
+    """Ten records, the fifth (index 4) replaced by ``bad`` (by default a line cut short).
+
+    Written as UTF-8, not ``\\u`` escapes, so the fast path's UTF-8 check has text to check.
+    """
     p = tmp_path / "bad.jsonl"
-    lines = [json.dumps(record(i)) for i in range(10)]
-    lines[4] = '{"id": 4, "x": [1, 2, 3], "name": "r4",'  # cut short
-    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    lines = [json.dumps(record(i), ensure_ascii=False).encode() for i in range(10)]
+    lines[4] = bad
+    p.write_bytes(b"\n".join(lines) + b"\n")
     offset = sum(len(line) + 1 for line in lines[:4])
     return p, offset
 
@@ -161,6 +167,42 @@ def test_skip_mode_counts_each_bad_record(tmp_path: Path) -> None:
     result = src.read_result(src.plan()[0], 0, 10)
     assert [r["id"] for r in result.batch.to_pylist()] == [0, 1, 2, 3, 5, 6, 7, 8, 9]
     assert [(s.index, s.offset) for s in result.skipped] == [(4, offset)]
+
+
+_TAIL = b', "x": [1, 2, 3], "ok": true}'
+_NOT_TEXT: dict[str, tuple[bytes, list[str] | None, str]] = {
+    # the line: bytes json.loads refuses; surrogates (UTF-8-encoded or escaped) parse to a
+    # str that has no UTF-8 form, which the column refuses
+    "invalid UTF-8 in a value": (b'{"id": 4, "name": "\xff\xfe"' + _TAIL, None, "invalid JSON"),
+    "an encoded surrogate": (b'{"id": 4, "name": "\xed\xa0\x80"' + _TAIL, None, "column 'name'"),
+    "an escaped surrogate": (b'{"id": 4, "name": "\\ud800"' + _TAIL, None, "column 'name'"),
+    "invalid UTF-8 in a key left out": (
+        b'{"id": 4, "name": "r4", "\xff": 1}',
+        ["id", "name"],
+        "invalid JSON",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_NOT_TEXT))
+def test_a_line_that_is_not_utf8_text_is_named_or_skipped(tmp_path: Path, case: str) -> None:
+    """The pyarrow.json fast path copies string bytes unchecked; such a range must take the
+    json.loads path, which names (or skips) just that line and keeps the others."""
+    bad, columns, needle = _NOT_TEXT[case]
+    p, offset = _bad_file(tmp_path, bad)
+    src = JSONLSource(str(p), columns=columns)
+    shard = src.plan()[0]
+    with pytest.raises(DecodeError) as info:
+        src.read(shard, 0, 10)
+    err = info.value
+    assert (err.path, err.index, err.offset) == (str(p), 4, offset)
+    assert needle in err.reason and "'utf-8' codec" in err.reason
+    result = JSONLSource(str(p), columns=columns, on_error="skip").read_result(shard, 0, 10)
+    assert [(s.path, s.index, s.offset) for s in result.skipped] == [(str(p), 4, offset)]
+    good = [i for i in range(10) if i != 4]
+    assert result.batch.column("id").to_pylist() == good
+    assert result.batch.column("name").to_pylist() == [record(i)["name"] for i in good]
+    result.batch.validate(full=True)
 
 
 def test_values_that_do_not_fit_the_schema(tmp_path: Path) -> None:

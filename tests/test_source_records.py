@@ -60,6 +60,17 @@ def var_decode(p: bytes) -> Mapping[str, Any]:
     return {"tok": np.arange(y % 4, dtype=np.int32), "name": f"r{y}", "raw": p[:2]}
 
 
+def named_decode(p: bytes) -> Mapping[str, Any]:
+    """Labels divisible by 7 get a name with a lone surrogate, which has no UTF-8 form."""
+    y = int(np.frombuffer(p, np.int64, 1, DIM * 4)[0])
+    return {"y": y, "name": f"r{y}\ud800" if y % 7 == 0 else f"r{y}"}
+
+
+def named_decode_batch(ps: list[bytes]) -> Mapping[str, Any]:
+    rows = [named_decode(p) for p in ps]
+    return {"y": np.array([r["y"] for r in rows]), "name": [r["name"] for r in rows]}
+
+
 @pytest.fixture
 def files(tmp_path: Path) -> list[tuple[str, list[int]]]:
     """Three files (one empty), listed out of order on purpose; labels are global."""
@@ -238,6 +249,27 @@ def test_skip_with_decode_batch_isolates_bad_records(files: list[tuple[str, list
     assert result.batch.column("y").to_pylist() == [y for y in window if y % 5]
     clean = source.read_result(shard, 1, 5)  # labels 101..104: nothing to skip
     assert clean.skipped == () and clean.batch.num_rows == 4
+
+
+@pytest.mark.parametrize("mode", ["decode", "decode_batch"])
+def test_a_str_without_utf8_form_is_named_or_skipped_alone(
+    files: list[tuple[str, list[int]]], mode: str
+) -> None:
+    path, labels = files[0]  # labels 100..149: 105, 112, ... (records 5, 12, ...) are bad
+    offsets = RecordFile(path).offsets
+    fn = {"decode": named_decode, "decode_batch": named_decode_batch}[mode]
+    source = RecordFileSource(path, **{mode: fn})
+    shard = source.plan()[0]
+    with pytest.raises(DecodeError) as info:
+        source.read(shard, 1, 20)
+    err = info.value
+    assert (err.path, err.index, err.offset) == (path, 5, int(offsets[5]))
+    assert "column 'name'" in err.reason and "surrogates not allowed" in err.reason
+    result = RecordFileSource(path, on_error="skip", **{mode: fn}).read_result(shard, 0, 50)
+    bad = [i for i, y in enumerate(labels) if y % 7 == 0]
+    assert [(s.index, s.offset) for s in result.skipped] == [(i, int(offsets[i])) for i in bad]
+    assert all("column 'name'" in s.error for s in result.skipped)
+    assert result.batch.column("y").to_pylist() == [y for y in labels if y % 7]
 
 
 def test_corrupt_framing_is_raised_or_skipped(tmp_path: Path) -> None:

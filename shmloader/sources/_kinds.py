@@ -286,11 +286,23 @@ class BytesKind(Kind):
         for v in vals:
             if type(v) is not t:
                 return None
-        return self.build(vals)
+        try:
+            return self.build(vals)
+        except UnicodeEncodeError:
+            # A str with a lone surrogate (json.loads accepts "\ud800") has no UTF-8 form;
+            # normalize() finds which record, so the error names it (or skips only it).
+            return None
 
     def normalize(self, name: str, value: Any) -> Any:
         if self.py_type is str:
             if isinstance(value, str):
+                try:
+                    value.encode("utf-8")  # paid only where fast() declined the column
+                except UnicodeEncodeError as exc:
+                    raise DecodeError(
+                        f"column {name!r}: a str that has no UTF-8 form, which string "
+                        f"columns store ({exc})"
+                    ) from exc
                 return str(value)
             if isinstance(value, (bytes, bytearray, memoryview)):
                 raise _mismatch(name, "str", value, "decode it, or declare a binary column")
