@@ -68,8 +68,12 @@ def _field(number: int, payload: bytes) -> bytes:
 
 
 def _example_with_feature(name: str, feature: bytes) -> bytes:
-    entry = _field(1, name.encode()) + _field(2, feature)
-    return _field(1, _field(1, entry))
+    return _example_with_features({name: feature})
+
+
+def _example_with_features(features: dict[str, bytes]) -> bytes:
+    entries = (_field(1, _field(1, name.encode()) + _field(2, f)) for name, f in features.items())
+    return _field(1, b"".join(entries))
 
 
 def _unpacked_floats(values: list[float]) -> bytes:
@@ -78,6 +82,19 @@ def _unpacked_floats(values: list[float]) -> bytes:
 
 def _unpacked_ints(values: list[int]) -> bytes:
     return b"".join(b"\x08" + _varint(v) for v in values)
+
+
+def _mixed_list(kind: str, segments: list[tuple[bool, list[Any]]]) -> bytes:
+    """A list body of packed runs (True) and unpacked values (False), in the given order."""
+    parts = []
+    for packed, values in segments:
+        if kind == "float32":
+            run = struct.pack(f"<{len(values)}f", *values)
+            parts.append(_field(1, run) if packed else _unpacked_floats(values))
+        else:
+            run = b"".join(_varint(v) for v in values)
+            parts.append(_field(1, run) if packed else _unpacked_ints(values))
+    return b"".join(parts)
 
 
 # --- Round trips ---
@@ -158,20 +175,77 @@ def test_defaults_broadcast_and_are_not_shared_between_records() -> None:
     assert decoder(encode_example({"other": 1}))["v"][0] == 0.5
 
 
-def test_unpacked_and_mixed_encodings_decode_exactly() -> None:
+def test_unpacked_encodings_decode_exactly() -> None:
     """Unpacked repeated numbers are legal protobuf; the fast path must notice them."""
     floats = _example_with_feature("f", _field(2, _unpacked_floats([1.5, 2.5])))
     ints = _example_with_feature("i", _field(3, _unpacked_ints([3, -4, 300])))
-    packed_plus_one = _field(1, struct.pack("<2f", 1.0, 2.0)) + _unpacked_floats([3.0])
-    mixed = _example_with_feature("f", _field(2, packed_plus_one))
-    spec = {"f": VarLenFeature("float32")}
-    (a, c), _ = _both([floats, mixed], spec)
+    (a,), _ = _both([floats], {"f": VarLenFeature("float32")})
     np.testing.assert_array_equal(a["f"], [1.5, 2.5])
-    np.testing.assert_array_equal(c["f"], [1.0, 2.0, 3.0])
     (b,), _ = _both([ints], {"i": FixedLenFeature(3, "int64")})
     np.testing.assert_array_equal(b["i"], [3, -4, 300])
-    with pytest.raises(DecodeError, match=r"expected 2 float32 values .*found 3 float32 values"):
-        ExampleBatchDecoder({"f": FixedLenFeature(2, "float32")})([mixed])
+
+
+def _check_against_protobuf(payloads: list[bytes], spec: dict[str, Any]) -> None:
+    """Both decoders give exactly the values of protobuf's own full parse, in its order."""
+    singles, _ = _both(payloads, spec)
+    for payload, single in zip(payloads, singles, strict=True):
+        parsed = our_pb.Example.FromString(payload).features.feature
+        for name, feature in spec.items():
+            kind = "float_list" if feature.dtype == "float32" else "int64_list"
+            expected = np.array(getattr(parsed[name], kind).value, feature.dtype)
+            np.testing.assert_array_equal(np.reshape(single[name], -1), expected)
+
+
+def test_packed_and_unpacked_values_keep_wire_order() -> None:
+    """Protobuf concatenates packed runs and unpacked values in wire order; so must we."""
+    ints = _mixed_list("int64", [(True, [1, 2]), (False, [3]), (True, [4]), (False, [-5, 6])])
+    floats = _mixed_list("float32", [(True, [0.5]), (False, [2.0]), (True, [3.0, 4.0])])
+    unknown = _varint(2 << 3) + _varint(9)  # an unknown varint field 2 inside the list
+    late = _mixed_list("int64", [(False, [7]), (True, [8, 9])]) + unknown
+    payload = _example_with_features(
+        {"i": _field(3, ints), "f": _field(2, floats), "l": _field(3, late), "s": _field(1, b"")}
+    )
+    spec = {"i": VarLenFeature("int64"), "f": FixedLenFeature(4, "float32")}
+    spec["l"] = VarLenFeature("int64")
+    plain = encode_example({"i": [0], "f": [0.0] * 4, "l": [1, 2]})
+    (_, single, _), _ = _both([plain, payload, plain], {**spec, "s": VarLenFeature("bytes")})
+    np.testing.assert_array_equal(single["i"], [1, 2, 3, 4, -5, 6])
+    np.testing.assert_array_equal(single["f"], [0.5, 2.0, 3.0, 4.0])
+    np.testing.assert_array_equal(single["l"], [7, 8, 9])
+    _check_against_protobuf([payload], spec)
+    with pytest.raises(DecodeError, match=r"expected 3 float32 values .*found 4"):
+        ExampleBatchDecoder({"f": FixedLenFeature(3, "float32")})([payload])
+
+
+def _segments(values: Any) -> Any:
+    return st.lists(st.tuples(st.booleans(), st.lists(values, max_size=4)), max_size=6)
+
+
+_INT_SEGMENTS = _segments(st.integers(int(I64.min), int(I64.max)))
+_FLOAT_SEGMENTS = _segments(st.floats(width=32, allow_nan=False))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(_INT_SEGMENTS, _FLOAT_SEGMENTS), min_size=1, max_size=4))
+def test_property_any_mix_of_encodings_matches_protobuf(rows: Any) -> None:
+    payloads = [
+        _example_with_features(
+            {"i": _field(3, _mixed_list("int64", i)), "f": _field(2, _mixed_list("float32", f))}
+        )
+        for i, f in rows
+    ]
+    _check_against_protobuf(payloads, {"i": VarLenFeature("int64"), "f": VarLenFeature("float32")})
+
+
+def test_unpacked_record_that_is_no_valid_example_is_a_decode_error() -> None:
+    # The unpacked value sends the record to the full parse, which rejects the cut varint.
+    payload = _example_with_feature("i", _field(3, _field(1, b"\x81") + _unpacked_ints([1])))
+    message = r"not a tf.train.Example \(parsed in full: 'i' is not plain packed\): Error parsing"
+    with pytest.raises(DecodeError, match=message) as info:
+        ExampleBatchDecoder({"i": VarLenFeature("int64")})([encode_example({"i": [1]}), payload])
+    assert info.value.index == 1
+    with pytest.raises(DecodeError, match=message):
+        decode_example(payload, {"i": VarLenFeature("int64")})
 
 
 def test_feature_with_no_list_set_reads_as_empty() -> None:

@@ -5,8 +5,9 @@ most of the cost of decoding an Example. Parsed as ``RawExample`` (see example.p
 packed float or int64 list arrives as bytes: floats are then one ``np.frombuffer`` and int64s
 one vectorised varint decode, for a single record or for a whole batch joined together.
 
-Everything here falls back to the exact ``FloatList``/``Int64List`` parse when the bytes are
-not the plain packed form, so the result never depends on which path was taken.
+A list that is not only packed runs (values written unpacked, legal but written by no
+TensorFlow writer) raises :class:`NotPacked`; the caller then parses the whole payload again
+through :func:`repacked`, so the result never depends on the encoding.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from google.protobuf.message import DecodeError as ProtoDecodeError
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from .._proto import example_pb2 as pb
@@ -30,11 +30,15 @@ class MalformedList(ValueError):
     """A numeric list whose bytes are not valid protobuf; the caller names the feature."""
 
 
+class NotPacked(Exception):
+    """A numeric list holds values written unpacked: the raw view cannot order them."""
+
+
 def packed_bytes(plist: pb.PackedList) -> bytes | None:
     """The concatenated packed values, or None when some values are not in packed form.
 
     Values written unpacked do not fit the ``bytes`` field of the raw view, so protobuf keeps
-    them as unknown fields of the list; any unknown field means "use the exact parse".
+    them as unknown fields of the list; any unknown field means "parse it repacked".
     (Checking ``ByteSize()`` instead would serialize the list again: O(n) and 4x slower.)
     """
     if len(UnknownFieldSet(plist)):
@@ -43,14 +47,19 @@ def packed_bytes(plist: pb.PackedList) -> bytes | None:
     return runs[0] if len(runs) == 1 else b"".join(runs)
 
 
-def exact_values(plist: pb.PackedList, kind: str) -> np.ndarray:
-    """Reparse a PackedList as the real FloatList/Int64List (handles every legal encoding)."""
-    cls = pb.FloatList if kind == "float32" else pb.Int64List
-    try:
-        values = cls.FromString(plist.SerializeToString()).value
-    except ProtoDecodeError as exc:
-        raise MalformedList(f"malformed {kind} list: {exc}") from exc
-    return np.array(values, dtype=np.float32 if kind == "float32" else np.int64)
+def repacked(payload: bytes) -> bytes:
+    """The payload re-encoded with every numeric list as packed runs only, in wire order.
+
+    The raw view keeps a list's packed runs apart from its unpacked values (those become
+    unknown fields), so the order between the two is lost there. The full ``Example`` parse
+    concatenates them in wire order, as protobuf requires; serializing it again writes each
+    list as one packed run, which the raw view reads in the usual way. Unknown fields are
+    dropped first: none holds a value, and left in a list they would look unpacked again.
+    Raises protobuf's DecodeError when the payload is not a valid Example.
+    """
+    example = pb.Example.FromString(payload)
+    example.DiscardUnknownFields()
+    return example.SerializeToString()
 
 
 def floats_from_bytes(data: bytes | bytearray) -> np.ndarray:
@@ -114,10 +123,13 @@ def int64s_from_bytes(data: bytes, ends: np.ndarray | None = None) -> np.ndarray
 
 
 def values_of(plist: pb.PackedList, kind: str) -> np.ndarray:
-    """All values of one numeric list as a fresh (writable) 1-D array."""
+    """All values of one numeric list as a fresh (writable) 1-D array.
+
+    Raises NotPacked when the list is not only packed runs (see :func:`repacked`).
+    """
     data = packed_bytes(plist)
     if data is None:
-        return exact_values(plist, kind)
+        raise NotPacked
     if kind == "float32":
         return floats_from_bytes(data)
     return int64s_from_bytes(data)

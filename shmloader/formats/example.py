@@ -55,13 +55,17 @@ def _error(col: Column, found: str, index: int | None) -> DecodeError:
     )
 
 
-def _parse(payload: Payload, index: int | None) -> Any:
+def _parse(payload: Payload, index: int | None, unpacked: str | None = None) -> Any:
+    """The raw view's feature map, repacked when feature ``unpacked`` is not all packed."""
     try:
         # The C runtime parses any buffer (tfrecord readers hand out memoryviews).
-        return pb.RawExample.FromString(cast(bytes, payload)).features.feature
+        data = payload if unpacked is None else wire.repacked(cast(bytes, payload))
+        return pb.RawExample.FromString(cast(bytes, data)).features.feature
     except ProtoDecodeError as exc:
+        # The full parse also checks bytes the raw view takes as they are: say why it ran.
+        why = "" if unpacked is None else f" (parsed in full: {unpacked!r} is not plain packed)"
         raise DecodeError(
-            f"payload of {len(payload)} bytes is not a tf.train.Example: {exc}", index=index
+            f"payload of {len(payload)} bytes is not a tf.train.Example{why}: {exc}", index=index
         ) from exc
 
 
@@ -82,6 +86,8 @@ def _raw_values(col: Column, feat: Any, kind: str, index: int | None) -> Any:
         return wire.values_of(getattr(feat, _ONEOF[kind]), kind)
     except wire.MalformedList as exc:
         raise DecodeError(f"feature {col.name!r}: {exc}", index=index) from exc
+    except wire.NotPacked:
+        raise wire.NotPacked(col.name) from None  # the caller reparses, naming the feature
 
 
 def _shaped(col: Column, values: Any) -> Any:
@@ -192,6 +198,12 @@ class ExampleDecoder(_DecoderBase):
         fmap = _parse(payload, None)
         if self.strict:
             _check_strict(fmap, self._names, None)
+        try:
+            return self._decode(fmap)
+        except wire.NotPacked as exc:  # values written unpacked: rare, so parsing twice is fine
+            return self._decode(_parse(payload, None, unpacked=exc.args[0]))
+
+    def _decode(self, fmap: Any) -> dict[str, object]:
         return {c.name: _column_value(c, fmap.get(c.name)) for c in self.columns}
 
 
@@ -208,17 +220,29 @@ class ExampleBatchDecoder(_DecoderBase):
         if self.strict:
             for i, fmap in enumerate(fmaps):
                 _check_strict(fmap, self._names, i)
-        return {c.name: _decode_column(c, fmaps) for c in self.columns}
+        return {c.name: _decode_column(c, fmaps, payloads) for c in self.columns}
 
 
-def _decode_column(col: Column, fmaps: list[Any]) -> object:
+def _general_value(col: Column, fmaps: list[Any], payloads: Sequence[Payload], i: int) -> Any:
+    """Record ``i``'s value by the exact, general path, reparsing it repacked if need be.
+
+    The repacked map replaces the record's raw one, so later columns find plain packed runs.
+    """
+    try:
+        return _column_value(col, fmaps[i].get(col.name), i)
+    except wire.NotPacked:
+        fmaps[i] = _parse(payloads[i], i, unpacked=col.name)
+    return _column_value(col, fmaps[i].get(col.name), i)
+
+
+def _decode_column(col: Column, fmaps: list[Any], payloads: Sequence[Payload]) -> object:
     if col.kind == "bytes":
-        return [_column_value(col, fmap.get(col.name), i) for i, fmap in enumerate(fmaps)]
+        return [_general_value(col, fmaps, payloads, i) for i in range(len(fmaps))]
     # Records in plain packed form are joined and decoded in one go; the rest (absent,
     # unpacked, wrong kind or length) take the exact path, which also raises the errors.
     nbytes = 4 * col.size if col.kind == "float32" and col.shape is not None else None
     runs, rows, rest = wire.gather_packed(fmaps, col.name, _ONEOF[col.kind], nbytes)
-    other = {i: _column_value(col, fmaps[i].get(col.name), i) for i in rest}
+    other = {i: _general_value(col, fmaps, payloads, i) for i in rest}
     values, counts = _decode_runs(col, runs, rows)
     if col.shape is None:
         return _split_varlen(values, counts, rows, other, len(fmaps))
