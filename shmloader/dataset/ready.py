@@ -19,6 +19,7 @@ from ..errors import ShmloaderError, ShmSpaceError
 log = logging.getLogger(__name__)
 
 STUCK_WARN = 10.0  # seconds starved with nothing ready before the warning below
+BLOCKED_GRACE = 0.1  # seconds to let releases land before rows held are let go (see take)
 DEAD_END_MESSAGE = (
     "shm_budget is full with segments the sampler cannot take yet (readers read ahead into a "
     "later epoch), and the task of epoch {epoch} it waits for (of {seqs}) has no room beside "
@@ -122,8 +123,9 @@ class ReadyTasks:
         (asked then, after ``patience``) says whether those are held by the caller's batcher,
         which waits for more rows to fill a batch: then None is returned, for it to let them go.
         ``blocked()`` (a reader of a task waited for says it has no room) ends the wait for
-        ``patience`` at once. Without ``stuck``, or while it is false, a warning says what is
-        waited for after ``STUCK_WARN`` seconds. ``dead_end()``, asked then too, says that
+        ``patience`` at once, or after ``BLOCKED_GRACE`` when nothing is ready. Without
+        ``stuck``, or while it is false, a warning says what is waited for after ``STUCK_WARN``
+        seconds. ``dead_end()``, asked then too, says that
         nothing handed out is left to consume and still the task waited for has no room (the
         budget holds segments of later epochs, read ahead): that raises ``ShmSpaceError``,
         since no wait can end.
@@ -154,7 +156,11 @@ class ReadyTasks:
                         starved_since = None
                     if not have and hungry:
                         empty_since = empty_since or now
-                        if now - empty_since >= patience and stuck is not None and stuck():
+                        # A reader of a task waited for says it has no room: what stuck() checks
+                        # can be true now, so look after a short grace (for segments consumed
+                        # but not yet released), not the whole patience.
+                        grace = BLOCKED_GRACE if blocked is not None and blocked() else patience
+                        if now - empty_since >= grace and stuck is not None and stuck():
                             return None
                         if now - empty_since >= patience and dead_end is not None and dead_end():
                             raise ShmSpaceError(DEAD_END_MESSAGE.format(epoch=epoch, seqs=wanted))
