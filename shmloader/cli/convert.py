@@ -63,8 +63,8 @@ def register(subparsers: Any) -> None:
             "Write one tf.train.Example per input row into TFRecord shards (with their sidecar "
             "indexes) and print the feature spec that decodes them. Scalars become 1-element "
             "lists, fixed-size arrays and lists are flattened, strings and binaries become "
-            "bytes. Exit status: 0 done, 1 unreadable input, 2 bad arguments or a column an "
-            "Example cannot hold."
+            "bytes. Exit status: 0 done, 1 an input that cannot be read or decoded, 2 bad "
+            "arguments (a missing input among them) or a column an Example cannot hold."
         ),
     )
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="files, URIs or quoted globs")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch.utils.data
@@ -25,6 +25,9 @@ from .ring import RingBatch
 from .runtime import Runtime, RuntimeConfig
 from .sampler import DEFAULT_SHUFFLE_WINDOW, TaskBatchSampler, TaskSampler
 from .worker import Gatherer
+
+if TYPE_CHECKING:
+    from ..stats.stats import Stats
 
 
 def collate(batch: Any) -> Any:
@@ -246,7 +249,12 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             return self.master
         return None if self._runtime is None else str(self._runtime.address)
 
-    def stats(self) -> Any:
+    def stats(self) -> Stats:
+        """A snapshot to tell whether readers keep up and what the job's memory costs.
+
+        It starts the dataset if it has not started; each call asks the master for its
+        progress and reads every process's memory maps (milliseconds per process).
+        """
         from ..stats.stats import collect_stats
 
         return collect_stats(self)

@@ -54,6 +54,36 @@ class ReaderStats:
 
 @dataclass(frozen=True)
 class Stats:
+    """What ``SharedTaskDataset.stats()`` saw at one moment; ``print()`` it for a summary.
+
+    Counts marked "master" are the whole job's (every trainer of a shared master); the others
+    are this trainer's, since it started.
+
+    - ``readers``: one ``ReaderStats`` per reader slot (pid, restarts, tasks, records, bytes,
+      failures, busy seconds, memory); ``processes``: the trainer, its DataLoader workers and
+      readers with their ``Memory`` (None when it could not be measured: it exited, or
+      access was denied).
+    - ``shm_in_use``: bytes of segments in the store now, written or being written;
+      ``shm_budget``: the most it may hold; ``shm_spare``: released segment files kept for
+      readers to write into again (counted in the budget, not in ``shm_in_use``);
+      ``shm_free``: bytes free on the store's filesystem, for every process on the machine.
+    - ``records_consumed``: rows of the tasks this trainer completed (a task counts once all
+      its rows were consumed); ``records_skipped``: records the source left out of those tasks
+      under ``on_error="skip"``.
+    - ``task_failures``: tasks this trainer's readers reported failing (a read or decode error;
+      a reader that dies shows in its ``restarts`` instead).
+    - ``duplicate_tasks``: tasks that arrived twice (a lease lapsed while a reader still read
+      it, and another reader read it again); the second copy was dropped, so no row doubled.
+    - ``epochs_started``, ``epochs_finished`` (master): epochs the master opened and finished.
+      Readers lease ahead, so the master is often one epoch ahead of the loop; a job resumed
+      at epoch e counts the epochs before e as started, not as finished.
+    - ``quarantined_tasks`` (master): tasks that exhausted their retries, summed over epochs.
+    - ``batches_delivered``, ``loop_wait_seconds``: batches the loop received and how long it
+      waited for them, from asking for a batch to receiving it (``shmloader.DataLoader`` only:
+      0 with a plain DataLoader, whose loop the dataset cannot see).
+    - ``notes``: lines added to the printed summary; ``stats()`` leaves it empty.
+    """
+
     readers: list[ReaderStats]
     processes: list[ProcessStats]
     shm_in_use: int
