@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import ShmloaderError
 from ..shm.sizes import parse_size
 from ..sources.factory import source_for_paths
+from ._help import plain
 
 WAITED_TOO_LONG = 0.10  # share of the loop's time spent waiting that calls for more feeding
 
@@ -30,7 +31,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "bench",
         help="measure how fast shmloader feeds a loop from these files",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("sources", nargs="+", metavar="SOURCE", help="files, globs or folders")
@@ -40,13 +41,20 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--readers", type=int, default=2, help="reader processes (default 2)")
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--records-per-task", type=int, default=4096)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--shm-budget", default="1GiB")
+    p.add_argument("--batch-size", type=int, default=256, help="rows per batch (default 256)")
+    p.add_argument(
+        "--records-per-task", type=int, default=4096, help="records per task (default 4096)"
+    )
+    p.add_argument("--epochs", type=int, default=3, help="passes to measure (default 3)")
+    p.add_argument(
+        "--shm-budget", default="1GiB", help="most bytes of segments at once (default 1GiB)"
+    )
     p.add_argument("--views", action="store_true", help="memoryview payloads (record files)")
     p.add_argument(
-        "--step-ms", type=float, default=0.0, help="the training step per batch, in ms (slept)"
+        "--step-ms",
+        type=float,
+        default=0.0,
+        help="the training step per batch, in ms, slept (default 0)",
     )
     p.add_argument("--json", action="store_true", help="the figures as JSON")
     p.set_defaults(func=run)

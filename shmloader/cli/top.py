@@ -22,6 +22,7 @@ from ..master.progress import Progress
 from ..shm.reap import ReapReport, reap_stale
 from ..shm.sizes import format_size
 from ..shm.space import BASE_DIR_ENV
+from ._help import plain
 from ._progress_text import counter_line, epoch_lines
 from .master import TOKEN_ENV, token_from
 
@@ -47,7 +48,10 @@ def register(subparsers: Any) -> None:
 def _parser(subparsers: Any, name: str, help: str) -> argparse.ArgumentParser:
     """A sub-command's parser with the options both commands share."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        name, help=help, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        name,
+        help=help,
+        description=plain(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("master", metavar="HOST:PORT", help="the master's address")
     parser.add_argument("--token", default=None, help=f"bearer token (default: ${TOKEN_ENV})")
