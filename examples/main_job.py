@@ -1,7 +1,8 @@
 """The main job: generate a dataset, train a small model on it with shmloader, report.
 
 Everything runs on one machine: an embedded master (a thread), reader processes that decode
-record files into shared memory, and a torch DataLoader whose workers gather batches from it.
+record files into shared memory, and a shmloader.DataLoader that gathers batches from it, in
+the training process by default (--workers 0) or in DataLoader workers.
 
     python examples/main_job.py [--records 200000] [--epochs 3] [--readers 2] [--workers 0]
 

@@ -24,7 +24,12 @@ def decode(payload: bytes) -> dict[str, object]:
 
 
 def decode_batch(payloads: list[bytes]) -> dict[str, np.ndarray]:
-    """A whole task's records -> columns with one numpy call each (the fast way)."""
+    """Many records at once -> columns with one numpy call each (the fast way).
+
+    RecordFileSource calls it with at most one block of about 2 MiB of a task's records
+    (docs/sources.md, "decode_batch a block at a time"), and with a single record to infer
+    the schema: never assume a call holds a whole task.
+    """
     raw = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(len(payloads), RECORD_BYTES)
     x = raw[:, : FEATURES * 4].copy().view("<f4")
     label = raw[:, FEATURES * 4 :].copy().view("<i8").reshape(-1)

@@ -286,7 +286,8 @@ class Runtime:
         elif isinstance(message, Failed):
             self.failures.append(message)
             log.warning(
-                "reader %d failed task %d (epoch %d, %s): %s; the master retries it",
+                "reader %d failed task %d (epoch %d, %s): %s; the master retries it up to "
+                "max_retries times in an epoch, then quarantines it",
                 info.index,
                 message.task_id,
                 message.epoch,

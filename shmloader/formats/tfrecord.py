@@ -84,6 +84,8 @@ class RecordWriter:
         return len(self._offsets)
 
     def write(self, payload: bytes) -> None:
+        """Append one record (any contiguous buffer); frames are buffered, so the file is
+        complete only after :meth:`close`."""
         if self._sink is None:
             raise ConfigError(f"{self.path}: write() on a closed RecordWriter")
         view = memoryview(payload)
@@ -105,6 +107,8 @@ class RecordWriter:
             self._buffer = bytearray()
 
     def close(self) -> None:
+        """Flush, close and write the sidecar index (unless ``index=False``); a second call
+        does nothing."""
         self._finish(write_index=self._index)
 
     def _finish(self, *, write_index: bool) -> None:
@@ -232,6 +236,8 @@ class RecordFile:
 
     @property
     def kind(self) -> str:
+        """The index kind (``"tfrecord"``, ``"tfrecord-gzip"``, ...): offsets in a compressed
+        stream mean something else, so each compression gets its own sidecar."""
         return index_kind(self.compression)
 
     @property
@@ -248,6 +254,7 @@ class RecordFile:
 
     @property
     def num_records(self) -> int:
+        """Records in the file; the first call loads or builds the index (one scan)."""
         return len(self.offsets) - 1
 
     def offset(self, i: int) -> int:

@@ -154,6 +154,9 @@ class MasterClient:
         return info
 
     def heartbeat(self, consumer: str) -> None:
+        """A sign of life for a consumer that may send nothing else for a while: one silent
+        past ``consumer_timeout`` is declared dead and loses its leases. If the master forgot
+        it (restarted without a journal, or timed it out), registers it again."""
         self._call("Heartbeat", pb.ConsumerRequest(consumer=consumer), True, consumer=consumer)
 
     def leave(self, consumer: str) -> None:
@@ -189,6 +192,8 @@ class MasterClient:
         return renewed
 
     def complete(self, lease_id: int) -> None:
+        """Count the lease's records as delivered, once. LeaseError if its unit was handed out
+        again meanwhile; not retried on a timeout, since the first call may have counted."""
         self._call("Complete", pb.CompleteRequest(lease_id=lease_id), False, lease=True)
 
     def complete_many(self, lease_ids: Sequence[int]) -> dict[int, str]:
@@ -235,6 +240,8 @@ class MasterClient:
         return [pb.Whereabouts.Name(w).lower() for w in reply.whereabouts]
 
     def progress(self) -> Progress:
+        """The job as the master sees it, every trainer included (what ``shmloader stats``
+        prints); a trainer's own counts are in ``SharedTaskDataset.stats()``."""
         return progress_from_msg(self._call("Progress", pb.Empty(), True))
 
     # ------------------------------------------------------------------ heartbeat

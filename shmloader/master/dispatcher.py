@@ -101,6 +101,7 @@ class Dispatcher:
 
     @property
     def finished(self) -> bool:
+        """All planned epochs closed (never, with ``epochs=None``): readers may stop asking."""
         planned = self.config.epochs
         return planned is not None and len(self._closed) >= planned - self.config.first_epoch
 
@@ -112,9 +113,11 @@ class Dispatcher:
         return lease
 
     def rank_of(self, consumer: str) -> int | None:
+        """Whose queue ``consumer`` draws from (None: elastic); MasterError if unregistered."""
         return self._consumer(consumer).rank
 
     def leases_of(self, consumer: str) -> list[Lease]:
+        """Its active leases by id; MasterError if unregistered, so it doubles as a check."""
         return [self._leases[i] for i in sorted(self._consumer(consumer).leases)]
 
     def whereabouts(self, consumer: str, epoch: int, units: Sequence[int]) -> list[str]:

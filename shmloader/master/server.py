@@ -220,6 +220,8 @@ class Master:
 
     @property
     def journal(self) -> Journal | None:
+        """The journal once started (None without ``journal=``): its ``recovery`` says what a
+        restart found on disk (snapshot, records replayed, a torn tail cut off)."""
         return self._journal
 
     def progress(self) -> Progress:
