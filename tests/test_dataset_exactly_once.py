@@ -99,6 +99,32 @@ def test_shmloader_loader_redelivers_what_the_loop_never_saw(
         assert_once(one_pass(dl), expected)
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_break_in_an_epochs_last_batches_is_finished_alone_by_the_next_pass(
+    tmp_path: Path, data: tuple[Path, list[int]], drop_last: bool
+) -> None:
+    """Two workers prefetch 4 batches: a break 3 batches before the end leaves the sampler's
+    pass finished, with rows gathered that the loop never received. The next pass is just
+    those (the rest of the epoch), and the one after a whole epoch: the rest used to come
+    first in a pass that then ran through the whole next epoch."""
+    directory, expected = data
+    with dataset(directory, tmp_path, epochs=None) as ds:
+        dl = make_loader(ds, "shmloader", num_workers=2, drop_last=drop_last)
+        stop = len(expected) // BATCH - 3
+        first: list[int] = []
+        for i, batch in enumerate(dl):
+            first += ids_of(batch)
+            if i + 1 == stop:
+                break
+        rest = one_pass(dl)
+        kept = len(expected) - len(expected) % BATCH if drop_last else len(expected)
+        assert len(first) + len(rest) == kept
+        assert_once(first + rest, (first + rest) if drop_last else expected)
+        assert dl.state_dict()["epoch"] == 1
+        whole = one_pass(dl)
+        assert len(whole) == kept and len(set(whole)) == kept
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("kind", ["shmloader", "batch_sampler"])
 def test_drop_last_drops_the_short_batch_for_its_epoch(

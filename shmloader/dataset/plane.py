@@ -281,6 +281,16 @@ class DataPlane:
             )
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
+    def rest_of_last_pass(self, epoch: int) -> np.ndarray:
+        """Rows of the epoch before ``epoch`` that its pass handed out but the loop never
+        consumed: it stopped in the pass's last batches, which workers had already gathered.
+        They are the rest of that epoch, a pass of their own, so the next pass is a whole
+        epoch again. Empty when trainers share epochs: there, rows of older epochs (strays)
+        come first in the current pass (``reclaim``)."""
+        if epoch == 0 or self.shares_epochs:
+            return np.empty(0, dtype=np.int64)
+        return self.reclaim(epoch - 1)
+
     def starved(self) -> bool:
         return self._starved()
 

@@ -48,6 +48,10 @@ class Feed(Protocol):
         """Indices emitted earlier in ``epoch`` but never consumed (an abandoned pass)."""
         ...
 
+    def rest_of_last_pass(self, epoch: int) -> np.ndarray:
+        """Indices the finished pass of the epoch before ``epoch`` left unconsumed."""
+        ...
+
     def admit(self, task: ReadyTask) -> np.ndarray:
         """Start tracking ``task``; returns the indices of its rows still to deliver."""
         ...
@@ -127,16 +131,29 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         for chunk in self.chunks():
             yield from chunk.tolist()
 
-    def chunks(self, stuck: Callable[[], bool] | None = None) -> Iterator[np.ndarray]:
+    def chunks(
+        self, stuck: Callable[[], bool] | None = None, *, rest_alone: bool = False
+    ) -> Iterator[np.ndarray]:
         """The epoch's indices in order, a block at a time (for batchers that slice arrays).
 
         ``stuck()``: whether the batcher holds every row handed out and not yet consumed, while
         it waits for more (see ``ReadyTasks.take``). When the budget is full and nothing can
         come until those rows are consumed, :data:`LET_GO` is yielded: the batcher hands them
         out as they are, then asks again.
+
+        ``rest_alone``: rows the last epoch's pass handed out and the loop never received (it
+        stopped in that pass's last batches) make up this pass alone, as the rest of their
+        epoch; the next pass starts the next epoch. For batchers that never drop rows unsaid
+        (ours): torch's BatchSampler with ``drop_last`` would drop such a short pass every
+        time, so for it they come first in the next epoch's pass instead.
         """
         feed = self._get_feed()
         epoch = feed.epoch_to_iterate()
+        if rest_alone:
+            rest = feed.rest_of_last_pass(epoch)
+            if len(rest):
+                yield rest
+                return
         leftover = feed.reclaim(epoch)
         if len(leftover):
             yield leftover
@@ -274,7 +291,8 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         size = self.batch_size
         carry = np.empty(0, dtype=np.int64)
         self._held = 0
-        for chunk in self.sampler.chunks(stuck=self._stuck):  # arrays: no work per sample
+        # arrays: no work per sample
+        for chunk in self.sampler.chunks(stuck=self._stuck, rest_alone=True):
             if chunk is LET_GO:
                 self._let_go(len(carry))
                 yield self._issue(np.sort(carry))
