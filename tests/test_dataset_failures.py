@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _dataset_helpers import dataset, ids_of, source, write_dataset
+from _dataset_helpers import dataset, ids_of, shm_entries, source, write_dataset
 
 import shmloader
 from shmloader.shm.names import start_token
@@ -263,7 +263,7 @@ def test_under_ddp_rows_kept_for_the_next_batch_are_not_let_go() -> None:
     from shmloader.dataset.sampler import LET_GO, TaskBatchSampler
 
     class Blocks:  # the sampler's side: one block of 40 rows, then only LET_GO
-        def chunks(self, stuck: Any = None) -> Any:
+        def chunks(self, stuck: Any = None, rest_alone: bool = False) -> Any:
             yield np.arange(40, dtype=np.int64)
             yield LET_GO
 
@@ -392,3 +392,22 @@ def test_a_master_gone_for_good_is_one_error_and_a_prompt_close(
     assert closing < 4.0
     assert all(r.restarts == 0 for r in readers)
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_ctrl_c_with_the_master_unreachable_exits_at_once(
+    tmp_path: Path, data: tuple[Path, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job is going down: close() tries each call to the master once, where it waited
+    ``retry_for`` for the completions and again for the leave (a minute by default)."""
+    directory, _ = data
+    monkeypatch.setenv("SHMLOADER_MASTER_RETRY", "20")
+    with shmloader.Master(source(directory), records_per_task=20, epochs=None) as master:
+        ds = dataset(directory, tmp_path, master=master.address, epochs=None)
+        loader = shmloader.DataLoader(ds, batch_size=16)
+        with pytest.raises(KeyboardInterrupt), ds:
+            next(iter(loader))
+            master.stop(grace=None)
+            began = time.monotonic()
+            raise KeyboardInterrupt
+    assert time.monotonic() - began < 10.0
+    assert not shm_entries(tmp_path)

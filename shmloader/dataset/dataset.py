@@ -272,13 +272,15 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         # A forked worker inherits the runtime but owns none of it: only the trainer closes.
         if self._owner_pid != os.getpid():
             return
-        if runtime is not None:
-            runtime.close(wait_for_ranks=wait_for_ranks)
-        if self._gatherer is not None:
-            self._gatherer.close()  # the trainer's own mappings (num_workers=0)
-        if self._store is not None:
-            ring.forget(self._store.path)  # persistent workers' rings, mapped here
-            self._store.close()
+        try:
+            if runtime is not None:
+                runtime.close(wait_for_ranks=wait_for_ranks)
+        finally:  # a second Ctrl-C during the runtime's close must not leave /dev/shm behind
+            if self._gatherer is not None:
+                self._gatherer.close()  # the trainer's own mappings (num_workers=0)
+            if self._store is not None:
+                ring.forget(self._store.path)  # persistent workers' rings, mapped here
+                self._store.close()
 
     def __enter__(self) -> SharedTaskDataset:
         return self

@@ -418,13 +418,15 @@ class Runtime:
     def close(self, *, wait_for_ranks: bool = True) -> None:
         """Stop everything; ``wait_for_ranks``: rank 0 under torchrun first lets the other
         ranks finish with its master (not when closing because the loop failed: the job is
-        going down, and they would only wait for rank 0 at their next collective)."""
+        going down, and they would only wait for rank 0 at their next collective). Then, and
+        once the master is lost, each call to it below is tried once: ``retry_for`` per call
+        would only delay the exit (Ctrl-C took a minute with the master gone)."""
         if self._closed or os.getpid() != self._pid:  # a forked child owns none of this
             return
         self._closed = True
         self._stop.set()
         lost = self._master_lost()
-        if lost:  # each call below would wait retry_for again, for nothing
+        if (lost or not wait_for_ranks) and self.client is not None:
             self.client.stop_retrying()
         plane = getattr(self, "plane", None)
         if plane is not None:
@@ -438,8 +440,10 @@ class Runtime:
         if plane is not None and self.client is not None:
             # What the loop consumed since the last tick must reach the master before we
             # leave: a standalone master would hand those tasks out again (duplicates).
-            with contextlib.suppress(MasterError):
+            try:
                 plane.poll()
+            except MasterError:
+                self.client.stop_retrying()  # gone: leave and the rest get one try each
         if self.client is not None:
             if self.embedded is None:  # an embedded master stops next: nobody to tell
                 with contextlib.suppress(MasterError):

@@ -4,7 +4,8 @@ What it adds to plain stubs, so that readers and trainers need no gRPC code of t
 
 * a deadline (``timeout``) on every call, and retries with exponential backoff for up to
   ``retry_for`` seconds (default ``$SHMLOADER_MASTER_RETRY``, else 30) while the master is
-  UNAVAILABLE (restarting, not up yet), and on DEADLINE_EXCEEDED for calls safe to repeat;
+  UNAVAILABLE or CANCELLED (restarting, not up yet, shutting down), and on
+  DEADLINE_EXCEEDED for calls safe to repeat;
 * errors as ours: FAILED_PRECONDITION / NOT_FOUND of lease calls (renew, complete, fail)
   become :class:`LeaseError`, everything else :class:`MasterError`, with the master's words;
 * a master that restarted without its journal (or declared a consumer dead) answers
@@ -71,6 +72,7 @@ class RenewError(LeaseError):
         super().__init__("; ".join(not_active.values()))
 
 
+_RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 RETRY_ENV = "SHMLOADER_MASTER_RETRY"
 DEFAULT_RETRY_SECONDS = 30.0
 
@@ -348,7 +350,7 @@ class MasterClient:
             raise self._error(method, exc, lease) from exc
 
     def _invoke(self, method: str, request: Any, idempotent: bool) -> Any:
-        """Call until an answer, retrying UNAVAILABLE (and DEADLINE_EXCEEDED when
+        """Call until an answer, retrying UNAVAILABLE, CANCELLED (and DEADLINE_EXCEEDED when
         ``idempotent``) with exponential backoff for up to ``retry_for`` seconds."""
         stub: Callable[..., Any] = getattr(self._stub, method)
         give_up = time.monotonic() + (0.0 if self._hurry.is_set() else self.retry_for)
@@ -359,7 +361,9 @@ class MasterClient:
                 reply = stub(request, timeout=self.timeout, metadata=self._metadata)
             except grpc.RpcError as exc:
                 code = _code(exc)
-                again = code == grpc.StatusCode.UNAVAILABLE or (
+                # CANCELLED: a master shutting down (to restart, say) cancels calls in flight;
+                # ours are cancelled only by close(), which _check_usable reports.
+                again = code in _RETRIED or (
                     idempotent and code == grpc.StatusCode.DEADLINE_EXCEEDED
                 )
                 if not again:
@@ -390,7 +394,7 @@ class MasterClient:
         details = getattr(exc, "details", lambda: None)() or str(exc)
         if lease and code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
             return LeaseError(details)
-        if code == grpc.StatusCode.UNAVAILABLE:
+        if code in _RETRIED:
             return MasterError(
                 f"the master at {self.address} is unreachable (retried for {self.retry_for}s): "
                 f"{details}"
