@@ -12,6 +12,7 @@ from shmloader.master.tasks import task_order
 from shmloader.master.updates import (
     LeaseFailed,
     LeaseGranted,
+    MasterStarted,
     Update,
     decode_update,
     encode_update,
@@ -347,12 +348,56 @@ def test_state_dict_round_trips_through_json_and_continues_identically() -> None
 def test_restart_moves_lease_ids_to_a_new_range_and_gives_consumers_grace() -> None:
     d = make(consumer_timeout=5.0)
     d.register("c", 0.0)
-    (x,) = d.lease("c", 1, 0.0)
+    d.lease("c", 1, 0.0)
     d.restart(100.0)
-    assert d.expire(104.0)[0].lease_id == x.lease_id  # type: ignore[attr-defined]
+    assert d.expire(104.0) == []
     assert d.progress().consumers[0].consumer == "c"  # not dead: it got a grace period
     (y,) = d.lease("c", 1, 104.0)
     assert y.lease_id == (1 << 32) + 1
+
+
+def test_restart_gives_active_leases_a_fresh_deadline_their_holders_complete_them() -> None:
+    # The master was down past the leases' deadlines (10.0): their holders could not renew,
+    # and may still be reading. Expiring them now would hand their tasks out twice.
+    sink = Recorder()
+    d = make(consumer_timeout=5.0)
+    d.sink = sink
+    for name in ("a", "b"):
+        d.register(name, 0.0)
+    x, y = d.lease("a", 2, 0.0)
+    d.restart(100.0)
+    assert sink.updates[-1] == MasterStarted(100.0, 1, lease_deadline=110.0)
+    assert [lease.deadline for lease in d.leases_of("a")] == [110.0, 110.0]
+    for name in ("a", "b"):
+        d.heartbeat(name, 104.0)
+    assert d.expire(105.0) == []
+    assert x.task.task_id not in ids(d.lease("b", 7, 105.0))  # not handed out again
+    d.complete(x.lease_id, 106.0)  # completed normally, not late
+    assert d.progress().counters["late_completed"] == 0
+    for name in ("a", "b"):
+        d.heartbeat(name, 109.0)
+    # the fresh deadline is a deadline: a holder that does not renew loses the lease after it
+    assert [u.lease_id for u in d.expire(110.5)] == [y.lease_id]  # type: ignore[attr-defined]
+    # replaying the records rebuilds the same deadlines, whatever lease_timeout is then
+    fresh = make(consumer_timeout=5.0, lease_timeout=99.0)
+    for u in sink.updates:
+        fresh.apply(decode_update(encode_update(u)))
+    assert fresh.state_dict() == d.state_dict()
+
+
+def test_restart_never_shortens_a_lease_and_old_records_extend_none() -> None:
+    d = make()
+    d.register("c", 0.0)
+    (x,) = d.lease("c", 1, 0.0)  # deadline 10.0
+    shorter = make(lease_timeout=2.0)  # restarted with a shorter lease_timeout
+    shorter.load_state_dict(d.state_dict())
+    shorter.restart(1.0)
+    assert shorter.get_lease(x.lease_id).deadline == 10.0
+    # a MasterStarted written before the field existed decodes, and extends no lease
+    old = decode_update(b'{"type": "MasterStarted", "now": 50.0, "incarnation": 1}')
+    assert old == MasterStarted(50.0, 1, lease_deadline=None)
+    d.apply(old)
+    assert d.get_lease(x.lease_id).deadline == 10.0
 
 
 def test_update_records_reject_bad_json_with_clear_messages() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,10 +38,15 @@ def _files(path: Path, prefix: str) -> list[str]:
 
 
 def _comparable(state: dict) -> dict:
-    # A reopen records one MasterStarted: new incarnation, new lease id range, consumers' grace.
-    return {
-        k: v for k, v in state.items() if k not in ("incarnation", "next_lease_id", "consumers")
+    # A reopen records one MasterStarted: new incarnation, new lease id range, consumers' grace,
+    # leases' fresh deadlines.
+    out = {
+        k: v
+        for k, v in state.items()
+        if k not in ("incarnation", "next_lease_id", "consumers", "leases")
     }
+    out["leases"] = [{k: v for k, v in x.items() if k != "deadline"} for x in state["leases"]]
+    return out
 
 
 def test_reopen_recovers_completed_leased_and_failed_work(tmp_path: Path) -> None:
@@ -52,14 +58,34 @@ def test_reopen_recovers_completed_leased_and_failed_work(tmp_path: Path) -> Non
     with _open(tmp_path, now=5.0) as j:
         d = j.dispatcher
         assert _comparable(d.state_dict()) == _comparable(before)
-        assert d.leases_of("b") == held  # leased stays leased until its deadline
+        # leased stays leased, until at least now + lease_timeout (15.0)
+        assert d.leases_of("b") == [replace(x, deadline=15.0) for x in held]
         assert d.progress().epochs == counts
         assert counts[0].done_units == 1 and counts[0].leased_units == 3
         d.heartbeat("a", 13.0)
         d.heartbeat("b", 13.0)
-        expired = {u.lease_id for u in d.expire(13.5)}  # type: ignore[attr-defined]
+        expired = {u.lease_id for u in d.expire(15.5)}  # type: ignore[attr-defined]
         assert {x.lease_id for x in held} <= expired
         assert j.recovery is not None and j.recovery.replayed > 0
+
+
+def test_leases_held_across_a_long_outage_stay_valid_for_their_holders(tmp_path: Path) -> None:
+    # The master is down from t=3 to t=50, past every deadline (<= 13): nobody could renew.
+    with _open(tmp_path, fsync="always") as j:
+        _drive(j.dispatcher)
+        held = [x.lease_id for x in j.dispatcher.leases_of("b")]
+    with _open(tmp_path, now=50.0) as j:
+        d = j.dispatcher
+        assert [x.deadline for x in d.leases_of("b")] == [60.0, 60.0]
+        d.heartbeat("a", 54.0)
+        d.heartbeat("b", 54.0)
+        assert d.expire(55.0) == []
+        again = {(x.epoch, x.task.task_id) for x in d.lease("a", 20, 55.0)}
+        assert not again & {(x.epoch, x.task.task_id) for x in d.leases_of("b")}
+        d.complete(held[0], 56.0)
+    with _open(tmp_path, now=57.0) as j:  # the replayed restart keeps the fresh deadline
+        assert [x.deadline for x in j.dispatcher.leases_of("b")] == [67.0]
+        assert j.dispatcher.progress().counters["late_completed"] == 0
 
 
 def test_a_torn_last_record_is_ignored_and_truncated(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ See DESIGN.md, part 'master', and docs/master.md for the dispatcher's rules.
 from . import _grpc_env  # noqa: F401  # isort: skip
 from ._convert import ConsumerInfo, EpochInfo, LeaseInfo, LeaseReply
 from .client import MasterClient, RenewError
-from .dispatcher import Dispatcher, UpdateSink
+from .dispatcher import Dispatcher
 from .journal import FSYNC_POLICIES, Journal, Recovery
 from .progress import (
     ConsumerProgress,
@@ -20,6 +20,7 @@ from .progress import (
 )
 from .server import Master
 from .tasks import EpochSchedule, Task, TaskTable, build_schedule, task_order
+from .updates import UpdateSink
 
 __all__ = [
     "FSYNC_POLICIES",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import ConfigError, LeaseError, MasterError
 from ..sources.base import Shard
@@ -33,20 +33,12 @@ from .updates import (
     LeaseTaken,
     MasterStarted,
     Update,
+    UpdateSink,
 )
 
 # Closed leases whose fate is remembered for error messages (oldest forgotten first).
 GONE_MEMORY = 10_000
 COUNTERS = ("granted", "completed", "late_completed", "failed", "expired", "released")
-
-
-class UpdateSink(Protocol):
-    """Where applied updates go (the journal): ``record`` before each change, ``commit`` at the
-    end of every public call, so the sink can fsync once per request rather than per update."""
-
-    def record(self, update: Update) -> None: ...
-
-    def commit(self, now: float) -> None: ...
 
 
 class Dispatcher:
@@ -147,7 +139,7 @@ class Dispatcher:
 
     def restart(self, now: float) -> None:
         """Mark a (re)start on recovered state: see :class:`~.updates.MasterStarted`."""
-        self._run(now, MasterStarted(now, self._incarnation + 1))
+        self._run(now, MasterStarted(now, self._incarnation + 1, now + self.config.lease_timeout))
 
     def register(self, consumer: str, now: float, rank: int | None = None) -> None:
         """Join (or re-join with the same rank); in DDP mode ``rank`` says whose queue it reads."""
@@ -301,6 +293,10 @@ class Dispatcher:
         self._next_lease_id = (u.incarnation << 32) + 1
         for c in self._consumers.values():
             c.last_seen = max(c.last_seen, u.now)
+        if u.lease_deadline is not None:  # holders could not renew while the master was down
+            for lease_id, lease in self._leases.items():
+                if lease.deadline < u.lease_deadline:
+                    self._leases[lease_id] = replace(lease, deadline=u.lease_deadline)
 
     def _on_epoch_started(self, u: EpochStarted) -> None:
         if u.epoch != self._epochs_started:

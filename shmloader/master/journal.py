@@ -7,7 +7,7 @@ A journal directory holds::
     journal-<seq>.log             frames of {"seq": n, "update": {...}} from update <seq> on
     lock                          flock()ed by the master that owns the directory
 
-:class:`Journal` is the dispatcher's :class:`~shmloader.master.dispatcher.UpdateSink`: each
+:class:`Journal` is the dispatcher's :class:`~shmloader.master.updates.UpdateSink`: each
 update is written (one ``os.write`` of one frame) before the dispatcher applies it, and the
 dispatcher calls :meth:`Journal.commit` at the end of every request, where the fsync policy
 acts and, every ``snapshot_every`` updates, the state is compacted into a snapshot. The files

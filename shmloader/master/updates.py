@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import CorruptRecordError
 
@@ -24,13 +24,25 @@ class Update:
     now: float
 
 
+class UpdateSink(Protocol):
+    """Where applied updates go (the journal): ``record`` before each change, ``commit`` at the
+    end of every public call, so the sink can fsync once per request rather than per update."""
+
+    def record(self, update: Update) -> None: ...
+
+    def commit(self, now: float) -> None: ...
+
+
 @dataclass(frozen=True)
 class MasterStarted(Update):
-    """A master (re)started on this state: consumers get a fresh grace period, and lease ids
-    move to a new range so that ids handed out before a crash but lost from an unsynced journal
-    tail can never name a new lease."""
+    """A master (re)started on this state. Nobody could reach it while it was down, so
+    consumers get a fresh grace period and active leases a fresh deadline: each is extended to
+    at least ``lease_deadline`` (``now + lease_timeout``; None in records written before this
+    field existed, which extended no lease). Lease ids move to a new range so that ids handed
+    out before a crash but lost from an unsynced journal tail can never name a new lease."""
 
     incarnation: int
+    lease_deadline: float | None = None
 
 
 @dataclass(frozen=True)
@@ -141,12 +153,14 @@ def update_from_dict(data: dict[str, Any]) -> Update:
     if cls is None:
         raise CorruptRecordError(f"unknown update type {name!r}; known: {sorted(_TYPES)}")
     fields = {f.name for f in dataclasses.fields(cls)}
+    # A field with a default was added later: records written before it may lack it.
+    optional = {f.name for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
     given = set(data) - {"type"}
-    if given != fields:
+    if not fields - optional <= given <= fields:
         raise CorruptRecordError(
             f"{name} record has fields {sorted(given)}, expected {sorted(fields)}"
         )
-    return cls(**{k: data[k] for k in fields})
+    return cls(**{k: data[k] for k in given})
 
 
 def encode_update(update: Update) -> bytes:
