@@ -316,7 +316,8 @@ class StoreHandle:
     def _missing(self, name: str, path: str) -> Exception:
         if not os.path.isdir(self.path):
             return _budget.closed_error(self.path)
-        why = "released already, or an index not from the dataset's sampler (sampler=ds.sampler())"
+        why = "a DataLoader without sampler=ds.sampler() (positions 0..len-1 name no row: give it"
+        why += " sampler=ds.sampler(), collate_fn=ds.collate), or it was released already"
         return FileNotFoundError(errno.ENOENT, f"segment {name} is not in the store: {why}", path)
 
     def drop(self, name: str) -> None:
