@@ -5,6 +5,7 @@ readers, so who leases which task is chosen at will."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 
@@ -33,6 +34,9 @@ def announce(store, plane, lease) -> None:
         lease_id=lease.lease_id,
         segment=info.name,
         num_rows=info.num_rows,
+        start=lease.task.start,
+        stop=lease.task.stop,
+        consumed=lease.consumed,  # handed back by a trainer that left
     )
 
 
@@ -175,6 +179,34 @@ def test_a_task_another_trainer_takes_while_this_one_waits_is_not_waited_for(tmp
         thread.join()
         assert sorted(got) == sorted(set(range(TOTAL)) - set(_records(d, 0, (0,))))
         assert d.finished
+
+
+def test_a_trainer_that_leaves_hands_back_what_it_consumed_of_its_tasks(tmp_path):
+    d = dispatcher(epochs=1)
+    a = trainer(d, "a", tmp_path / "a")
+    b = trainer(d, "b", tmp_path / "b")
+    with a[0], b[0]:
+        task_of = {}
+        for lease in d.lease("a", 20, time.time()):
+            announce(a[0], a[1], lease)
+            task_of[lease.lease_id] = lease.task.task_id
+        store, plane, sampler = a
+        # a's loop gets 13 rows (tasks have 8 or fewer: one task at least is partly consumed)
+        indices = list(itertools.islice(iter(sampler), 13))
+        first = Gatherer(store.handle(), ["id"]).gather(indices)["id"].tolist()
+        plane.poll()
+        handed = plane.hand_back()
+        assert handed and sum(b - a for rs in handed.values() for a, b in rs) < 13
+        d.leave("a", time.time(), handed)
+        leases = d.lease("b", 20, time.time())
+        consumed = {x.task.task_id: list(x.consumed) for x in leases if x.consumed}
+        assert consumed == {task_of[i]: rs for i, rs in handed.items()}
+        for lease in leases:
+            announce(b[0], b[1], lease)
+        with maintained(b[1]):
+            (rest,) = concurrently(b)
+        assert sorted(first + rest) == list(range(TOTAL))  # every record once
+        assert d.finished and b[0].handle().in_use() == 0
 
 
 def _records(d: Dispatcher, epoch: int, units: tuple[int, ...]) -> list[int]:

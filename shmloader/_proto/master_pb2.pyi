@@ -62,6 +62,30 @@ class ConsumerRequest(_message.Message):
     consumer: str
     def __init__(self, consumer: _Optional[str] = ...) -> None: ...
 
+class RecordRange(_message.Message):
+    __slots__ = ("start", "stop")
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    stop: int
+    def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
+
+class HandBack(_message.Message):
+    __slots__ = ("lease_id", "consumed")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    consumed: _containers.RepeatedCompositeFieldContainer[RecordRange]
+    def __init__(self, lease_id: _Optional[int] = ..., consumed: _Optional[_Iterable[_Union[RecordRange, _Mapping]]] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("consumer", "consumed")
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    consumer: str
+    consumed: _containers.RepeatedCompositeFieldContainer[HandBack]
+    def __init__(self, consumer: _Optional[str] = ..., consumed: _Optional[_Iterable[_Union[HandBack, _Mapping]]] = ...) -> None: ...
+
 class LeaseRequest(_message.Message):
     __slots__ = ("consumer", "max_tasks")
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
@@ -71,7 +95,7 @@ class LeaseRequest(_message.Message):
     def __init__(self, consumer: _Optional[str] = ..., max_tasks: _Optional[int] = ...) -> None: ...
 
 class TaskLease(_message.Message):
-    __slots__ = ("lease_id", "task_id", "epoch", "seq", "path", "start", "stop", "attempt", "deadline")
+    __slots__ = ("lease_id", "task_id", "epoch", "seq", "path", "start", "stop", "attempt", "deadline", "consumed")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +105,7 @@ class TaskLease(_message.Message):
     STOP_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FIELD_NUMBER: _ClassVar[int]
     lease_id: int
     task_id: int
     epoch: int
@@ -90,7 +115,8 @@ class TaskLease(_message.Message):
     stop: int
     attempt: int
     deadline: float
-    def __init__(self, lease_id: _Optional[int] = ..., task_id: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., path: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., attempt: _Optional[int] = ..., deadline: _Optional[float] = ...) -> None: ...
+    consumed: _containers.RepeatedCompositeFieldContainer[RecordRange]
+    def __init__(self, lease_id: _Optional[int] = ..., task_id: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., path: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., attempt: _Optional[int] = ..., deadline: _Optional[float] = ..., consumed: _Optional[_Iterable[_Union[RecordRange, _Mapping]]] = ...) -> None: ...
 
 class LeaseReply(_message.Message):
     __slots__ = ("leases", "finished")

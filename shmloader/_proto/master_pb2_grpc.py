@@ -46,7 +46,7 @@ class MasterStub:
                 _registered_method=True)
         self.Leave = channel.unary_unary(
                 '/shmloader.master.Master/Leave',
-                request_serializer=shmloader_dot_proto_dot_master__pb2.ConsumerRequest.SerializeToString,
+                request_serializer=shmloader_dot_proto_dot_master__pb2.LeaveRequest.SerializeToString,
                 response_deserializer=shmloader_dot_proto_dot_master__pb2.Empty.FromString,
                 _registered_method=True)
         self.Lease = channel.unary_unary(
@@ -191,7 +191,7 @@ def add_MasterServicer_to_server(servicer, server):
             ),
             'Leave': grpc.unary_unary_rpc_method_handler(
                     servicer.Leave,
-                    request_deserializer=shmloader_dot_proto_dot_master__pb2.ConsumerRequest.FromString,
+                    request_deserializer=shmloader_dot_proto_dot_master__pb2.LeaveRequest.FromString,
                     response_serializer=shmloader_dot_proto_dot_master__pb2.Empty.SerializeToString,
             ),
             'Lease': grpc.unary_unary_rpc_method_handler(
@@ -319,7 +319,7 @@ class Master:
             request,
             target,
             '/shmloader.master.Master/Leave',
-            shmloader_dot_proto_dot_master__pb2.ConsumerRequest.SerializeToString,
+            shmloader_dot_proto_dot_master__pb2.LeaveRequest.SerializeToString,
             shmloader_dot_proto_dot_master__pb2.Empty.FromString,
             options,
             channel_credentials,

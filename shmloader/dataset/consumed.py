@@ -9,11 +9,15 @@ with any number of trainers.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import ShmloaderError
 from ..master.tasks import merge_ranges
+
+if TYPE_CHECKING:
+    from .ready import ReadyTask
 
 Ranges = dict[int, list[tuple[int, int]]]
 
@@ -29,6 +33,15 @@ def row_records(start: int, stop: int, skipped: Sequence[int], num_rows: int) ->
             f"records were not skipped: cannot tell which record a row is"
         )
     return records
+
+
+def rows_in(ranges: Sequence[tuple[int, int]], task: ReadyTask) -> np.ndarray:
+    """Rows of ``task``'s segment whose records lie in ``ranges``."""
+    records = row_records(*task.records(), task.skipped, task.num_rows)
+    inside = np.zeros(len(records), dtype=bool)
+    for a, b in ranges:
+        inside |= (records >= a) & (records < b)
+    return np.flatnonzero(inside)
 
 
 def to_ranges(records: np.ndarray) -> list[tuple[int, int]]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ShmloaderError
 from ..reader.messages import task_key
-from .consumed import Ranges, row_records, to_ranges, union
+from .consumed import Ranges, rows_in, union
 from .gather import SegmentRows, encode_indices, group_by_segment
 from .ledger import LedgerReader
 from .plane_state import EpochState, LeaseOps, SegmentOps, SlotState
@@ -110,8 +110,10 @@ class DataPlane:
         start: int = 0,
         stop: int | None = None,
         skipped: tuple[int, ...] = (),
+        consumed: tuple[tuple[int, int], ...] = (),
     ) -> None:
         """A reader sealed ``segment`` for a task: make it ready for the sampler.
+        ``consumed``: records of it that earlier holders consumed (not issued again).
 
         A task announced twice (its lease lapsed while we held it and another reader read it
         again) is delivered once: the second copy is dropped and its lease completed.
@@ -124,7 +126,9 @@ class DataPlane:
                 return
             self._announced.add((epoch, seq))
         self.ready.put(
-            ReadyTask(epoch, seq, task_id, segment, num_rows, lease_id, start, stop, skipped)
+            ReadyTask(
+                epoch, seq, task_id, segment, num_rows, lease_id, start, stop, skipped, consumed
+            )
         )
 
     def _complete(self, lease_id: int) -> None:
@@ -224,6 +228,8 @@ class DataPlane:
         done = self._exclude(task.epoch, task.seq)
         if done is not None and len(done):
             rows = np.setdiff1d(rows, done)
+        if task.consumed and task.num_rows:  # handed back by a trainer that left
+            rows = np.setdiff1d(rows, rows_in(task.consumed, task))
         with self._lock:
             slot = self._next_slot
             self._next_slot += 1
@@ -458,18 +464,25 @@ class DataPlane:
                 state = self._slots.get(slot)
                 if state is None or state.completed or state.delivered is None:
                     continue
-                consumed = state.delivered if self._complete_on_delivery else state.gathered
-                assert consumed is not None and state.emit is not None
-                done = consumed.copy()
-                excluded = np.ones(len(done), dtype=bool)
-                excluded[state.emit] = False
-                rows = np.flatnonzero(done | excluded)
+                rows = state.consumed_rows(self._complete_on_delivery)
                 if len(rows):
-                    task = state.task
-                    partial[task.seq] = rows.tolist()
-                    records = row_records(*task.records(), task.skipped, task.num_rows)
-                    ranges.append({task.task_id: to_ranges(records[rows])})
+                    partial[state.task.seq] = rows.tolist()
+                    ranges.append({state.task.task_id: state.records_of(rows)})
             return epoch, sorted(st.completed), partial, union(ranges)
+
+    def hand_back(self) -> dict[int, list[tuple[int, int]]]:
+        """Lease id -> records consumed, of tasks the sampler took and the loop consumed part
+        of (rows excluded at admit count as consumed): what a trainer leaving an elastic job
+        hands back with its leases (master/handback.py), so that nobody delivers them again."""
+        with self._lock:
+            out = {}
+            for state in self._slots.values():
+                if state.completed or state.delivered is None:
+                    continue
+                rows = state.consumed_rows(self._complete_on_delivery)
+                if len(rows):
+                    out[state.task.lease_id] = state.records_of(rows)
+            return out
 
     def _tasks(self, epoch: int) -> int:
         return self._master.epoch_tasks(epoch)

@@ -9,6 +9,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .consumed import row_records, to_ranges
 from .ready import ReadyTask
 
 
@@ -56,6 +57,21 @@ class SlotState:
     released: bool = False
     completed: bool = False
     has_segment: bool = True
+
+    def consumed_rows(self, on_delivery: bool) -> np.ndarray:
+        """Rows consumed (delivered under ``complete_on_delivery``, else gathered), or left out
+        when admitted (consumed before a resume, or by an earlier holder): sorted."""
+        consumed = self.delivered if on_delivery else self.gathered
+        assert consumed is not None and self.emit is not None
+        done = consumed.copy()
+        excluded = np.ones(len(done), dtype=bool)
+        excluded[self.emit] = False
+        return np.flatnonzero(done | excluded)
+
+    def records_of(self, rows: np.ndarray) -> list[tuple[int, int]]:
+        """The record ranges of sorted ``rows`` of the task's segment."""
+        task = self.task
+        return to_ranges(row_records(*task.records(), task.skipped, task.num_rows)[rows])
 
 
 @dataclass

@@ -51,6 +51,8 @@ class ReadyTask:
     start: int = 0
     stop: int | None = None
     skipped: tuple[int, ...] = ()
+    # Records earlier holders of the task consumed before they left: its rows are not issued.
+    consumed: tuple[tuple[int, int], ...] = ()
 
     def records(self) -> tuple[int, int]:
         return self.start, self.start + self.num_rows if self.stop is None else self.stop

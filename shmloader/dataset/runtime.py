@@ -171,6 +171,7 @@ class Runtime:
             self.client = MasterClient(address, token=config.token)
             info = self.client.register(self.consumer, config.rank)
             self.lease_timeout = float(info.lease_timeout)
+            self._elastic = info.world_size is None  # trainers share the master's epochs
             self.client.start_heartbeat(self.consumer)
             self.handle = handle = self.store.handle()
             start = config.start_epoch
@@ -281,6 +282,7 @@ class Runtime:
                 start=message.start,
                 stop=message.stop,
                 skipped=tuple(s.index for s in message.skipped),
+                consumed=message.consumed,
             )
             self._hold_readers_back()
         elif isinstance(message, Failed):
@@ -446,8 +448,12 @@ class Runtime:
                 self.client.stop_retrying()  # gone: leave and the rest get one try each
         if self.client is not None:
             if self.embedded is None:  # an embedded master stops next: nobody to tell
+                # Elastic mode: tasks the loop consumed part of go back with the records
+                # consumed, which the next trainer to lease them skips (master/handback.py).
+                elastic = getattr(self, "_elastic", False)
+                handed = plane.hand_back() if plane is not None and elastic else None
                 with contextlib.suppress(MasterError):
-                    self.client.leave(self.consumer)
+                    self.client.leave(self.consumer, handed)
                 if self.config.rendezvous is not None:
                     try:
                         self.config.rendezvous.mark_closed()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._proto import master_pb2 as pb
+from .handback import HandBack
 from .progress import (
     ConsumerProgress,
     DispatcherConfig,
@@ -27,7 +28,8 @@ class LeaseInfo:
 
     ``seq`` is the task's position in this consumer's queue for ``epoch`` (the rank's queue in
     DDP mode, the single queue otherwise); it stays the same when the unit is retried, so the
-    data plane can order tasks by it.
+    data plane can order tasks by it. ``consumed``: record ranges of the task that earlier
+    holders consumed before they left (elastic mode): the trainer skips them.
     """
 
     lease_id: int
@@ -39,6 +41,7 @@ class LeaseInfo:
     stop: int
     attempt: int
     deadline: float
+    consumed: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_records(self) -> int:
@@ -93,6 +96,7 @@ def lease_to_msg(lease: Lease, seq: int) -> pb.TaskLease:
         stop=t.stop,
         attempt=lease.attempt,
         deadline=lease.deadline,
+        consumed=[pb.RecordRange(start=a, stop=b) for a, b in lease.consumed],
     )
 
 
@@ -107,7 +111,29 @@ def lease_from_msg(m: pb.TaskLease) -> LeaseInfo:
         stop=m.stop,
         attempt=m.attempt,
         deadline=m.deadline,
+        consumed=tuple((r.start, r.stop) for r in m.consumed),
     )
+
+
+def leave_to_msg(consumer: str, consumed: HandBack | None) -> pb.LeaveRequest:
+    return pb.LeaveRequest(
+        consumer=consumer,
+        consumed=[
+            pb.HandBack(
+                lease_id=lease_id,
+                consumed=[pb.RecordRange(start=int(a), stop=int(b)) for a, b in ranges],
+            )
+            for lease_id, ranges in sorted((consumed or {}).items())
+        ],
+    )
+
+
+def leave_from_msg(m: pb.LeaveRequest) -> dict[int, list[tuple[int, int]]]:
+    """Lease id -> ranges; a lease named twice gets the ranges of both."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for h in m.consumed:
+        out.setdefault(h.lease_id, []).extend((r.start, r.stop) for r in h.consumed)
+    return out
 
 
 def register_to_msg(

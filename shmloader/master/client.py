@@ -38,9 +38,11 @@ from ._convert import (
     LeaseInfo,
     LeaseReply,
     lease_from_msg,
+    leave_to_msg,
     progress_from_msg,
     register_from_msg,
 )
+from .handback import HandBack
 from .progress import Progress
 from .service import MAX_ERROR_CHARS, REASON_KEY, UNKNOWN_CONSUMER
 
@@ -161,15 +163,18 @@ class MasterClient:
         it (restarted without a journal, or timed it out), registers it again."""
         self._call("Heartbeat", pb.ConsumerRequest(consumer=consumer), True, consumer=consumer)
 
-    def leave(self, consumer: str) -> None:
+    def leave(self, consumer: str, consumed: HandBack | None = None) -> None:
         """Unregister (leases go back to the queue at once); a no-op if the master does not
-        know the consumer (any more). Also stops the consumer's heartbeat thread."""
+        know the consumer (any more). Also stops the consumer's heartbeat thread.
+
+        ``consumed`` (elastic mode): lease id -> record ranges ``[start, stop)`` the trainer
+        consumed of the lease's task; whoever leases the task next skips them."""
         self._stop_heartbeat(consumer)
         with self._lock:
             self._ranks.pop(consumer, None)
             self._infos.pop(consumer, None)
         try:
-            self._invoke("Leave", pb.ConsumerRequest(consumer=consumer), idempotent=True)
+            self._invoke("Leave", leave_to_msg(consumer, consumed), idempotent=True)
         except grpc.RpcError as exc:
             if _reason(exc) != UNKNOWN_CONSUMER:
                 raise self._error("Leave", exc) from exc

@@ -16,7 +16,8 @@ from typing import Any
 from ..errors import ConfigError, LeaseError, MasterError
 from ..sources.base import Shard
 from . import state as _state
-from .epochs import DONE, OpenEpoch
+from .epochs import DONE, OpenEpoch, find_work
+from .handback import HandBack, handed_back
 from .progress import DispatcherConfig, EpochProgress, Lease, Progress
 from .state import ConsumerState
 from .tasks import TaskTable, records_per_rank
@@ -29,6 +30,7 @@ from .updates import (
     LeaseExpired,
     LeaseFailed,
     LeaseGranted,
+    LeaseHandedBack,
     LeaseRenewed,
     LeaseTaken,
     MasterStarted,
@@ -65,6 +67,7 @@ class Dispatcher:
             ConsumerRegistered: self._on_registered,
             ConsumerHeartbeat: self._on_heartbeat,
             ConsumerLeft: self._on_left,
+            LeaseHandedBack: self._on_handed_back,
             LeaseGranted: self._on_granted,
             LeaseRenewed: self._on_renewed,
             LeaseTaken: self._on_taken,
@@ -157,9 +160,11 @@ class Dispatcher:
         self._consumer(consumer)
         self._run(now, ConsumerHeartbeat(now, consumer))
 
-    def leave(self, consumer: str, now: float) -> None:
-        """Unregister; the consumer's leases go back to the front of their queues at once."""
-        self._consumer(consumer)
+    def leave(self, consumer: str, now: float, consumed: HandBack | None = None) -> None:
+        """Unregister; the consumer's leases go back to the front of their queues at once,
+        with the records ``consumed`` of them (elastic mode; lease id -> ranges): handback.py."""
+        for update in handed_back(self, consumer, consumed, now):  # all checked first
+            self.apply(update)
         self._run(now, ConsumerLeft(now, consumer, "left"))
 
     def lease(self, consumer: str, max_tasks: int, now: float) -> list[Lease]:
@@ -174,7 +179,7 @@ class Dispatcher:
         queue = state.rank or 0
         granted: list[Lease] = []
         while len(granted) < max_tasks:
-            found = self._find_work(queue)
+            found = find_work(self._open.values(), queue)
             if found is None:
                 planned = self.config.epochs
                 if len(self._open) > 1 or (planned is not None and self._epochs_started >= planned):
@@ -331,6 +336,14 @@ class Dispatcher:
             self._counters["released"] += 1
         del self._consumers[u.consumer]
 
+    def _on_handed_back(self, u: LeaseHandedBack) -> None:
+        lease = self._active(u.lease_id, u)
+        ep = self._open[lease.epoch]
+        if lease.rank is not None or ep.outside(lease.unit, u.consumed) is not None:
+            raise MasterError(f"{u}: not elastic mode, or records outside the lease's task")
+        self._emit(u)
+        ep.hand_back(lease.unit, u.consumed)
+
     def _on_granted(self, u: LeaseGranted) -> None:
         c = self._consumer(u.consumer)
         ep = self._open.get(u.epoch)
@@ -346,8 +359,8 @@ class Dispatcher:
                 f"{self._gone.pop(lapsed_id, 'it lapsed')}, and task {old.task.task_id} of "
                 f"epoch {u.epoch} was handed out again as lease {u.lease_id}",
             )
-        self._leases[u.lease_id] = self._make_lease(
-            ep, u.lease_id, u.consumer, u.unit, u.attempt, u.deadline
+        self._leases[u.lease_id] = ep.make_lease(
+            self.table, self.config, u.lease_id, u.consumer, u.unit, u.attempt, u.deadline
         )
         self._next_lease_id = u.lease_id + 1
         c.leases.add(u.lease_id)
@@ -454,20 +467,6 @@ class Dispatcher:
     def _exhausted(self, lease: Lease) -> bool:
         failures = self._open[lease.epoch].failures.get(lease.unit, 0) + 1
         return failures > self.config.max_retries
-
-    def _make_lease(
-        self, ep: OpenEpoch, lease_id: int, consumer: str, unit: int, attempt: int, deadline: float
-    ) -> Lease:
-        rank = None if self.config.world_size is None else ep.schedule.queue_of(unit)
-        task = ep.unit_task(self.table, unit)
-        return Lease(lease_id, task, ep.epoch, consumer, deadline, attempt, unit, rank)
-
-    def _find_work(self, queue: int) -> tuple[OpenEpoch, int] | None:
-        for ep in self._open.values():
-            unit = ep.next_unit(queue)
-            if unit is not None:
-                return ep, unit
-        return None
 
     def _drop_lease(self, lease: Lease) -> None:
         del self._leases[lease.lease_id]

@@ -10,13 +10,14 @@ status per unit, and why memory per open epoch is a few numpy arrays, not Python
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from ..errors import MasterError
-from .progress import DispatcherConfig, EpochProgress, QuarantinedTask
-from .tasks import EpochSchedule, Task, TaskTable, build_schedule
+from .progress import DispatcherConfig, EpochProgress, Lease, QuarantinedTask
+from .tasks import EpochSchedule, Task, TaskTable, build_schedule, merge_ranges
 
 TODO, LEASED, DONE, QUARANTINED = 0, 1, 2, 3
 
@@ -34,6 +35,15 @@ def schedule_of(table: TaskTable, config: DispatcherConfig, epoch: int) -> Epoch
     )
 
 
+def find_work(open_epochs: Iterable[OpenEpoch], queue: int) -> tuple[OpenEpoch, int] | None:
+    """The oldest open epoch with a unit for ``queue`` to hand out, and that unit."""
+    for ep in open_epochs:
+        unit = ep.next_unit(queue)
+        if unit is not None:
+            return ep, unit
+    return None
+
+
 class OpenEpoch:
     """An epoch that has started and not finished; the dispatcher keeps at most two."""
 
@@ -46,6 +56,9 @@ class OpenEpoch:
         self.retry: list[deque[int]] = [deque() for _ in range(schedule.num_queues)]
         self.failures: dict[int, int] = {}
         self.quarantined: dict[int, str] = {}
+        # Records of a unit consumed by holders that left (LeaseHandedBack), merged: the next
+        # holder skips them. Forgotten once the unit is done.
+        self.consumed: dict[int, tuple[tuple[int, int], ...]] = {}
         self.units = [len(schedule), 0, 0, 0]
         self.records = [int(self.lengths.sum()), 0, 0, 0]
 
@@ -104,6 +117,16 @@ class OpenEpoch:
             raise MasterError(f"epoch {self.epoch} unit {unit}: cannot settle, status {status}")
         self.move(unit, DONE)
 
+    def outside(self, unit: int, ranges: tuple[tuple[int, int], ...]) -> tuple[int, int] | None:
+        """The first of ``ranges`` that is empty or not within the unit's records, if any."""
+        lo, hi = self.start(unit), self.stop(unit)
+        return next(((a, b) for a, b in ranges if not lo <= a < b <= hi), None)
+
+    def hand_back(self, unit: int, ranges: tuple[tuple[int, int], ...]) -> None:
+        """Add ``ranges`` (checked with :meth:`outside`) to the unit's consumed records."""
+        merged = merge_ranges([*self.consumed.get(unit, ()), *ranges])
+        self.consumed[unit] = tuple(merged)
+
     def move(self, unit: int, new: int) -> None:
         old = int(self.status[unit])
         n = int(self.lengths[unit])
@@ -112,10 +135,30 @@ class OpenEpoch:
         self.records[old] -= n
         self.records[new] += n
         self.status[unit] = new
+        if new == DONE:
+            self.consumed.pop(unit, None)
 
     @property
     def finished(self) -> bool:
         return not (self.units[TODO] or self.units[LEASED])
+
+    def make_lease(
+        self,
+        table: TaskTable,
+        config: DispatcherConfig,
+        lease_id: int,
+        consumer: str,
+        unit: int,
+        attempt: int,
+        deadline: float,
+    ) -> Lease:
+        """A lease of ``unit`` (with the records handed back of it so far)."""
+        rank = None if config.world_size is None else self.schedule.queue_of(unit)
+        task = self.unit_task(table, unit)
+        consumed = self.consumed.get(unit, ())
+        return Lease(
+            lease_id, task, self.epoch, consumer, deadline, attempt, unit, rank, False, consumed
+        )
 
     def unit_task(self, table: TaskTable, unit: int) -> Task:
         return table.task(int(self.schedule.task[unit]), self.start(unit), self.stop(unit))
@@ -152,6 +195,7 @@ class OpenEpoch:
             "retry": [list(r) for r in self.retry],
             "failures": sorted([u, n] for u, n in self.failures.items()),
             "quarantined": sorted([u, e] for u, e in self.quarantined.items()),
+            "consumed": sorted([u, [list(r) for r in rs]] for u, rs in self.consumed.items()),
         }
 
     @classmethod
@@ -177,6 +221,9 @@ class OpenEpoch:
         ep.failures = {int(u): int(n) for u, n in data["failures"]}
         ep.quarantined = {int(u): str(e) for u, e in data["quarantined"]}
         ep.status[list(ep.quarantined)] = QUARANTINED
+        # States saved before units could be handed back have no "consumed": none was.
+        for u, rs in data.get("consumed", []):
+            ep.consumed[int(u)] = tuple((int(a), int(b)) for a, b in rs)
         ep.status[leased] = LEASED
         ep.units = [int(n) for n in np.bincount(ep.status, minlength=4)]
         weights = np.bincount(ep.status, weights=ep.lengths, minlength=4)

@@ -134,6 +134,8 @@ class Lease:
     rank: int | None
     # The holder's trainer took the task into its sampler (see Dispatcher.mark_taken).
     taken: bool = False
+    # Records of the unit that earlier holders consumed before they left: to be skipped.
+    consumed: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -161,11 +161,16 @@ class MasterService(pb_grpc.MasterServicer):
         return pb.Empty()
 
     @_rpc
-    def Leave(self, request: pb.ConsumerRequest, context: Any) -> pb.Empty:
+    def Leave(self, request: pb.LeaveRequest, context: Any) -> pb.Empty:
         consumer = check_consumer_id(request.consumer)
+        consumed = _convert.leave_from_msg(request)
+        self._lease_ids(consumed, "leave")
+        ranges = sum(len(r) for r in consumed.values())
+        if ranges > MAX_IDS_PER_CALL:
+            raise _invalid(f"{ranges} consumed ranges in one leave; at most {MAX_IDS_PER_CALL}")
         with self.lock:
             self._known(consumer)
-            self.dispatcher.leave(consumer, time.time())
+            self.dispatcher.leave(consumer, time.time(), consumed)
         return pb.Empty()
 
     # --------------------------------------------------------------------- leases

@@ -145,8 +145,9 @@ def _load(d: Dispatcher, state: dict[str, Any]) -> None:
 
 def _lease(d: Dispatcher, x: dict[str, Any]) -> Lease:
     ep = d._open[int(x["epoch"])]
-    lease = d._make_lease(
-        ep,
+    lease = ep.make_lease(
+        d.table,
+        d.config,
         int(x["lease_id"]),
         str(x["consumer"]),
         int(x["unit"]),

@@ -71,6 +71,20 @@ class ConsumerLeft(Update):
 
 
 @dataclass(frozen=True)
+class LeaseHandedBack(Update):
+    """Its holder, leaving (elastic mode), had consumed records ``consumed`` (``[start, stop)``
+    ranges, merged) of the lease's unit: they join the unit's consumed ranges, which whoever
+    leases the unit next in this epoch skips. Recorded just before :class:`ConsumerLeft`."""
+
+    lease_id: int
+    consumed: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:  # JSON gives lists back: compare equal to the original
+        ranges = tuple((int(a), int(b)) for a, b in self.consumed)
+        object.__setattr__(self, "consumed", ranges)
+
+
+@dataclass(frozen=True)
 class LeaseGranted(Update):
     lease_id: int
     consumer: str
@@ -127,6 +141,7 @@ _TYPES: dict[str, type[Update]] = {
         ConsumerRegistered,
         ConsumerHeartbeat,
         ConsumerLeft,
+        LeaseHandedBack,
         LeaseGranted,
         LeaseRenewed,
         LeaseTaken,

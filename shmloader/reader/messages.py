@@ -49,6 +49,8 @@ class Ready:
     nbytes: int
     read_seconds: float
     skipped: tuple[SkippedRecord, ...]
+    # Records of the task that earlier holders consumed (LeaseInfo.consumed): not delivered.
+    consumed: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

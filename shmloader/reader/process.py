@@ -277,6 +277,7 @@ class Reader:
                 nbytes=nbytes,
                 read_seconds=time.monotonic() - began,
                 skipped=skipped,
+                consumed=tuple(lease.consumed),
             )
         )
 

@@ -1,0 +1,56 @@
+"""Handing back partly consumed tasks: what a trainer leaving an elastic job had consumed.
+
+Trainers that share a master's epochs (elastic mode) each deliver the tasks their readers
+leased. One that leaves cleanly (``Leave``) may be in the middle of some: the loop received
+part of their rows. Those tasks go back to the queue, and without more, whoever leases one
+next delivers it whole again: duplicates. So ``Leave`` carries, per lease of a partly consumed
+task, the record ranges consumed of it; the dispatcher records them with the unit
+(:class:`~.updates.LeaseHandedBack`, journaled, replayed like every update), every later lease
+of the unit in the epoch carries them (``Lease.consumed``), and the trainer that gets it skips
+those rows. Ranges accumulate when that trainer leaves partway too; a holder that dies hands
+nothing back (its rows come again), but what earlier holders handed back stays with the unit.
+
+DDP mode keeps nothing: a rank's queue is its own, and a rank that comes back resumes from its
+checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+from .tasks import merge_ranges
+from .updates import LeaseHandedBack
+
+if TYPE_CHECKING:
+    from .dispatcher import Dispatcher
+
+# Lease id -> record ranges ``[start, stop)`` consumed of its task.
+HandBack = Mapping[int, Sequence[Sequence[int]]]
+
+
+def handed_back(
+    d: Dispatcher,
+    consumer: str,
+    consumed: HandBack | None,
+    now: float,
+) -> list[LeaseHandedBack]:
+    """The updates that record ``consumed`` (lease id -> record ranges) for ``consumer``'s
+    leases, checked before any applies: ranges of leases it does not hold (any more) and of
+    DDP leases are left out, ranges outside a lease's unit raise ConfigError."""
+    held = d._consumer(consumer).leases
+    out = []
+    for lease_id, ranges in sorted((consumed or {}).items()):
+        lease = d._leases.get(lease_id)
+        merged = tuple(merge_ranges(ranges))
+        if lease_id not in held or lease is None or lease.rank is not None or not merged:
+            continue
+        bad = d._open[lease.epoch].outside(lease.unit, merged)
+        if bad is not None:
+            raise ConfigError(
+                f"lease {lease_id}: consumed records [{bad[0]}, {bad[1]}) are not within its "
+                f"task's records [{lease.task.start}, {lease.task.stop})"
+            )
+        out.append(LeaseHandedBack(now, lease_id, merged))
+    return out
