@@ -27,7 +27,7 @@ from ..errors import LeaseError, MasterError, TaskQuarantinedError
 from ..reader.messages import Failed, MasterLost, Message, Ready
 from ..reader.pool import STOP_SECONDS, ReaderInfo, ReaderPool
 from ..reader.process import ReaderConfig
-from ..shm import hints
+from ..shm import hints, lifecycle
 from ..shm.budget import reap_dead_writers
 from ..shm.names import parse_temp_name
 from ..shm.store import SegmentStore
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 0.005
 STALL_SECONDS = 300.0  # on one task this long, not waiting for room: warned of
 SKIPPED_KEPT = 10_000  # reports of skipped records kept for a look (Runtime.skipped)
+SIGTERM_LEAVE_SECONDS = 3.0  # how long SIGTERM waits for the master to hear we leave
 LOST_STOP_SECONDS = 1.0  # readers' time to stop once the master is lost: they hold nothing
 
 
@@ -124,6 +125,10 @@ def _close_at_exit(runtime: Runtime) -> None:
     register(close)
 
 
+def _nothing() -> None:
+    """What a SIGTERM hook of a runtime already collected does."""
+
+
 def _writing_pids(store_path: str) -> set[int]:
     """Writers that hold a reservation in the store (``tmp-<pid>-...`` files)."""
     try:
@@ -195,9 +200,40 @@ class Runtime:
                 target=self._maintain, name="shmloader-maintenance", daemon=True
             )
             self._thread.start()
+            if self.embedded is None:  # a standalone master outlives us: tell it on SIGTERM
+                ref = weakref.WeakMethod(self._on_sigterm)
+                self._sigterm = lifecycle.on_sigterm(lambda: (ref() or _nothing)())
         except BaseException:
             self.close(wait_for_ranks=False)
             raise
+
+    def _on_sigterm(self) -> None:
+        """SIGTERM (a preempted trainer): leave the master as close() would, so that what the
+        loop consumed is not delivered again, from a thread joined for at most
+        ``SIGTERM_LEAVE_SECONDS``: the interrupted main thread may hold the plane's locks."""
+        if self._closed or self.client is None:
+            return
+        self.client.stop_retrying()  # the process is going down: one try per call
+        leaving = threading.Thread(target=self._leave_master, name="shmloader-sigterm")
+        leaving.daemon = True
+        leaving.start()
+        leaving.join(SIGTERM_LEAVE_SECONDS)
+
+    def _leave_master(self) -> None:
+        """Complete what the loop consumed since the last tick, then (standalone master)
+        leave: elastic mode hands back the records consumed of partly consumed tasks, which
+        the next trainer to lease them skips (master/handback.py)."""
+        plane = getattr(self, "plane", None)
+        if plane is not None:
+            try:
+                plane.poll()
+            except MasterError:
+                self.client.stop_retrying()  # gone: leave and the rest get one try each
+        if self.embedded is None:  # an embedded master stops next: nobody to tell
+            elastic = getattr(self, "_elastic", False)
+            handed = plane.hand_back() if plane is not None and elastic else None
+            with contextlib.suppress(MasterError):
+                self.client.leave(self.consumer, handed)
 
     def _first_unfinished_epoch(self) -> int:
         """The oldest epoch the master has not finished (the next to start if none is open):
@@ -439,26 +475,16 @@ class Runtime:
         if self.pool is not None:
             # Readers retrying a lost master hear "stop" only after their call gives up.
             self.pool.stop(LOST_STOP_SECONDS if lost else STOP_SECONDS)
-        if plane is not None and self.client is not None:
+        lifecycle.forget_sigterm(getattr(self, "_sigterm", -1))
+        if self.client is not None:
             # What the loop consumed since the last tick must reach the master before we
             # leave: a standalone master would hand those tasks out again (duplicates).
-            try:
-                plane.poll()
-            except MasterError:
-                self.client.stop_retrying()  # gone: leave and the rest get one try each
-        if self.client is not None:
-            if self.embedded is None:  # an embedded master stops next: nobody to tell
-                # Elastic mode: tasks the loop consumed part of go back with the records
-                # consumed, which the next trainer to lease them skips (master/handback.py).
-                elastic = getattr(self, "_elastic", False)
-                handed = plane.hand_back() if plane is not None and elastic else None
-                with contextlib.suppress(MasterError):
-                    self.client.leave(self.consumer, handed)
-                if self.config.rendezvous is not None:
-                    try:
-                        self.config.rendezvous.mark_closed()
-                    except MasterError as exc:  # rank 0 then waits for us until its timeout
-                        log.warning("could not tell rank 0 this dataset closed: %s", exc)
+            self._leave_master()
+            if self.embedded is None and self.config.rendezvous is not None:
+                try:
+                    self.config.rendezvous.mark_closed()
+                except MasterError as exc:  # rank 0 then waits for us until its timeout
+                    log.warning("could not tell rank 0 this dataset closed: %s", exc)
             self.client.close()
         if self.embedded is not None:
             if wait_for_ranks:

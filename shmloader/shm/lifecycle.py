@@ -1,5 +1,8 @@
 """Removing an owner's dataset directory on close, normal exit, garbage collection and SIGTERM.
 
+On SIGTERM, hooks (:func:`on_sigterm`) run first: a dataset leaves its master as a clean close
+would, so a trainer that is preempted hands back what it consumed.
+
 Each owner registers a ``weakref.finalize`` (runs once: on ``close()``, when the owner is
 garbage collected, or at interpreter exit — which includes exit after an uncaught
 KeyboardInterrupt). One SIGTERM handler serves all owners of the process: it runs every pending
@@ -22,12 +25,14 @@ import shutil
 import signal
 import threading
 import weakref
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 _log = logging.getLogger(__name__)
 
 _pending: dict[int, weakref.finalize[Any, Any]] = {}
+_first: dict[int, Callable[[], None]] = {}  # run before the finalizers (on_sigterm)
 _previous: Any = None
 _installed = False
 _guard = threading.RLock()  # re-entrant: GC or the signal handler may run while it is held
@@ -59,6 +64,22 @@ def register(owner: object, path: str) -> weakref.finalize[Any, Any]:
         _pending[key] = fin
         _install()
     return fin
+
+
+def on_sigterm(hook: Callable[[], None]) -> int:
+    """Run ``hook`` on SIGTERM before segments are removed (while a store's handler is
+    installed): a dataset tells its master what it consumed, as a clean close would. It runs
+    in the signal handler, so it must not block on locks the interrupted code may hold.
+    Returns a key for :func:`forget_sigterm`."""
+    key = next(_keys)
+    with _guard:
+        _first[key] = hook
+    return key
+
+
+def forget_sigterm(key: int) -> None:
+    with _guard:
+        _first.pop(key, None)
 
 
 def _finalize(path: str, owner_pid: int, key: int) -> None:
@@ -99,6 +120,11 @@ def _uninstall() -> None:
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     previous = _previous  # read first: the last finalizer puts the previous handler back
+    for hook in list(_first.values()):
+        try:
+            hook()
+        except Exception:  # the process is going down: removing segments matters more
+            _log.exception("a SIGTERM hook failed")
     for fin in list(_pending.values()):
         fin()
     if callable(previous):
