@@ -211,7 +211,9 @@ class Runtime:
         """SIGTERM (a preempted trainer): leave the master as close() would, so that what the
         loop consumed is not delivered again, from a thread joined for at most
         ``SIGTERM_LEAVE_SECONDS``: the interrupted main thread may hold the plane's locks."""
-        if self._closed or self.client is None:
+        # A forked DataLoader worker inherits the hook (torch may SIGTERM its workers): the
+        # trainer's plane and client are not its own to use.
+        if self._closed or self.client is None or os.getpid() != self._pid:
             return
         self.client.stop_retrying()  # the process is going down: one try per call
         leaving = threading.Thread(target=self._leave_master, name="shmloader-sigterm")
