@@ -62,6 +62,24 @@ def test_every_record_once_per_epoch_and_segments_released(tmp_path):
         assert plane.consumed_records == 2 * TOTAL
 
 
+def test_epochs_the_master_finished_are_forgotten(tmp_path):
+    """A long run's memory stays flat: what the plane keeps of an epoch (announced tasks,
+    admitted and completed positions, consumed ranges) goes once the master finished it and
+    the sampler is past it. It grew by about 600 bytes per task per epoch."""
+    d, store, plane, sampler = make(tmp_path, epochs=3)
+    with store:
+        for epoch in range(3):
+            _, seen = run_epoch(d, store, plane, sampler, order_seed=epoch)
+            assert sorted(seen) == list(range(TOTAL))
+            plane.forget_finished(epoch + 1)  # the master finished it (d.finished below)
+            assert min(plane._epochs, default=epoch + 1) == epoch + 1
+            assert all(e > epoch for e, _ in plane._announced)
+        assert d.finished
+        assert plane.checkpoint()[0] == 3  # the position is unchanged: past the last epoch
+        plane.forget_finished(0)  # nothing the master has not finished goes
+        assert plane.position()[0] == 3
+
+
 def test_order_depends_on_seed_not_on_arrival(tmp_path):
     runs = []
     for order_seed in (1, 2):

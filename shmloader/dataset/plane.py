@@ -17,31 +17,14 @@ import numpy as np
 
 from ..errors import ShmloaderError
 from ..reader.messages import task_key
+from . import plane_state as known
 from .consumed import Ranges, rows_in, union
 from .gather import SegmentRows, encode_indices, group_by_segment
 from .ledger import LedgerReader
-from .plane_state import EpochState, LeaseOps, SegmentOps, SlotState
+from .plane_state import EpochState, LeaseOps, SegmentOps, SlotState, slot_name
 from .ready import ReadyTask, ReadyTasks
 
 log = logging.getLogger(__name__)
-
-
-# Whereabouts (Dispatcher.whereabouts) of a task the sampler waits for that may still come. A
-# quarantined one never does, but is waited for all the same: the runtime raises its loss in
-# the loop (TaskQuarantinedError), as it does for one trainer, rather than the pass ending
-# without it.
-_MAY_COME = frozenset({"todo", "mine", "quarantined"})
-# Of a task given up as elsewhere: it cannot come here any more ("done"), or may ("todo",
-# "mine", or "other": another trainer's readers hold it and that trainer may die before it
-# takes it in hand). One another trainer took in hand ("taken") comes back only if that trainer
-# dies: kept as a stray (see take_strays), but not waited for.
-_FINISHED = frozenset({"done"})
-_MAY_BE_WAITED_FOR = frozenset({"todo", "mine", "other", "quarantined"})
-
-
-def slot_name(slot: int) -> str:
-    """The segment name of a slot: a valid store segment name derived from the number alone."""
-    return f"seg-{slot:032x}"
 
 
 class DataPlane:
@@ -157,6 +140,21 @@ class DataPlane:
     def _epoch(self, epoch: int) -> EpochState:
         return self._epochs.setdefault(epoch, EpochState())
 
+    def forget_finished(self, before: int) -> None:
+        """Drop what is kept of epochs before ``before``, which the master finished (every
+        task completed, by whichever trainer) and the sampler is past: no lease of them can
+        come any more, so nothing of them is needed to deliver or to spot a duplicate, and a
+        long run's memory stays flat (it grew by about 600 bytes per task per epoch)."""
+        with self._lock:
+            limit = min(before, self._iter_epoch)
+            for e in [e for e in self._epochs if e < limit]:
+                if not any(slot in self._slots for slot in self._epochs[e].slots):
+                    del self._epochs[e]
+            if any(e < limit for e, _ in self._announced):
+                self._announced = {
+                    (e, s) for e, s in self._announced if e >= limit or e in self._epochs
+                }
+
     def epoch_to_iterate(self) -> int:
         with self._lock:
             return self._iter_epoch
@@ -177,7 +175,7 @@ class DataPlane:
         if not seqs:
             return set()
         where = self._master.whereabouts(epoch, seqs)
-        gone = {s for s, w in zip(seqs, where, strict=True) if w not in _MAY_COME}
+        gone = {s for s, w in zip(seqs, where, strict=True) if w not in known.MAY_COME}
         if gone:
             with self._lock:
                 self._strays.update((epoch, s) for s in gone)
@@ -196,8 +194,10 @@ class DataPlane:
         unsettled = False
         for epoch, seqs in by_epoch.items():
             where = self._master.whereabouts(epoch, seqs)
-            unsettled = unsettled or any(w in _MAY_BE_WAITED_FOR for w in where)
-            finished = {(epoch, s) for s, w in zip(seqs, where, strict=True) if w in _FINISHED}
+            unsettled = unsettled or any(w in known.MAY_BE_WAITED_FOR for w in where)
+            finished = {
+                (epoch, s) for s, w in zip(seqs, where, strict=True) if w in known.DONE_ELSEWHERE
+            }
             with self._lock:
                 self._strays -= finished
         return unsettled

@@ -12,6 +12,23 @@ import numpy as np
 from .consumed import row_records, to_ranges
 from .ready import ReadyTask
 
+# Whereabouts (Dispatcher.whereabouts) of a task the sampler waits for that may still come. A
+# quarantined one never does, but is waited for all the same: the runtime raises its loss in
+# the loop (TaskQuarantinedError), as it does for one trainer, rather than the pass ending
+# without it.
+MAY_COME = frozenset({"todo", "mine", "quarantined"})
+# Of a task given up as elsewhere: it cannot come here any more ("done"), or may ("todo",
+# "mine", or "other": another trainer's readers hold it and that trainer may die before it
+# takes it in hand). One another trainer took in hand ("taken") comes back only if that trainer
+# dies: kept as a stray (see take_strays), but not waited for.
+DONE_ELSEWHERE = frozenset({"done"})
+MAY_BE_WAITED_FOR = frozenset({"todo", "mine", "other", "quarantined"})
+
+
+def slot_name(slot: int) -> str:
+    """The segment name of a slot: a valid store segment name derived from the number alone."""
+    return f"seg-{slot:032x}"
+
 
 class LeaseOps(Protocol):
     """The master calls the plane makes (a client, or the dispatcher behind a lock in tests)."""

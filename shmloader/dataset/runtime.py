@@ -34,6 +34,7 @@ from ..shm.store import SegmentStore
 from ..sources.base import SkippedRecord, Source
 from .launcher import Rendezvous
 from .ledger import LedgerReader, ledger_dir
+from .master_ops import MasterOps
 from .plane import DataPlane
 
 log = logging.getLogger(__name__)
@@ -72,40 +73,6 @@ class RuntimeConfig:
     ready_ahead: int = 16
 
 
-class _MasterOps:
-    """The plane's view of the master: this consumer's calls."""
-
-    def __init__(self, client: Any, consumer: str, epochs: int | None) -> None:
-        self._client = client
-        self._consumer = consumer
-        self._epochs = epochs  # the master's, counted from 0 (None: unbounded)
-        self._info: dict[int, Any] = {}
-
-    def complete(self, lease_ids: list[int]) -> dict[int, str]:
-        return dict(self._client.complete_many(lease_ids))
-
-    def _epoch(self, epoch: int) -> Any:
-        if epoch not in self._info:
-            self._info[epoch] = self._client.epoch_info(self._consumer, epoch)
-        return self._info[epoch]
-
-    def _past_the_end(self, epoch: int) -> bool:
-        # A pass after the last planned epoch is empty (len 0), not a master error.
-        return self._epochs is not None and epoch >= self._epochs
-
-    def epoch_tasks(self, epoch: int) -> int:
-        return 0 if self._past_the_end(epoch) else int(self._epoch(epoch).num_tasks)
-
-    def epoch_records(self, epoch: int) -> int:
-        return 0 if self._past_the_end(epoch) else int(self._epoch(epoch).num_records)
-
-    def whereabouts(self, epoch: int, seqs: list[int]) -> list[str]:
-        return list(self._client.whereabouts(self._consumer, epoch, seqs))
-
-    def mark_taken(self, lease_ids: list[int]) -> dict[int, str]:
-        return dict(self._client.mark_taken(lease_ids))
-
-
 def _close_at_exit(runtime: Runtime) -> None:
     """Close ``runtime`` when the interpreter exits, while its threads still work.
 
@@ -123,6 +90,12 @@ def _close_at_exit(runtime: Runtime) -> None:
 
     register = getattr(threading, "_register_atexit", atexit.register)
     register(close)
+
+
+def first_unfinished(progress: Any) -> int:
+    """The oldest epoch the master has not finished, or the next to start if none is open."""
+    open_epochs = [e.epoch for e in progress.epochs if not e.finished]
+    return min(open_epochs, default=progress.epochs_started)
 
 
 def _nothing() -> None:
@@ -183,7 +156,7 @@ class Runtime:
             if self.embedded is None:  # a running master may be past this trainer's start
                 start = max(start, self._first_unfinished_epoch())
             self.plane = DataPlane(
-                master=_MasterOps(self.client, self.consumer, info.epochs),
+                master=MasterOps(self.client, self.consumer, info.epochs),
                 segments=handle,
                 ledger=LedgerReader(ledger_dir(handle.path)),
                 complete_on_delivery=config.complete_on_delivery,
@@ -241,9 +214,7 @@ class Runtime:
         """The oldest epoch the master has not finished (the next to start if none is open):
         a trainer that joins or restarts later begins there, not with passes over epochs
         every task of which is done."""
-        progress = self.client.progress()
-        open_epochs = [e.epoch for e in progress.epochs if not e.finished]
-        return min(open_epochs, default=progress.epochs_started)
+        return first_unfinished(self.client.progress())
 
     def _reader_config(self, index: int) -> ReaderConfig:
         """What reader ``index`` needs (asked for once the master is up, and at restarts)."""
@@ -348,8 +319,16 @@ class Runtime:
             self.handle.release(info.sealing, missing_ok=True)
             info.sealing = None
 
-    def _check_quarantine(self) -> None:
-        lost = self.client.progress().quarantined
+    def _check_master(self) -> None:
+        """What the master's progress says, asked every renewal interval: a task quarantined
+        by lease expiry (its reader died every time, so no Failed message came) would leave
+        the sampler waiting for ever; epochs the master finished need nothing kept here."""
+        progress = self.client.progress()
+        self._check_quarantine(progress)
+        self.plane.forget_finished(first_unfinished(progress))
+
+    def _check_quarantine(self, progress: Any = None) -> None:
+        lost = (progress or self.client.progress()).quarantined
         if lost:
             q = lost[0]
             self.plane.ready.fail(
@@ -393,9 +372,7 @@ class Runtime:
                         # One at a time: a lease completed meanwhile must not stop the rest.
                         with contextlib.suppress(LeaseError):
                             self.client.renew([lease_id])
-                    # A task can also be quarantined by lease expiry (its reader died every
-                    # time, so no Failed message came): the sampler would wait for it forever.
-                    self._check_quarantine()
+                    self._check_master()
                     next_renew = now + renew_every
         except BaseException as exc:
             if not self._stop.is_set():
