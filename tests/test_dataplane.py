@@ -78,6 +78,12 @@ def test_epochs_the_master_finished_are_forgotten(tmp_path):
         assert plane.checkpoint()[0] == 3  # the position is unchanged: past the last epoch
         plane.forget_finished(0)  # nothing the master has not finished goes
         assert plane.position()[0] == 3
+        # A late copy of a task of a forgotten epoch (its reader's lease lapsed while it read)
+        # is a duplicate: dropped, not left ready for ever holding its segment.
+        info = store.handle().write(pa.record_batch({"id": np.arange(4), "x": np.zeros(4)}))
+        plane.announce(epoch=0, seq=0, task_id=0, lease_id=99999, segment=info.name, num_rows=4)
+        assert plane.duplicates == 1 and plane.ready.pending() == []
+        assert store.handle().in_use() == 0
 
 
 def test_order_depends_on_seed_not_on_arrival(tmp_path):

@@ -263,7 +263,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         """Stop readers and the embedded master, remove every shared-memory segment."""
         self._close(wait_for_ranks=True)
 
-    def _close(self, *, wait_for_ranks: bool) -> None:
+    def _close(self, *, wait_for_ranks: bool, hurry: bool = False) -> None:
         with self._lock:
             if self._closed:
                 return
@@ -274,7 +274,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             return
         try:
             if runtime is not None:
-                runtime.close(wait_for_ranks=wait_for_ranks)
+                runtime.close(wait_for_ranks=wait_for_ranks, hurry=hurry)
         finally:  # a second Ctrl-C during the runtime's close must not leave /dev/shm behind
             if self._gatherer is not None:
                 self._gatherer.close()  # the trainer's own mappings (num_workers=0)
@@ -290,7 +290,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     ) -> None:
         # An error or Ctrl-C takes the job down: other ranks must not wait for rank 0's close.
         ended = exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None))
-        self._close(wait_for_ranks=ended)
+        self._close(wait_for_ranks=ended, hurry=isinstance(exc, KeyboardInterrupt))
 
     def __del__(self) -> None:
         if getattr(self, "_store", None) is not None:

@@ -67,6 +67,7 @@ class DataPlane:
         # Records of ``start_epoch`` consumed before a resume (not scheduled again here).
         self._prior: Ranges = dict(prior or {})
         self._announced: set[tuple[int, int]] = set()
+        self._forgotten = 0  # epochs before this are finished and forgotten (forget_finished)
         # Tasks (epoch, seq) the sampler stopped waiting for because they were elsewhere
         # (another trainer took them, or they were done): if one comes back here after all
         # (its holder died, the master handed it out again), the sampler takes it as it can.
@@ -99,10 +100,11 @@ class DataPlane:
         ``consumed``: records of it that earlier holders consumed (not issued again).
 
         A task announced twice (its lease lapsed while we held it and another reader read it
-        again) is delivered once: the second copy is dropped and its lease completed.
+        again) is delivered once: the second copy is dropped and its lease completed; so is
+        any copy of a task of a forgotten epoch (``forget_finished``: the master finished it).
         """
         with self._lock:
-            if (epoch, seq) in self._announced:
+            if (epoch, seq) in self._announced or epoch < self._forgotten:
                 self.duplicates += 1
                 self._segments.release(segment, missing_ok=True)
                 self._complete(lease_id)
@@ -142,11 +144,11 @@ class DataPlane:
 
     def forget_finished(self, before: int) -> None:
         """Drop what is kept of epochs before ``before``, which the master finished (every
-        task completed, by whichever trainer) and the sampler is past: no lease of them can
-        come any more, so nothing of them is needed to deliver or to spot a duplicate, and a
+        task completed) and the sampler is past: no lease of them can come any more, and a
         long run's memory stays flat (it grew by about 600 bytes per task per epoch)."""
         with self._lock:
             limit = min(before, self._iter_epoch)
+            self._forgotten = max(self._forgotten, limit)  # a late copy is a duplicate
             for e in [e for e in self._epochs if e < limit]:
                 if not any(slot in self._slots for slot in self._epochs[e].slots):
                     del self._epochs[e]

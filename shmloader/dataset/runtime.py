@@ -432,18 +432,21 @@ class Runtime:
         readers = self.pool.readers if self.pool is not None else []
         return self.client.gave_up_at is not None or any(r.master_lost for r in readers)
 
-    def close(self, *, wait_for_ranks: bool = True) -> None:
+    def close(self, *, wait_for_ranks: bool = True, hurry: bool = False) -> None:
         """Stop everything; ``wait_for_ranks``: rank 0 under torchrun first lets the other
         ranks finish with its master (not when closing because the loop failed: the job is
-        going down, and they would only wait for rank 0 at their next collective). Then, and
-        once the master is lost, each call to it below is tried once: ``retry_for`` per call
-        would only delay the exit (Ctrl-C took a minute with the master gone)."""
+        going down, and they would only wait for rank 0 at their next collective).
+
+        With ``hurry`` (Ctrl-C: the user wants out), and once the master is lost, each call
+        to it is tried once: ``retry_for`` per call only delayed the exit (a minute with the
+        master gone). Not on any error: a master restarting meanwhile must still hear what
+        the loop consumed, or other trainers deliver it again."""
         if self._closed or os.getpid() != self._pid:  # a forked child owns none of this
             return
         self._closed = True
         self._stop.set()
         lost = self._master_lost()
-        if (lost or not wait_for_ranks) and self.client is not None:
+        if (lost or hurry) and self.client is not None:
             self.client.stop_retrying()
         plane = getattr(self, "plane", None)
         if plane is not None:
