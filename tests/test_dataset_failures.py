@@ -368,6 +368,21 @@ def test_a_wait_that_cannot_end_is_a_named_error() -> None:
         ReadyTasks().take(0, [3], starved=always, dead_end=always, patience=0.05)
 
 
+def test_a_blocked_reader_of_the_task_waited_for_starves_the_sampler() -> None:
+    """Early in a run the trainer has seen only short segments (each file's tail, read
+    first), so the room it estimates looks ample, while the reader of the large task the
+    sampler waits for has none: the sampler must take the later tasks that are ready, which
+    frees room, rather than wait for ever (the end-to-end test above hung now and then)."""
+    from shmloader.dataset.ready import ReadyTask, ReadyTasks
+
+    ready = ReadyTasks()
+    ready.put(ReadyTask(0, 4, 4, "seg-a", 300, 104))
+    took = ready.take(
+        0, [0], starved=lambda: False, blocked=lambda: True, later=[1, 2, 3, 4], patience=30
+    )
+    assert took is not None and [t.seq for t in took] == [4]
+
+
 def test_a_master_gone_for_good_is_one_error_and_a_prompt_close(
     tmp_path: Path, data: tuple[Path, list[int]], monkeypatch: pytest.MonkeyPatch, capfd: Any
 ) -> None:

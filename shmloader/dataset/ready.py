@@ -112,14 +112,14 @@ class ReadyTasks:
     ) -> list[ReadyTask] | None:
         """Wait for the tasks ``seqs`` of ``epoch`` and return them in ``seqs`` order.
 
-        If ``starved()`` stays true for ``patience`` seconds (readers blocked on the shared-memory
-        budget, so the missing tasks cannot arrive until some are consumed), return the ready
-        subset instead of deadlocking; if none of ``seqs`` is ready, ready tasks among ``later``
-        (the epoch's following tasks) instead, as many as ``seqs`` has: consuming them frees
-        room. ``gone(missing)``, asked every ``recheck`` seconds while some are missing (outside
-        the lock: it may ask the master), names those that will not come here (another
-        trainer took them): they are waited for no more. The result is empty only when every
-        one of ``seqs`` is gone.
+        If ``starved()`` (or ``blocked()``) stays true for ``patience`` seconds (readers blocked
+        on the shared-memory budget, so the missing tasks cannot arrive until some are
+        consumed), return the ready subset instead of deadlocking; if none of ``seqs`` is
+        ready, ready tasks among ``later`` (the epoch's following tasks) instead, as many as
+        ``seqs`` has: consuming them frees room. ``gone(missing)``, asked every ``recheck``
+        seconds while some are missing (outside the lock: it may ask the master), names those
+        that will not come here (another trainer took them): they are waited for no more. The
+        result is empty only when every one of ``seqs`` is gone.
 
         Starved with *nothing* ready, only rows already handed out can free room. ``stuck()``
         (asked then, after ``patience``) says whether those are held by the caller's batcher,
@@ -147,7 +147,11 @@ class ReadyTasks:
                     if not have:
                         have = [s for s in later if (epoch, s) in self._ready][: len(wanted)]
                     now = time.monotonic()
-                    hungry = starved is not None and starved()
+                    # A reader of a task waited for that has no room says so itself: room
+                    # estimated from the segments seen so far can look ample while it is not.
+                    hungry = (starved is not None and starved()) or (
+                        blocked is not None and blocked()
+                    )
                     if have and hungry:
                         starved_since = starved_since or now
                         # A reader of one of them says it has no room: no need to wait and see.
