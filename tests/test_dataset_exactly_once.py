@@ -116,11 +116,14 @@ def test_a_break_in_an_epochs_last_batches_is_finished_alone_by_the_next_pass(
             first += ids_of(batch)
             if i + 1 == stop:
                 break
+        left = len(expected) - len(first)  # the rest of the epoch: this pass's length
+        assert len(dl) == (left // BATCH if drop_last else -(-left // BATCH))
         rest = one_pass(dl)
         kept = len(expected) - len(expected) % BATCH if drop_last else len(expected)
         assert len(first) + len(rest) == kept
         assert_once(first + rest, (first + rest) if drop_last else expected)
         assert dl.state_dict()["epoch"] == 1
+        assert len(dl) == (len(expected) // BATCH if drop_last else -(-len(expected) // BATCH))
         whole = one_pass(dl)
         assert len(whole) == kept and len(set(whole)) == kept
 

@@ -147,8 +147,7 @@ class DataPlane:
         task completed) and the sampler is past: no lease of them can come any more, and a
         long run's memory stays flat (it grew by about 600 bytes per task per epoch)."""
         with self._lock:
-            limit = min(before, self._iter_epoch)
-            self._forgotten = max(self._forgotten, limit)  # a late copy is a duplicate
+            limit = self._forgotten = max(self._forgotten, min(before, self._iter_epoch))
             for e in [e for e in self._epochs if e < limit]:
                 if not any(slot in self._slots for slot in self._epochs[e].slots):
                     del self._epochs[e]
@@ -251,14 +250,15 @@ class DataPlane:
                 self._settle(state)
         return encode_indices(slot, rows)
 
-    def reclaim(self, epoch: int) -> np.ndarray:
+    def reclaim(self, epoch: int, *, poll: bool = True) -> np.ndarray:
         """Rows of admitted tasks that were never consumed: an earlier pass was abandoned.
 
         Consumed means gathered, or under ``complete_on_delivery`` delivered: rows that workers
         gathered for an abandoned iterator but the loop never received are issued again (their
-        segment is kept until then, see ``_settle``).
+        segment is kept until then, see ``_settle``). ``poll``: apply the ledger first.
         """
-        self.poll()
+        if poll:
+            self.poll()
         parts = []
         older = 0
         with self._lock:
@@ -289,7 +289,7 @@ class DataPlane:
             )
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
-    def rest_of_last_pass(self, epoch: int) -> np.ndarray:
+    def rest_of_last_pass(self, epoch: int, *, poll: bool = True) -> np.ndarray:
         """Rows of the epoch before ``epoch`` that its pass handed out but the loop never
         consumed: it stopped in the pass's last batches, which workers had already gathered.
         They are the rest of that epoch, a pass of their own, so the next pass is a whole
@@ -297,7 +297,7 @@ class DataPlane:
         come first in the current pass (``reclaim``)."""
         if epoch == 0 or self.shares_epochs:
             return np.empty(0, dtype=np.int64)
-        return self.reclaim(epoch - 1)
+        return self.reclaim(epoch - 1, poll=poll)
 
     def starved(self) -> bool:
         return self._starved()

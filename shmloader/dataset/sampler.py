@@ -48,7 +48,7 @@ class Feed(Protocol):
         """Indices emitted earlier in ``epoch`` but never consumed (an abandoned pass)."""
         ...
 
-    def rest_of_last_pass(self, epoch: int) -> np.ndarray:
+    def rest_of_last_pass(self, epoch: int, *, poll: bool = True) -> np.ndarray:
         """Indices the finished pass of the epoch before ``epoch`` left unconsumed."""
         ...
 
@@ -124,8 +124,15 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         self.window = window
 
     def __len__(self) -> int:
+        return self.pass_rows(rest_alone=False)
+
+    def pass_rows(self, *, rest_alone: bool) -> int:
+        """Rows of the next pass: the epoch's, or with ``rest_alone`` (see ``chunks``) the
+        rest of the last epoch when its pass left some."""
         feed = self._get_feed()
-        return feed.epoch_rows(feed.epoch_to_iterate())
+        epoch = feed.epoch_to_iterate()
+        rest = feed.rest_of_last_pass(epoch, poll=False) if rest_alone else ()
+        return len(rest) if len(rest) else feed.epoch_rows(epoch)
 
     def __iter__(self) -> Iterator[int]:
         for chunk in self.chunks():
@@ -343,7 +350,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         return batch
 
     def __len__(self) -> int:
-        n = len(self.sampler)
+        n = self.sampler.pass_rows(rest_alone=True)  # as __iter__ will walk it
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
 
