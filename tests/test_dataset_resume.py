@@ -23,6 +23,43 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
     return directory, write_dataset(directory, SIZES)
 
 
+@pytest.mark.parametrize("resumed_master", [True, False])
+def test_a_standalone_master_and_its_trainer_resume_from_one_plain_state(
+    tmp_path: Path, data: tuple[Path, list[int]], resumed_master: bool
+) -> None:
+    """The state goes to the master (``--resume``, here ``Master(resume=...)``) and to the
+    trainer: the master leaves the consumed records out of its schedule, and positions in the
+    old schedule named other tasks, whose rows were lost. Without a resumed master, the
+    trainer's own state alone still delivers exactly the rest."""
+    directory, expected = data
+    options = {"epochs": 1, "records_per_task": 100}
+    with dataset(directory, tmp_path / "shm", **options) as ds:
+        loader = shmloader.DataLoader(ds, batch_size=30, num_workers=2)
+        before = []
+        for i, batch in enumerate(loader):
+            before += batch["id"].tolist()
+            if i == 4:
+                break
+        state = json.loads(json.dumps(loader.state_dict()))
+        source = ds.source
+    resume = {int(t): [tuple(r) for r in rs] for t, rs in state["consumed"].items()}
+    with (
+        shmloader.Master(
+            source,
+            records_per_task=100,
+            epochs=1,
+            seed=7,
+            first_epoch=state["epoch"] if resumed_master else 0,
+            resume=resume if resumed_master else None,
+        ) as master,
+        dataset(directory, tmp_path / "shm", **{**options, "master": master.address}) as ds,
+    ):
+        loader = shmloader.DataLoader(ds, batch_size=30)
+        loader.load_state_dict(state)
+        rest = [i for batch in loader for i in batch["id"].tolist()]
+    assert Counter(before + rest) == Counter(expected)
+
+
 @pytest.mark.parametrize(
     ("stop_at", "num_workers"),
     [

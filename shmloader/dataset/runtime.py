@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -152,6 +153,8 @@ class Runtime:
             self._elastic = info.world_size is None  # trainers share the master's epochs
             self.client.start_heartbeat(self.consumer)
             self.handle = handle = self.store.handle()
+            if self.embedded is None and (config.skip_tasks or config.exclude):
+                self.config = config = self._unless_resumed(config, info)
             start = config.start_epoch
             if self.embedded is None:  # a running master may be past this trainer's start
                 start = max(start, self._first_unfinished_epoch())
@@ -209,6 +212,19 @@ class Runtime:
             handed = plane.hand_back() if plane is not None and elastic else None
             with contextlib.suppress(MasterError):
                 self.client.leave(self.consumer, handed)
+
+    def _unless_resumed(self, config: RuntimeConfig, info: Any) -> RuntimeConfig:
+        """A loaded state's positions, unless the standalone master was started from that
+        state (``--resume``): its schedule then already leaves the consumed records out, and
+        the positions, in the old schedule, would name other tasks (their rows were lost).
+        Told by the epoch's size; under DDP a rank's share is its own, and is left as is."""
+        if info.world_size is not None:
+            return config
+        ops = MasterOps(self.client, self.consumer, info.epochs)
+        whole = sum(shard.num_records for shard in config.source.plan())
+        if ops.epoch_records(config.start_epoch) >= whole:
+            return config
+        return dataclasses.replace(config, skip_tasks=frozenset(), exclude={})
 
     def _first_unfinished_epoch(self) -> int:
         """The oldest epoch the master has not finished (the next to start if none is open):
