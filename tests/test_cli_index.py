@@ -78,6 +78,10 @@ def test_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "no such file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["index"])
+    # Another format's file would read as a corrupt record file.
+    (tmp_path / "rows.jsonl").write_text('{"a": 1}\n')
+    assert main(["index", str(tmp_path / "rows.jsonl")]) == 2
+    assert "named as a jsonl file" in capsys.readouterr().err
 
 
 def test_subprocess_entry_point(files: list[str]) -> None:

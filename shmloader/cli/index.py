@@ -56,12 +56,31 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def _refuse_other_formats(paths: list[str]) -> None:
+    """Files named as another format (a Parquet or JSONL file, say) would read as corrupt
+    record files; those sources keep indexes of their own, built by ``plan()``. Files with
+    no known ending are taken for record files, as ``RecordFileSource`` takes them."""
+    from ..sources.factory import kind_of
+
+    for path in paths:
+        try:
+            kind = kind_of(path)
+        except ConfigError:
+            continue  # no known ending: a record file
+        if kind != "records":
+            raise ConfigError(
+                f"{path} is named as a {kind} file: this command indexes TFRecord files "
+                "(other sources build their own index when planned)"
+            )
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         # A glob like data/* also matches the indexes themselves.
         paths = [p for p in expand_paths(args.paths) if not p.endswith(INDEX_SUFFIX)]
         if not paths:
             raise ConfigError(f"{' '.join(args.paths)}: only index files match")
+        _refuse_other_formats(paths)
         sizes = [stamp(p).size for p in paths]
     except (ConfigError, DataError) as exc:
         print(f"shmloader index: {exc}", file=sys.stderr)
