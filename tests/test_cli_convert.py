@@ -55,6 +55,7 @@ def test_parquet_to_shards_and_back(tmp_path: Path, capsys: pytest.CaptureFixtur
             "blob": pa.array([bytes([i, 0]) for i in range(n)], pa.binary()),
             "tokens": [list(range(i)) for i in range(n)],
             "maybe": [None if i % 3 == 0 else i / 2 for i in range(n)],
+            "note": [None if i % 4 == 0 else f"n{i}" for i in range(n)],
             "when": pa.array(
                 [dt.datetime(2024, 1, 1, 0, 0, i) for i in range(n)], pa.timestamp("ms")
             ),
@@ -80,6 +81,8 @@ def test_parquet_to_shards_and_back(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert '"grid": FixedLenFeature((2, 2), "int64"),' in out
     assert '"tokens": VarLenFeature("int64"),  # 0 to 9 values per row' in out
     assert '"maybe": VarLenFeature("float32"),  # 4 rows without it' in out
+    # The decoders keep no lists of bytes: a nullable string column gets a default instead.
+    assert '"note": FixedLenFeature((), "bytes", default=b""),  # 3 rows without it' in out
     rows = _read_all(shards, spec)
     assert len(rows) == n
     for i, row in enumerate(rows):
@@ -88,6 +91,7 @@ def test_parquet_to_shards_and_back(tmp_path: Path, capsys: pytest.CaptureFixtur
         assert row["name"] == f"row{i}".encode() and row["blob"] == bytes([i, 0])
         np.testing.assert_array_equal(row["tokens"], np.arange(i))
         assert list(row["maybe"]) == ([] if i % 3 == 0 else [i / 2])
+        assert row["note"] == (b"" if i % 4 == 0 else f"n{i}".encode())
         assert row["when"] == (1_704_067_200 + i) * 1000  # the column's unit: milliseconds
         assert row["cat"] == (b"a" if i % 2 == 0 else b"b")
         np.testing.assert_array_equal(row["grid"], np.full((2, 2), i))

@@ -102,10 +102,13 @@ class ColumnStats:
         if self.min_count is None:
             return f"{varlen}  # no row has a value"
         if self.min_count != self.max_count:
-            return f"{varlen}  # {self.min_count} to {self.max_count} values per row"
+            unsupported = "; lists of bytes are not decoded yet" if self.kind == "bytes" else ""
+            return f"{varlen}  # {self.min_count} to {self.max_count} values per row{unsupported}"
         fits = self.dims is not None and int(np.prod(self.dims)) == self.min_count
         shape = self.dims if fits and self.dims is not None else (self.min_count,)
         fixed = f"FixedLenFeature({shape!r}, {kind}"
+        if self.nulls and self.kind == "bytes":  # no lists of bytes: a default fills the gaps
+            return f'{name}: {fixed}, default=b""),  # {self.nulls} rows without it get b""'
         if self.nulls:
             return f"{varlen}  # {self.nulls} rows without it; or {fixed}, default=...)"
         return f"{name}: {fixed}),"
