@@ -242,7 +242,17 @@ def _reading(path: str, fmt: str) -> Iterator[None]:
     except ConfigError:
         raise
     except (pa.ArrowException, OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
-        raise DataError(f"cannot read as {fmt}: {exc}", path=path) from exc
+        hint = _TYPE_HINT if fmt in ("csv", "jsonl") and "int64" in str(exc) else ""
+        raise DataError(f"cannot read as {fmt}: {exc}{hint}", path=path) from exc
+
+
+# pyarrow reads CSV and JSON Lines block by block and fixes each column's type from the first
+# block: integers there, and a float later, fail with a message about int64 only.
+_TYPE_HINT = (
+    " (a column's type is taken from the file's first block of about 1 MB: one whose values "
+    "there are all integers cannot hold a float later; write it with a decimal point, e.g. "
+    "1.0, or convert the file to Parquet first)"
+)
 
 
 def _read_batches(path: str, fmt: str) -> Iterator[tuple[int, Columns]]:
