@@ -147,16 +147,16 @@ class ReadyTasks:
                     if not have:
                         have = [s for s in later if (epoch, s) in self._ready][: len(wanted)]
                     now = time.monotonic()
-                    # A reader of a task waited for that has no room says so itself: room
-                    # estimated from the segments seen so far can look ample while it is not.
-                    hungry = (starved is not None and starved()) or (
-                        blocked is not None and blocked()
-                    )
+                    # A reader of a task waited for that has no room says so itself (one look
+                    # at the store per poll): room estimated from the segments seen so far can
+                    # look ample while it is not.
+                    no_room = blocked is not None and blocked()
+                    hungry = no_room or (starved is not None and starved())
                     if have and hungry:
                         starved_since = starved_since or now
                         # A reader of one of them says it has no room: no need to wait and see.
                         waited = now - starved_since >= patience
-                        if waited or (blocked is not None and blocked()):
+                        if waited or no_room:
                             return [self._ready.pop((epoch, s)) for s in have]
                     else:
                         starved_since = None
@@ -165,7 +165,7 @@ class ReadyTasks:
                         # A reader of a task waited for says it has no room: what stuck() checks
                         # can be true now, so look after a short grace (for segments consumed
                         # but not yet released), not the whole patience.
-                        grace = BLOCKED_GRACE if blocked is not None and blocked() else patience
+                        grace = BLOCKED_GRACE if no_room else patience
                         if now - empty_since >= grace and stuck is not None and stuck():
                             return None
                         if now - empty_since >= patience and dead_end is not None and dead_end():

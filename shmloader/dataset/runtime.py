@@ -153,13 +153,14 @@ class Runtime:
             self._elastic = info.world_size is None  # trainers share the master's epochs
             self.client.start_heartbeat(self.consumer)
             self.handle = handle = self.store.handle()
+            ops = MasterOps(self.client, self.consumer, info.epochs)  # caches epoch sizes
             if self.embedded is None and (config.skip_tasks or config.exclude):
-                self.config = config = self._unless_resumed(config, info)
+                self.config = config = self._unless_resumed(config, info, ops)
             start = config.start_epoch
             if self.embedded is None:  # a running master may be past this trainer's start
                 start = max(start, self._first_unfinished_epoch())
             self.plane = DataPlane(
-                master=MasterOps(self.client, self.consumer, info.epochs),
+                master=ops,
                 segments=handle,
                 ledger=LedgerReader(ledger_dir(handle.path)),
                 complete_on_delivery=config.complete_on_delivery,
@@ -213,14 +214,13 @@ class Runtime:
             with contextlib.suppress(MasterError):
                 self.client.leave(self.consumer, handed)
 
-    def _unless_resumed(self, config: RuntimeConfig, info: Any) -> RuntimeConfig:
+    def _unless_resumed(self, config: RuntimeConfig, info: Any, ops: MasterOps) -> RuntimeConfig:
         """A loaded state's positions, unless the standalone master was started from that
         state (``--resume``): its schedule then already leaves the consumed records out, and
         the positions, in the old schedule, would name other tasks (their rows were lost).
         Told by the epoch's size; under DDP a rank's share is its own, and is left as is."""
         if info.world_size is not None:
             return config
-        ops = MasterOps(self.client, self.consumer, info.epochs)
         whole = sum(shard.num_records for shard in config.source.plan())
         if ops.epoch_records(config.start_epoch) >= whole:
             return config
