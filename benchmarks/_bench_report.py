@@ -109,12 +109,28 @@ def report(results: dict[str, dict[str, dict[str, Any]]], args: Any) -> None:
                 f"| {ttfb} | {peak} | {shm} | {once} |"
             )
         print()
+        _rounds_table(res)
         _memory_table(res)
         _cpu_table(res)
         _targets(name, rates, res, a, b_best, e, targets)
     print("Targets:")
     for line in targets:
         print(f"- {line}")
+
+
+def _rounds_table(res: dict[str, dict[str, Any]]) -> None:
+    """Every round's samples/s when contenders ran more than once (the tables show medians)."""
+    if all(len(r.get("rounds", ())) < 2 for r in res.values()):
+        return
+    print("Samples/s of each round (the tables above and below show the median round's):\n")
+    print("| contender | rounds | spread |")
+    print("|---|--:|--:|")
+    for key, r in res.items():
+        got = r.get("rounds", [])
+        if got:
+            cells = ", ".join(f"{x:,.0f}" for x in got)
+            print(f"| {NAMES[key]} | {cells} | {max(got) / min(got):.2f}x |")
+    print()
 
 
 def _memory_table(res: dict[str, dict[str, Any]]) -> None:

@@ -1,7 +1,8 @@
 """Data-plane benchmark: samples/s, memory (PSS) and time to first batch, all contenders in one run.
 
 Run by hand (not a test), from the repository root:
-``python benchmarks/bench_dataplane.py [--quick] [--tabular N] [--images N] [--epochs E]``.
+``python benchmarks/bench_dataplane.py [--quick] [--tabular N] [--images N] [--epochs E]
+[--rounds R]``.
 
 Two datasets are written as TFRecord files into a temporary folder: *tabular* (64 float32 +
 an int64 label per record, 264 bytes, batch 1024) and *images* (3x64x64 uint8 + an int64 label,
@@ -22,6 +23,9 @@ samples/s is measured over epochs 2..E (epoch 1 includes start-up), time to firs
 constructing the dataset to receiving batch 1. Memory is the peak of the summed PSS of the
 trainer, its DataLoader workers and its readers, sampled every 0.5 s, per epoch; CPU time per
 sample is their user + system time over epochs 2..E divided by the samples delivered.
+With ``--rounds R`` every contender runs R times, round after round, and the tables give each
+one's median run (every round's samples/s are listed too): this machine's throughput moves by
+a quarter between identical runs, more than some of the margins measured.
 """
 
 from __future__ import annotations
@@ -88,6 +92,51 @@ def steady(result: dict[str, Any]) -> float:
     return sum(e["rows"] for e in eps) / sum(e["seconds"] for e in eps)
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median samples/s (the lower middle one of an even count), with every run's
+    rate under ``"rounds"``."""
+    ranked = sorted(runs, key=steady)
+    return dict(ranked[(len(ranked) - 1) // 2], rounds=[steady(r) for r in runs])
+
+
+def _jobs(c: str, base: dict[str, Any], args: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The runs of contender ``c``: its variants, each with its spec."""
+    variants: dict[str, str | None] = (
+        {
+            "gather:Gatherer": "Gatherer",
+            "gather:Gatherer:noledger": "Gatherer-noledger",
+            "gather:gather": "gather",
+            "gather:warm": "warm",
+        }
+        if c == "gather"
+        else {"e": None, "e:sorted": "sorted"}
+        if c == "e"
+        else {c: None, f"{c}:inproc": None, f"{c}:inproc:torch": None, f"{c}:inproc:views": None}
+        if c in ("c", "d")
+        else {"b": None, "b:inproc": None}
+        if c == "b"
+        else {c: None}
+    )
+    out = []
+    for key, how in variants.items():
+        spec = dict(base, contender=c, how=how)
+        if key == "b:inproc":  # (b) with no worker: no batch crosses processes
+            spec["workers"] = 0
+        elif c in ("a", "b"):
+            spec["workers"] = args.workers_torch
+        elif key in ("c", "d"):
+            spec.update(workers=args.workers_shm, readers=args.readers)
+        elif key.startswith(("c:inproc", "d:inproc")):
+            # Same process count, the other split: gather in the trainer itself.
+            spec.update(workers=0, readers=args.readers_inproc)
+        if key.endswith(":torch"):
+            spec["loader"] = "torch"
+        if key.endswith(":views"):  # payloads as memoryviews, no copy each
+            spec["views"] = True
+        out.append((key, spec))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, 2 epochs (< 2 min)")
@@ -107,6 +156,12 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated contenders (a,b,c,d,e,gather)")
     parser.add_argument("--datasets", default="tabular,images")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every contender this many times, round after round; report each one's median",
+    )
     parser.add_argument("--json", help="also write every result to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -141,50 +196,20 @@ def main() -> None:
                 "seed": args.seed,
                 "budget": args.budget,
             }
-            results[name] = {}
-            for c in wanted:
-                jobs = (
-                    {
-                        "gather:Gatherer": "Gatherer",
-                        "gather:Gatherer:noledger": "Gatherer-noledger",
-                        "gather:gather": "gather",
-                        "gather:warm": "warm",
-                    }
-                    if c == "gather"
-                    else {"e": None, "e:sorted": "sorted"}
-                    if c == "e"
-                    else {
-                        c: None,
-                        f"{c}:inproc": None,
-                        f"{c}:inproc:torch": None,
-                        f"{c}:inproc:views": None,
-                    }
-                    if c in ("c", "d")
-                    else {"b": None, "b:inproc": None}
-                    if c == "b"
-                    else {c: None}
-                )
-                for key, how in jobs.items():
-                    spec = dict(base, contender=c, how=how)
-                    if key == "b:inproc":  # (b) with no worker: no batch crosses processes
-                        spec["workers"] = 0
-                    elif c in ("a", "b"):
-                        spec["workers"] = args.workers_torch
-                    elif key in ("c", "d"):
-                        spec.update(workers=args.workers_shm, readers=args.readers)
-                    elif key.startswith(("c:inproc", "d:inproc")):
-                        # Same process count, the other split: gather in the trainer itself.
-                        spec.update(workers=0, readers=args.readers_inproc)
-                    if key.endswith(":torch"):
-                        spec["loader"] = "torch"
-                    if key.endswith(":views"):  # payloads as memoryviews, no copy each
-                        spec["views"] = True
+            runs: dict[str, list[dict[str, Any]]] = {}
+            jobs = [(key, spec) for c in wanted for key, spec in _jobs(c, base, args)]
+            # Round after round over all contenders, so that a slow spell of the machine
+            # (throughput here moves by 25% within an hour) lands on every contender alike.
+            for r in range(args.rounds):
+                for key, spec in jobs:
                     warm(paths)
-                    results[name][key] = run_child(spec)
+                    runs.setdefault(key, []).append(run_child(spec))
+                    round_note = f" (round {r + 1})" if args.rounds > 1 else ""
                     print(
-                        f"  {NAMES[key]}: {steady(results[name][key]):,.0f} samples/s",
+                        f"  {NAMES[key]}{round_note}: {steady(runs[key][-1]):,.0f} samples/s",
                         file=sys.stderr,
                     )
+            results[name] = {key: median_run(got) for key, got in runs.items()}
             if name == "tabular" and "d" in wanted and len(paths) > 1:
                 # Worker memory must not grow with the dataset: (d) again on one file of four.
                 part = -(-records // FILES)
