@@ -95,3 +95,28 @@ def test_subprocess_entry_point(files: list[str]) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "43  total" in proc.stdout
     assert all(os.path.exists(sidecar_path(p, "tfrecord")) for p in files)
+
+
+def test_on_error_skip_indexes_around_damaged_framing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = str(tmp_path / "d.tfrecord")
+    write_records(path, [bytes([i]) * 40 for i in range(10)], index=False)
+    offsets = scan_offsets(path)
+    with open(path, "r+b") as f:  # record 4's length field
+        f.seek(int(offsets[4]) + 1)
+        f.write(b"\xff")
+    assert main(["index", path]) == 1
+    assert "record 4" in capsys.readouterr().err
+    assert main(["index", "--on-error", "skip", path]) == 1  # built, but damage was found
+    captured = capsys.readouterr()
+    assert "built" in captured.out and "1 with damaged framing" in captured.out
+    assert f"DAMAGED  {path}, record 4, byte offset {int(offsets[4])}" in captured.err
+    assert RecordFile(path, resync=True).lost.tolist() == [4]
+    assert main(["index", "--on-error", "skip", path]) == 1
+    captured = capsys.readouterr()
+    assert "cached" in captured.out and "record(s) 4 are damaged" in captured.err
+    assert main(["index", "--on-error", "skip", "--check", path]) == 1
+    assert "checked" in capsys.readouterr().out
+    assert main(["index", path]) == 1  # without skip the stepped-over index is not taken
+    assert "length CRC" in capsys.readouterr().err

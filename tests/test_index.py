@@ -12,12 +12,15 @@ import numpy as np
 import pytest
 
 from shmloader.errors import ConfigError, DataError, IndexMismatchError
+from shmloader.formats.checksum import crc32c
 from shmloader.formats.index import (
+    cached_index,
     cached_offsets,
     default_index_dir,
     fallback_index_path,
     find_index,
     load_offsets,
+    read_index,
     save_offsets,
     sidecar_path,
 )
@@ -119,6 +122,33 @@ def test_damaged_index_is_detected_and_replaced(
     np.testing.assert_array_equal(got, OFFSETS)
     assert "rebuilding" in caplog.text
     np.testing.assert_array_equal(load_offsets(data, "lines"), OFFSETS)
+
+
+def test_lost_records_round_trip_as_version_2(data: str) -> None:
+    plain = Path(save_offsets(data, "lines", OFFSETS)).read_bytes()
+    assert plain[8:12] == (1).to_bytes(4, "little")  # no lost records: version 1, as before
+    where = save_offsets(data, "lines", OFFSETS, lost=np.array([1, 3]))
+    raw = Path(where).read_bytes()
+    assert raw[8:12] == (2).to_bytes(4, "little") and len(raw) == len(plain) + 8 + 16
+    entry = read_index(data, "lines")
+    assert entry is not None and entry.where == where
+    np.testing.assert_array_equal(entry.offsets, OFFSETS)
+    assert entry.lost.tolist() == [1, 3] and not entry.lost.flags.writeable
+    np.testing.assert_array_equal(load_offsets(data, "lines"), OFFSETS)  # numbered alike
+    for bad in (np.array([3, 1]), np.array([4]), np.array([2, 2])):
+        with pytest.raises(ConfigError, match="lost records"):
+            save_offsets(data, "lines", OFFSETS, lost=bad)
+    # A damaged lost list is a damaged index, rebuilt by cached_index.
+    tampered = bytearray(raw)
+    tampered[-12] ^= 0x40  # the last lost number, then a checksum that matches again
+    tampered[-4:] = crc32c(bytes(tampered[:-4])).to_bytes(4, "little")
+    Path(where).write_bytes(bytes(tampered))
+    with pytest.raises(IndexMismatchError, match="lost record numbers"):
+        read_index(data, "lines")
+    rebuilt = cached_index(data, "lines", lambda: (OFFSETS, np.array([2], dtype=np.uint64)))
+    assert rebuilt.where == "" and rebuilt.lost.tolist() == [2]
+    again = read_index(data, "lines")
+    assert again is not None and again.lost.tolist() == [2]
 
 
 def test_index_of_another_kind_is_foreign(data: str) -> None:

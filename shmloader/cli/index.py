@@ -16,8 +16,8 @@ from tqdm import tqdm
 from .._fs import expand_paths, stamp
 from ..errors import ConfigError, DataError, IndexMismatchError
 from ..formats._compression import Progress, resolve_compression
-from ..formats.index import INDEX_SUFFIX, find_index, save_offsets
-from ..formats.tfrecord import index_kind, scan_offsets
+from ..formats.index import INDEX_SUFFIX, read_index, save_offsets
+from ..formats.tfrecord import index_kind, scan_offsets, scan_resync
 
 _COMPRESSION_CHOICES = {"auto": "auto", "none": None, "gzip": "gzip", "zlib": "zlib"}
 
@@ -29,7 +29,8 @@ def register(subparsers: Any) -> None:
         description=(
             "Build (or reuse) the sidecar offset index of each TFRecord file and print its "
             "record count. Exit status: 0 all good, 1 a file is corrupt or an index could "
-            "not be written, 2 bad arguments."
+            "not be written (or, with --on-error skip, some damage was stepped over), "
+            "2 bad arguments."
         ),
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files, URIs or quoted globs")
@@ -40,6 +41,15 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--force", action="store_true", help="rebuild indexes even when a fresh one exists"
+    )
+    parser.add_argument(
+        "--on-error",
+        choices=("raise", "skip"),
+        default="raise",
+        help="skip: step over damaged framing (a corrupt length field, a file cut inside its "
+        "last record) and index the records after it, as RecordFileSource(on_error='skip') "
+        "does; each damaged range is listed and keeps one record number (default: raise, "
+        "the file fails)",
     )
     parser.add_argument(
         "--compression",
@@ -88,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     compression = _COMPRESSION_CHOICES[args.compression]
     failures: list[str] = []
     total = 0
+    damaged = 0  # files indexed around damaged framing (--on-error skip)
     with tqdm(
         total=sum(sizes),
         unit="B",
@@ -100,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         for path, size in zip(paths, sizes, strict=True):
             done_before = bar.n
             try:
-                count, how = _index_one(path, compression, args, bar.update)
+                count, how, lost = _index_one(path, compression, args, bar.update)
             except (DataError, ConfigError) as exc:
                 failures.append(str(exc))
                 tqdm.write(f"{'FAILED':>14}  {exc}", file=sys.stderr)
@@ -108,13 +119,15 @@ def run(args: argparse.Namespace) -> int:
             finally:
                 bar.update(done_before + size - bar.n)  # cached or failed files count too
             total += count
+            damaged += bool(lost)
             tqdm.write(f"{count:>14,}  {how:<7}  {path}")
     good = len(paths) - len(failures)
-    print(f"{total:>14,}  total    {good} file(s) indexed" + _failed_note(failures))
+    damage = f", {damaged} with damaged framing stepped over" if damaged else ""
+    print(f"{total:>14,}  total    {good} file(s) indexed" + damage + _failed_note(failures))
     if failures:
         print(f"shmloader index: first failure: {failures[0]}", file=sys.stderr)
         return 1
-    return 0
+    return 1 if damaged else 0
 
 
 def _failed_note(failures: list[str]) -> str:
@@ -123,27 +136,50 @@ def _failed_note(failures: list[str]) -> str:
 
 def _index_one(
     path: str, compression: str | None, args: argparse.Namespace, progress: Progress
-) -> tuple[int, str]:
-    """Record count of ``path`` and what was done: cached, built, checked."""
+) -> tuple[int, str, int]:
+    """Record count of ``path``, what was done (cached, built, checked) and how many of its
+    records are damaged framing stepped over (only with ``--on-error skip``)."""
     resolved = resolve_compression(path, compression)
     kind = index_kind(resolved)
+    skip = args.on_error == "skip"
     found = None
     if not args.force:
         try:
-            found = find_index(path, kind, index_dir=args.index_dir)
+            found = read_index(path, kind, index_dir=args.index_dir)
         except IndexMismatchError as exc:
             tqdm.write(f"{'replacing':>14}  {exc}", file=sys.stderr)
+    if found is not None and len(found.lost) and not skip:
+        found = None  # stepped-over damage: without skip the scan below names it and fails
     if found is not None and not args.check:
-        return len(found[1]) - 1, "cached"
+        _say_lost(path, found.lost.tolist())
+        return len(found.offsets) - 1, "cached", len(found.lost)
     before = stamp(path)
-    offsets = scan_offsets(path, compression=resolved, verify=args.check, progress=progress)
+    lost = np.zeros(0, dtype=np.uint64)
+    if skip:
+        scanned = scan_resync(path, compression=resolved, verify=args.check, progress=progress)
+        offsets = scanned.offsets
+        lost = np.array([g.record for g in scanned.lost], dtype=np.uint64)
+        for problem in (*scanned.lost, *scanned.bad):
+            tqdm.write(f"{'DAMAGED':>14}  {getattr(problem, 'error', problem)}", file=sys.stderr)
+    else:
+        offsets = scan_offsets(path, compression=resolved, verify=args.check, progress=progress)
     if found is not None:
-        if not np.array_equal(found[1], offsets):
+        if not (np.array_equal(found.offsets, offsets) and np.array_equal(found.lost, lost)):
             raise IndexMismatchError(
-                f"the index {found[0]} does not match the records in the file "
+                f"the index {found.where} does not match the records in the file "
                 "(rebuild with --force)",
                 path=path,
             )
-        return len(offsets) - 1, "checked"
-    save_offsets(path, kind, offsets, index_dir=args.index_dir, stamp=before)
-    return len(offsets) - 1, "built"
+        return len(offsets) - 1, "checked", len(lost)
+    save_offsets(path, kind, offsets, index_dir=args.index_dir, stamp=before, lost=lost)
+    return len(offsets) - 1, "built", len(lost)
+
+
+def _say_lost(path: str, lost: list[int]) -> None:
+    if lost:
+        numbers = ", ".join(map(str, lost))
+        tqdm.write(
+            f"{'DAMAGED':>14}  {path}: record(s) {numbers} are damaged framing stepped over "
+            "(--force rebuilds and describes them)",
+            file=sys.stderr,
+        )

@@ -23,7 +23,15 @@ File layout (little-endian)::
     count   u64      number of records n
     kind    kindlen bytes (UTF-8)
     offsets (n + 1) x u64
+    [version 2 only: nlost u64, then nlost x u64 record numbers, increasing]
     crc     u32      CRC32C of every byte before it
+
+Version 2 adds the *lost* records: numbers whose byte range ``[offsets[k], offsets[k + 1])``
+is framing damage that a scan stepped over (``on_error="skip"``; see docs/formats.md,
+"Damaged framing"). Each such range keeps one record number, so every reader numbers the
+records after it alike. An index with no lost records is written as version 1, byte for byte
+what earlier versions wrote, so they keep reading it; an earlier version meeting a version 2
+index treats it as damaged and rebuilds it (which fails on the damaged file, as it always did).
 
 Staleness vs damage: an index whose size/mtime no longer match the data file is *stale*, an
 expected event (the file was appended to or rewritten): :func:`load_offsets` returns ``None``
@@ -48,6 +56,7 @@ import re
 import struct
 import tempfile
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -59,11 +68,14 @@ from .checksum import crc32c
 
 __all__ = [
     "INDEX_SUFFIX",
+    "IndexEntry",
+    "cached_index",
     "cached_offsets",
     "default_index_dir",
     "fallback_index_path",
     "find_index",
     "load_offsets",
+    "read_index",
     "save_offsets",
     "sidecar_path",
 ]
@@ -73,10 +85,21 @@ log = logging.getLogger(__name__)
 INDEX_SUFFIX = ".shmidx"
 _MAGIC = b"\x89SHMIDX\n"
 _VERSION = 1
+_VERSION_LOST = 2  # version 1 plus the lost records
 _HEADER = struct.Struct("<8sIHQqQ")
 _CRC = struct.Struct("<I")
 _KIND_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _OFFSET_DTYPE = np.dtype("<u8")
+_NO_LOST = np.zeros(0, dtype=_OFFSET_DTYPE)
+
+
+class IndexEntry(NamedTuple):
+    """A fresh index: where it is, its ``n + 1`` offsets and its lost record numbers
+    (empty unless a scan stepped over damaged framing). Both arrays are read-only."""
+
+    where: str
+    offsets: np.ndarray
+    lost: np.ndarray
 
 
 def _check_kind(kind: str) -> None:
@@ -128,14 +151,12 @@ def _candidates(path: str, kind: str, index_dir: str | None) -> list[str]:
     return [sidecar, fallback_index_path(path, kind, index_dir=index_dir)]
 
 
-def find_index(
-    path: str, kind: str, *, index_dir: str | None = None
-) -> tuple[str, np.ndarray] | None:
-    """The first fresh index of ``path`` (its location and offsets), or ``None``.
+def read_index(path: str, kind: str, *, index_dir: str | None = None) -> IndexEntry | None:
+    """The first fresh index of ``path`` (location, offsets, lost records), or ``None``.
 
     The sidecar is tried first, then the cache directory. Raises
     :class:`IndexMismatchError` when an index exists but is damaged and none is fresh, and
-    :class:`DataError` when the data file itself is missing. The array is read-only.
+    :class:`DataError` when the data file itself is missing.
     """
     current = _fs.stamp(path)
     damage: IndexMismatchError | None = None
@@ -144,15 +165,27 @@ def find_index(
         if raw is None:
             continue
         try:
-            size, mtime_ns, offsets = _parse(raw, kind, candidate)
+            size, mtime_ns, offsets, lost = _parse(raw, kind, candidate)
         except IndexMismatchError as exc:
             damage = damage or exc
             continue
         if size == current.size and mtime_ns == current.mtime_ns:
-            return candidate, offsets
+            return IndexEntry(candidate, offsets, lost)
     if damage is not None:
         raise damage
     return None
+
+
+def find_index(
+    path: str, kind: str, *, index_dir: str | None = None
+) -> tuple[str, np.ndarray] | None:
+    """:func:`read_index` without the lost records: ``(location, offsets)`` or ``None``.
+
+    Lost records (version 2 indexes) are still numbered in the offsets; callers that may
+    meet them use :func:`read_index`.
+    """
+    found = read_index(path, kind, index_dir=index_dir)
+    return None if found is None else (found.where, found.offsets)
 
 
 def load_offsets(path: str, kind: str, *, index_dir: str | None = None) -> np.ndarray | None:
@@ -176,7 +209,7 @@ def _read_index_file(candidate: str) -> bytes | None:
         raise IndexMismatchError(f"cannot read index: {exc}", path=candidate) from exc
 
 
-def _parse(raw: bytes, kind: str, where: str) -> tuple[int, int, np.ndarray]:
+def _parse(raw: bytes, kind: str, where: str) -> tuple[int, int, np.ndarray, np.ndarray]:
     def damaged(why: str, offset: int | None = None) -> IndexMismatchError:
         return IndexMismatchError(f"damaged index: {why}", path=where, offset=offset)
 
@@ -185,22 +218,36 @@ def _parse(raw: bytes, kind: str, where: str) -> tuple[int, int, np.ndarray]:
     magic, version, kind_len, size, mtime_ns, count = _HEADER.unpack_from(raw, 0)
     if magic != _MAGIC:
         raise damaged("bad magic (not a shmloader index)", 0)
-    if version != _VERSION:
-        raise damaged(f"format version {version}, this shmloader reads version {_VERSION}", 8)
-    expected = _HEADER.size + kind_len + 8 * (count + 1) + _CRC.size
+    if version not in (_VERSION, _VERSION_LOST):
+        raise damaged(f"format version {version}, this shmloader reads versions 1 and 2", 8)
+    start = _HEADER.size + kind_len
+    lost_at = start + 8 * (count + 1)
+    nlost = 0
+    if version == _VERSION_LOST and len(raw) >= lost_at + 8 + _CRC.size:
+        (nlost,) = struct.unpack_from("<Q", raw, lost_at)
+    extra = 8 + 8 * nlost if version == _VERSION_LOST else 0
+    expected = lost_at + extra + _CRC.size
     if len(raw) != expected:
         raise damaged(f"{len(raw)} bytes where the header implies {expected}")
     (stored_crc,) = _CRC.unpack_from(raw, len(raw) - _CRC.size)
     if crc32c(memoryview(raw)[: -_CRC.size]) != stored_crc:
         raise damaged("checksum mismatch", len(raw) - _CRC.size)
-    stored_kind = raw[_HEADER.size : _HEADER.size + kind_len].decode("utf-8", "replace")
+    stored_kind = raw[_HEADER.size : start].decode("utf-8", "replace")
     if stored_kind != kind:
         raise damaged(f"it indexes kind {stored_kind!r}, not {kind!r}", _HEADER.size)
-    start = _HEADER.size + kind_len
     offsets = np.frombuffer(raw, dtype=_OFFSET_DTYPE, count=count + 1, offset=start)
     if count and bool(np.any(offsets[1:] < offsets[:-1])):
         raise damaged("offsets decrease", start)
-    return int(size), int(mtime_ns), offsets
+    lost = _NO_LOST
+    if nlost:
+        lost = np.frombuffer(raw, dtype=_OFFSET_DTYPE, count=nlost, offset=lost_at + 8)
+        if not _valid_lost(lost, count):
+            raise damaged("lost record numbers out of order or out of range", lost_at)
+    return int(size), int(mtime_ns), offsets, lost
+
+
+def _valid_lost(lost: np.ndarray, count: int) -> bool:
+    return bool(np.all(lost[1:] > lost[:-1])) and int(lost[-1]) < count
 
 
 def save_offsets(
@@ -210,8 +257,12 @@ def save_offsets(
     *,
     index_dir: str | None = None,
     stamp: _fs.FileStamp | None = None,
+    lost: np.ndarray | None = None,
 ) -> str:
     """Write the index of ``path`` atomically and return where it went.
+
+    ``lost``: increasing record numbers whose byte ranges are damage a scan stepped over
+    (written as a version 2 index; none, the default, writes version 1).
 
     ``stamp`` is the data file's size/mtime *before* the offsets were computed; pass it when
     building takes a while, so that a file changed meanwhile leaves a stale index (rebuilt on
@@ -223,10 +274,17 @@ def save_offsets(
         raise ConfigError(f"offsets for {path} must be a 1-D array of n + 1 values")
     if arr.size > 1 and bool(np.any(arr[1:] < arr[:-1])):
         raise ConfigError(f"offsets for {path} must not decrease")
+    lost_arr = np.ascontiguousarray(_NO_LOST if lost is None else lost, dtype=_OFFSET_DTYPE)
+    if lost_arr.size and (lost_arr.ndim != 1 or not _valid_lost(lost_arr, arr.size - 1)):
+        raise ConfigError(f"lost records of {path} must increase and be below {arr.size - 1}")
     st = stamp if stamp is not None else _fs.stamp(path)
     kind_bytes = kind.encode("utf-8")
-    header = _HEADER.pack(_MAGIC, _VERSION, len(kind_bytes), st.size, st.mtime_ns, arr.size - 1)
-    body = b"".join((header, kind_bytes, arr.tobytes()))
+    version = _VERSION_LOST if lost_arr.size else _VERSION
+    header = _HEADER.pack(_MAGIC, version, len(kind_bytes), st.size, st.mtime_ns, arr.size - 1)
+    parts = [header, kind_bytes, arr.tobytes()]
+    if lost_arr.size:
+        parts += [struct.pack("<Q", lost_arr.size), lost_arr.tobytes()]
+    body = b"".join(parts)
     blob = body + _CRC.pack(crc32c(body))
 
     targets = [fallback_index_path(path, kind, index_dir=index_dir)]
@@ -272,18 +330,33 @@ def cached_offsets(
     A damaged index is reported in the log and replaced. Errors raised by ``build`` (a
     corrupt data file) propagate unchanged.
     """
+    entry = cached_index(path, kind, lambda: (build(), _NO_LOST), index_dir=index_dir)
+    return entry.offsets
+
+
+def cached_index(
+    path: str,
+    kind: str,
+    build: Callable[[], tuple[np.ndarray, np.ndarray]],
+    *,
+    index_dir: str | None = None,
+) -> IndexEntry:
+    """:func:`cached_offsets` for builders that may step over damage: ``build()`` returns
+    ``(offsets, lost record numbers)``. ``where`` is ``""`` when the index was just built."""
     try:
-        found = load_offsets(path, kind, index_dir=index_dir)
+        found = read_index(path, kind, index_dir=index_dir)
     except IndexMismatchError as exc:
         log.warning("%s; rebuilding it", exc)
         found = None
     if found is not None:
         return found
     before = _fs.stamp(path)
-    offsets = np.ascontiguousarray(build(), dtype=_OFFSET_DTYPE)
+    built, lost = build()
+    offsets = np.ascontiguousarray(built, dtype=_OFFSET_DTYPE)
+    lost = np.ascontiguousarray(lost, dtype=_OFFSET_DTYPE)
     try:
-        save_offsets(path, kind, offsets, index_dir=index_dir, stamp=before)
+        save_offsets(path, kind, offsets, index_dir=index_dir, stamp=before, lost=lost)
     except ConfigError as exc:
         # Still correct without a cache, only slower next time: say so, do not fail the read.
         log.warning("%s", exc)
-    return offsets
+    return IndexEntry("", offsets, lost)

@@ -16,6 +16,7 @@ read per 2 MiB block; a range of a compressed file has to be inflated from the f
 
 from __future__ import annotations
 
+import logging
 import os
 from array import array
 from collections.abc import Iterable, Iterator
@@ -24,22 +25,29 @@ from types import TracebackType
 import numpy as np
 
 from ..errors import ConfigError, CorruptRecordError
-from . import _framing
+from . import _framing, _resync
 from ._compression import Progress, Sink, check_compression, open_source, resolve_compression
 from ._framing import FRAME_OVERHEAD, U32, Bad, Run, decode_frames, encode_frame, frame_header
+from ._resync import LostRange, ResyncScan, read_lost
 from .checksum import masked_crc32c
-from .index import cached_offsets, save_offsets
+from .index import cached_index, save_offsets
 
 __all__ = [
+    "LostRange",
     "RecordFile",
     "RecordWriter",
+    "ResyncScan",
     "decode_frames",
     "encode_frame",
     "index_kind",
     "read_records",
     "scan_offsets",
+    "scan_resync",
     "write_records",
 ]
+
+log = logging.getLogger(__name__)
+_NO_LOST = np.zeros(0, dtype=np.uint64)
 
 ON_ERROR_CHOICES = ("raise", "skip")
 # The writer hands the file system this much at a time instead of four writes per record.
@@ -210,6 +218,28 @@ def scan_offsets(
     return np.concatenate(parts)
 
 
+def scan_resync(
+    path: str | os.PathLike[str],
+    *,
+    compression: str | None = "auto",
+    verify: bool = False,
+    progress: Progress | None = None,
+) -> ResyncScan:
+    """:func:`scan_offsets` that steps over damaged framing instead of raising.
+
+    A corrupt length field, or a file cut inside its last record, becomes one *lost* record:
+    its number and byte range are in ``lost`` (with the error describing them), and scanning
+    goes on at the next offset where a whole frame checks out (length and payload CRC). With
+    ``verify``, records whose payload CRC fails are listed in ``bad`` (they keep their
+    number). Damage in gzip/zlib data itself (it does not inflate) still raises: nothing after
+    it can be reached. See docs/formats.md, "Damaged framing".
+    """
+    p = os.fspath(path)
+    resolved = resolve_compression(p, compression)
+    with open_source(p, resolved, progress=progress) as source:
+        return _resync.scan_resync(source, p, verify=verify)
+
+
 class RecordFile:
     """One TFRecord file with random access by record number.
 
@@ -217,6 +247,12 @@ class RecordFile:
     the first time they are needed (see :mod:`shmloader.formats.index` for where and how
     staleness is detected). The offsets are loaded once per object: if the file changes
     afterwards, reads raise IndexMismatchError instead of returning wrong records.
+
+    ``resync=True`` (what ``on_error="skip"`` sources ask for): damaged framing met while
+    the index is built is stepped over (:func:`scan_resync`), each damaged range keeping one
+    record number listed in :attr:`lost`; reading that number yields its error like any
+    corrupt record. With ``resync=False`` damaged framing raises when the index is built, as
+    it always did, also when an index built with ``resync=True`` is found.
     """
 
     def __init__(
@@ -225,11 +261,14 @@ class RecordFile:
         *,
         compression: str | None = "auto",
         index_dir: str | None = None,
+        resync: bool = False,
     ) -> None:
         self.path = os.fspath(path)
         self.compression = resolve_compression(self.path, compression)
         self.index_dir = index_dir
+        self.resync = bool(resync)
         self._offsets: np.ndarray | None = None
+        self._lost: np.ndarray = _NO_LOST
 
     def __repr__(self) -> str:
         return f"RecordFile({self.path!r}, compression={self.compression!r})"
@@ -244,13 +283,33 @@ class RecordFile:
     def offsets(self) -> np.ndarray:
         """uint64 offsets of every record plus the end (read-only, length n + 1)."""
         if self._offsets is None:
-            self._offsets = cached_offsets(
-                self.path,
-                self.kind,
-                lambda: scan_offsets(self.path, compression=self.compression),
-                index_dir=self.index_dir,
-            )
+            entry = cached_index(self.path, self.kind, self._build, index_dir=self.index_dir)
+            offsets, lost = entry.offsets, entry.lost
+            if len(lost) and not self.resync:
+                # Built by a reader that steps over damage; this one raises on it, as the
+                # scan below does (naming file, record and offset), like any other build.
+                offsets, lost = scan_offsets(self.path, compression=self.compression), _NO_LOST
+            self._lost = lost
+            self._offsets = offsets
         return self._offsets
+
+    @property
+    def lost(self) -> np.ndarray:
+        """Record numbers that are damaged framing stepped over (only with ``resync``):
+        reading one yields (or raises) an error naming its byte range; empty for a sound
+        file. The first call loads or builds the index."""
+        _ = self.offsets
+        return self._lost
+
+    def _build(self) -> tuple[np.ndarray, np.ndarray]:
+        if not self.resync:
+            return scan_offsets(self.path, compression=self.compression), _NO_LOST
+        found = scan_resync(self.path, compression=self.compression)
+        for gone in found.lost:
+            # Once per build, where it was found; readers report it again as a skipped
+            # record in every epoch that reads it.
+            log.warning("%s", gone.error)
+        return found.offsets, np.array([g.record for g in found.lost], dtype=np.uint64)
 
     @property
     def num_records(self) -> int:
@@ -312,17 +371,29 @@ class RecordFile:
         if start == stop:
             return
         offsets = self.offsets
+        lost = self._lost
+        lost = lost[(lost >= start) & (lost < stop)].tolist() if len(lost) else []
         with open_source(self.path, self.compression, int(offsets[start])) as source:
-            yield from _framing.iter_indexed_runs(
-                source,
-                self.path,
-                offsets,
-                start,
-                stop,
-                skip_bad=skip_bad,
-                verify=verify,
-                views=views,
-            )
+            i = start
+            for k in [*lost, stop]:
+                yield from _framing.iter_indexed_runs(
+                    source,
+                    self.path,
+                    offsets,
+                    i,
+                    k,
+                    skip_bad=skip_bad,
+                    verify=verify,
+                    views=views,
+                )
+                if k == stop:
+                    break
+                at, end = int(offsets[k]), int(offsets[k + 1])
+                error = read_lost(source, self.path, k, at, end, at_end=k + 1 == len(offsets) - 1)
+                if not skip_bad:
+                    raise error
+                yield Bad(k, at, error)
+                i = k + 1
 
     def _iter_range(
         self, start: int, stop: int, skip_bad: bool, verify: bool

@@ -59,7 +59,9 @@ class RecordFileSource(BaseSource):
 
     ``on_error="skip"`` leaves out records whose framing is corrupt or whose decode fails or
     does not fit the schema, and reports each as a :class:`SkippedRecord`; ``"raise"`` raises
-    a DataError naming file, record and byte offset.
+    a DataError naming file, record and byte offset. Under skip, a damaged length field or a
+    cut-short last record met while indexing is stepped over too: the damaged bytes keep one
+    record number, reported as skipped in every epoch (``RecordFile(resync=True)``).
 
     ``views=True`` hands the decode functions ``memoryview`` slices of the blocks read from the
     file instead of a ``bytes`` copy of every payload: one copy of every record less, which
@@ -140,7 +142,13 @@ class RecordFileSource(BaseSource):
         self.check_known(path)
         rf = self._files.pop(path, None)
         if rf is None:
-            rf = RecordFile(path, compression=self.compression, index_dir=self.index_dir)
+            # Skipping steps over damaged framing too: the index keeps the records after it.
+            rf = RecordFile(
+                path,
+                compression=self.compression,
+                index_dir=self.index_dir,
+                resync=self.on_error == "skip",
+            )
         self._files[path] = rf
         while len(self._files) > _OPEN_FILES:
             self._files.popitem(last=False)
