@@ -84,7 +84,36 @@ class MasterError(ShmloaderError):
 
 
 class LeaseError(MasterError):
-    """A lease is unknown, expired or already completed."""
+    """A lease is unknown, expired or already completed.
+
+    ``handed_to`` / ``handed_as``: when the lease lapsed (its holder stalled past the lease
+    timeout, or was declared dead) and the master handed its task out again, the consumer that
+    got it and that lease's id; None otherwise. The old holder may still be delivering the
+    task's rows, and so does the new one: they may reach training twice (docs/dataset.md).
+    """
+
+    handed_to: str | None = None
+    handed_as: int | None = None
+
+
+class NotActive(str):
+    """Why a lease is not active (a :class:`LeaseError`'s message), as the value of the dicts
+    that calls on many leases return (renew, complete, mark taken); a ``str`` so that code that
+    reads them as messages is unchanged. ``handed_to`` / ``handed_as`` as in LeaseError."""
+
+    handed_to: str | None = None
+    handed_as: int | None = None
+
+    @classmethod
+    def of(cls, why: str, handed_to: str | None = None, handed_as: int | None = None) -> NotActive:
+        out = cls(why)
+        out.handed_to = handed_to or None
+        out.handed_as = handed_as if handed_to else None
+        return out
+
+    @classmethod
+    def of_error(cls, exc: LeaseError) -> NotActive:
+        return cls.of(str(exc), exc.handed_to, exc.handed_as)
 
 
 class TaskQuarantinedError(MasterError):

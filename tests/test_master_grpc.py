@@ -386,6 +386,12 @@ def test_complete_many_completes_the_rest_and_names_what_it_could_not() -> None:
         problems = c.complete_many([lapsed.lease_id, *ids, 2**40])
         assert set(problems) == {lapsed.lease_id, 2**40}
         assert "handed out again" in problems[lapsed.lease_id]
+        # Who got it, over the wire, for the old holder's warning (LeaseProblem fields 3, 4).
+        why = problems[lapsed.lease_id]
+        assert (why.handed_to, why.handed_as) == ("trainer", again.lease_id)  # type: ignore[attr-defined]
+        with pytest.raises(RenewError) as renew:
+            c.renew([lapsed.lease_id])
+        assert renew.value.not_active[lapsed.lease_id].handed_to == "trainer"  # type: ignore[attr-defined]
         assert "unknown to this master" in problems[2**40]
         assert m.progress().counters["completed"] == 3
         assert again.lease_id in ids

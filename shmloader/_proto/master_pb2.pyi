@@ -133,12 +133,16 @@ class RenewRequest(_message.Message):
     def __init__(self, lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LeaseProblem(_message.Message):
-    __slots__ = ("lease_id", "error")
+    __slots__ = ("lease_id", "error", "handed_to", "handed_as")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    HANDED_TO_FIELD_NUMBER: _ClassVar[int]
+    HANDED_AS_FIELD_NUMBER: _ClassVar[int]
     lease_id: int
     error: str
-    def __init__(self, lease_id: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    handed_to: str
+    handed_as: int
+    def __init__(self, lease_id: _Optional[int] = ..., error: _Optional[str] = ..., handed_to: _Optional[str] = ..., handed_as: _Optional[int] = ...) -> None: ...
 
 class RenewReply(_message.Message):
     __slots__ = ("deadlines", "not_active")

@@ -7,9 +7,11 @@ field added to a dataclass and forgotten in the proto fails one round-trip test,
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .._proto import master_pb2 as pb
+from ..errors import NotActive
 from .handback import HandBack
 from .progress import (
     ConsumerProgress,
@@ -134,6 +136,20 @@ def leave_from_msg(m: pb.LeaveRequest) -> dict[int, list[tuple[int, int]]]:
     for h in m.consumed:
         out.setdefault(h.lease_id, []).extend((r.start, r.stop) for r in h.consumed)
     return out
+
+
+def problem_to_msg(lease_id: int, why: str) -> pb.LeaseProblem:
+    """A lease that is not active, and to whom its task went if it lapsed (``NotActive``)."""
+    handed_to = getattr(why, "handed_to", None)
+    handed_as = getattr(why, "handed_as", None)
+    return pb.LeaseProblem(
+        lease_id=lease_id, error=str(why), handed_to=handed_to or "", handed_as=handed_as or 0
+    )
+
+
+def problems_from_msg(msgs: Iterable[pb.LeaseProblem]) -> dict[int, str]:
+    """Lease id -> why, a ``NotActive`` (``handed_to`` None from masters older than the field)."""
+    return {m.lease_id: NotActive.of(m.error, m.handed_to, m.handed_as) for m in msgs}
 
 
 def register_to_msg(

@@ -39,6 +39,7 @@ from ._convert import (
     LeaseReply,
     lease_from_msg,
     leave_to_msg,
+    problems_from_msg,
     progress_from_msg,
     register_from_msg,
 )
@@ -65,7 +66,8 @@ _CHANNEL_OPTIONS = [
 class RenewError(LeaseError):
     """Some leases of a renew were not active; the others were renewed.
 
-    ``renewed`` maps lease id -> new deadline, ``not_active`` lease id -> the master's reason.
+    ``renewed`` maps lease id -> new deadline, ``not_active`` lease id -> the master's reason
+    (a ``NotActive``: its ``handed_to`` names who got the task if the lease lapsed).
     """
 
     def __init__(self, renewed: dict[int, float], not_active: dict[int, str]) -> None:
@@ -195,7 +197,7 @@ class MasterClient:
         reply = self._call("Renew", pb.RenewRequest(lease_ids=lease_ids), True, lease=True)
         renewed = dict(reply.deadlines)
         if reply.not_active:
-            raise RenewError(renewed, {p.lease_id: p.error for p in reply.not_active})
+            raise RenewError(renewed, problems_from_msg(reply.not_active))
         return renewed
 
     def complete(self, lease_id: int) -> None:
@@ -213,7 +215,7 @@ class MasterClient:
             return {}
         request = pb.CompleteManyRequest(lease_ids=lease_ids)
         reply = self._call("CompleteMany", request, False, lease=True)
-        return {p.lease_id: p.error for p in reply.not_completed}
+        return dict(problems_from_msg(reply.not_completed))
 
     def mark_taken(self, lease_ids: Sequence[int]) -> dict[int, str]:
         """Tell the master the trainer took these leases' tasks into its sampler; returns the
@@ -221,7 +223,7 @@ class MasterClient:
         if not lease_ids:
             return {}
         reply = self._call("Taken", pb.TakenRequest(lease_ids=lease_ids), True, lease=True)
-        return {p.lease_id: p.error for p in reply.not_taken}
+        return dict(problems_from_msg(reply.not_taken))
 
     def fail(self, lease_id: int, error: str) -> None:
         """Report that the lease's task could not be read; long messages are shortened."""

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..errors import ConfigError, LeaseError, MasterError
+from ..errors import ConfigError, LeaseError, MasterError, NotActive
 from ..sources.base import Shard
 from . import state as _state
 from .epochs import DONE, OpenEpoch, find_work
@@ -90,6 +90,9 @@ class Dispatcher:
         self._lapsed: dict[int, Lease] = {}
         self._lapsed_by_unit: dict[tuple[int, int], int] = {}
         self._gone: OrderedDict[int, str] = OrderedDict()
+        # Lapsed leases whose unit was handed out again -> (new lease id, its consumer), for the
+        # old holder (LeaseError.handed_to); pruned with ``_gone``, rebuilt by LeaseGranted.
+        self._handed: dict[int, tuple[int, str]] = {}
         self._counters = dict.fromkeys(COUNTERS, 0)
 
     # ----------------------------------------------------------------- queries
@@ -219,7 +222,7 @@ class Dispatcher:
         for lease_id in lease_ids:
             lease = self._leases.get(lease_id)
             if lease is None:
-                problems[lease_id] = str(self._not_active(lease_id))
+                problems[lease_id] = NotActive.of_error(self._not_active(lease_id))
             elif not lease.taken:
                 self.apply(LeaseTaken(now, lease_id))
         self._commit(now)
@@ -357,8 +360,10 @@ class Dispatcher:
             self._forget(
                 lapsed_id,
                 f"{self._gone.pop(lapsed_id, 'it lapsed')}, and task {old.task.task_id} of "
-                f"epoch {u.epoch} was handed out again as lease {u.lease_id}",
+                f"epoch {u.epoch} was handed out again as lease {u.lease_id} to "
+                f"{u.consumer!r}",
             )
+            self._handed[lapsed_id] = (u.lease_id, u.consumer)
         self._leases[u.lease_id] = ep.make_lease(
             self.table, self.config, u.lease_id, u.consumer, u.unit, u.attempt, u.deadline
         )
@@ -462,7 +467,10 @@ class Dispatcher:
                 f"lease {lease_id} is unknown to this master: never granted, or closed too long "
                 "ago to be remembered"
             )
-        return LeaseError(f"lease {lease_id} is not active: {why}")
+        error = LeaseError(f"lease {lease_id} is not active: {why}")
+        if lease_id in self._handed:
+            error.handed_as, error.handed_to = self._handed[lease_id]
+        return error
 
     def _exhausted(self, lease: Lease) -> bool:
         failures = self._open[lease.epoch].failures.get(lease.unit, 0) + 1
@@ -482,7 +490,7 @@ class Dispatcher:
     def _forget(self, lease_id: int, why: str) -> None:
         self._gone[lease_id] = why
         while len(self._gone) > GONE_MEMORY:
-            self._gone.popitem(last=False)
+            self._handed.pop(self._gone.popitem(last=False)[0], None)
 
     def _maybe_close(self, ep: OpenEpoch) -> None:
         if not ep.finished:

@@ -29,7 +29,7 @@ import numpy as np
 
 from .._proto import master_pb2 as pb
 from .._proto import master_pb2_grpc as pb_grpc
-from ..errors import ConfigError, LeaseError, MasterError
+from ..errors import ConfigError, LeaseError, MasterError, NotActive
 from . import _convert
 from .dispatcher import Dispatcher
 from .epochs import schedule_of
@@ -209,7 +209,9 @@ class MasterService(pb_grpc.MasterServicer):
                 try:
                     reply.deadlines[lease_id] = self.dispatcher.renew(lease_id, now).deadline
                 except LeaseError as exc:
-                    reply.not_active.add(lease_id=lease_id, error=str(exc))
+                    reply.not_active.append(
+                        _convert.problem_to_msg(lease_id, NotActive.of_error(exc))
+                    )
         return reply
 
     @_rpc
@@ -229,7 +231,9 @@ class MasterService(pb_grpc.MasterServicer):
                 try:
                     self.dispatcher.complete(lease_id, now)
                 except LeaseError as exc:
-                    reply.not_completed.add(lease_id=lease_id, error=str(exc))
+                    reply.not_completed.append(
+                        _convert.problem_to_msg(lease_id, NotActive.of_error(exc))
+                    )
         return reply
 
     @_rpc
@@ -238,8 +242,7 @@ class MasterService(pb_grpc.MasterServicer):
         with self.lock:
             problems = self.dispatcher.mark_taken(ids, time.time())
         reply = pb.TakenReply()
-        for lease_id, error in problems.items():
-            reply.not_taken.add(lease_id=lease_id, error=error)
+        reply.not_taken.extend(_convert.problem_to_msg(i, why) for i, why in problems.items())
         return reply
 
     @_rpc

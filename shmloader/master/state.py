@@ -100,6 +100,7 @@ def dump_state(d: Dispatcher) -> dict[str, Any]:
         "leases": [_lease_state(x) for _, x in sorted(d._leases.items())],
         "lapsed": [_lease_state(x) for _, x in sorted(d._lapsed.items())],
         "gone": [[lease_id, why] for lease_id, why in d._gone.items()],
+        "handed": [[old, new, consumer] for old, (new, consumer) in sorted(d._handed.items())],
         "counters": dict(d._counters),
     }
 
@@ -140,6 +141,8 @@ def _load(d: Dispatcher, state: dict[str, Any]) -> None:
         d._lapsed[lease.lease_id] = lease
         d._lapsed_by_unit[(lease.epoch, lease.unit)] = lease.lease_id
     d._gone = OrderedDict((int(i), str(why)) for i, why in state["gone"])
+    # States saved before it was kept have no "handed": their old holders are not told.
+    d._handed = {int(old): (int(new), str(who)) for old, new, who in state.get("handed", [])}
     d._counters.update({k: int(v) for k, v in state["counters"].items()})
 
 
