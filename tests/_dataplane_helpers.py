@@ -7,7 +7,7 @@ import time
 from shmloader.dataset.ledger import LedgerReader, ledger_dir
 from shmloader.dataset.plane import DataPlane
 from shmloader.dataset.sampler import TaskSampler
-from shmloader.errors import LeaseError
+from shmloader.errors import LeaseError, NotActive
 from shmloader.master.dispatcher import Dispatcher
 from shmloader.master.progress import DispatcherConfig
 from shmloader.master.tasks import build_schedule
@@ -32,7 +32,7 @@ class DispatcherOps:
             try:
                 self.d.complete(lease_id, time.time())
             except LeaseError as exc:
-                problems[lease_id] = str(exc)
+                problems[lease_id] = NotActive.of_error(exc)
         return problems
 
     def _queue(self, epoch: int) -> tuple[int, int]:
@@ -75,6 +75,7 @@ def trainer(d, consumer, tmp_path, *, shuffle=True, seed=3, window=2, budget="64
     store = SegmentStore.create(budget, base_dir=str(tmp_path))
     handle = store.handle()
     plane = DataPlane(
+        consumer=consumer,
         master=DispatcherOps(d, consumer),
         segments=handle,
         ledger=LedgerReader(ledger_dir(handle.path)),

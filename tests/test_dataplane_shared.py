@@ -37,6 +37,7 @@ def announce(store, plane, lease) -> None:
         start=lease.task.start,
         stop=lease.task.stop,
         consumed=lease.consumed,  # handed back by a trainer that left
+        path=lease.task.path,
     )
 
 
@@ -220,3 +221,44 @@ def _records(d: Dispatcher, epoch: int, units: tuple[int, ...]) -> list[int]:
         first = OFFSETS[task.path] + task.start
         out.extend(range(first, first + task.num_records))
     return out
+
+
+def test_a_stalled_trainer_whose_tasks_went_to_another_warns_and_counts(tmp_path, caplog):
+    # Trainer a's readers hold every task; its loop takes 13 rows, then a stalls past the
+    # lease timeout (nobody renews: what SIGSTOP or a long pause does) and b's readers get the
+    # tasks. a goes on with its pass: it delivers the rows of every task it took, which b
+    # delivers too. a warns once per task and counts those rows; a task handed back to a's own
+    # readers is no duplicate (the plane drops the second copy) and is not warned about.
+    d = dispatcher(epochs=1)
+    a = trainer(d, "a", tmp_path / "a")
+    d.register("b", time.time())
+    store, plane, sampler = a
+    with store:
+        for lease in d.lease("a", 20, time.time()):
+            announce(store, plane, lease)
+        it = iter(sampler)
+        first = Gatherer(store.handle(), ["id"]).gather(list(itertools.islice(it, 13)))
+        plane.poll()
+        later = time.time() + d.config.lease_timeout + 1
+        d.heartbeat("a", later)
+        d.heartbeat("b", later)
+        lapsed = d.expire(later)  # every lease of a not completed (tasks of 13 rows or less)
+        assert len(lapsed) >= 7
+        mine = d.lease("a", 1, later)  # one goes back to a's own readers
+        to_b = d.lease("b", 20, later)
+        announce(store, plane, mine[0])  # a second copy: dropped
+        assert plane.duplicates == 1
+        with caplog.at_level("WARNING", logger="shmloader.dataset.plane"):
+            rest = Gatherer(store.handle(), ["id"]).gather(list(it))
+            plane.poll()
+        got = first["id"].tolist() + rest["id"].tolist()
+        assert sorted(got) == list(range(TOTAL))  # a delivered every row once itself
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == len(to_b) == plane.regranted.tasks == len(lapsed) - 1
+        b_rows = sum(x.task.num_records for x in to_b)
+        assert plane.regranted.records == b_rows  # all of them: a delivered them all
+        x = to_b[0]
+        text = next(w for w in warned if f"(lease {x.lease_id})" in w)
+        task = f"task {x.task.task_id} ({x.task.path}, records {x.task.start}..{x.task.stop})"
+        assert f"epoch 0, {task}" in text
+        assert "handed the task to consumer 'b'" in text and "may reach training twice" in text

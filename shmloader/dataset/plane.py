@@ -23,6 +23,7 @@ from .gather import SegmentRows, encode_indices, group_by_segment
 from .ledger import LedgerReader
 from .plane_state import EpochState, LeaseOps, SegmentOps, SlotState, slot_name
 from .ready import ReadyTask, ReadyTasks
+from .regranted import Regranted
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class DataPlane:
         exclude: Callable[[int, int], np.ndarray | None] | None = None,
         start_epoch: int = 0,
         prior: Ranges | None = None,
+        consumer: str | None = None,  # this trainer's consumer id at the master
     ) -> None:
         self.ready = ReadyTasks()
         self._master = master
@@ -78,6 +80,9 @@ class DataPlane:
         self.consumed_records = 0
         self.skipped_records = 0  # what sources left out of the tasks consumed (on_error)
         self.duplicates = 0
+        # Leases lapsed and handed to another trainer; slots whose completion is being sent.
+        self.regranted = Regranted(consumer)
+        self._completing: dict[int, SlotState] = {}
         self.wait_seconds = 0.0  # how long the training loop waited for batches
         self.batches_delivered = 0
 
@@ -95,6 +100,7 @@ class DataPlane:
         stop: int | None = None,
         skipped: tuple[int, ...] = (),
         consumed: tuple[tuple[int, int], ...] = (),
+        path: str = "",
     ) -> None:
         """A reader sealed ``segment`` for a task: make it ready for the sampler.
         ``consumed``: records of it that earlier holders consumed (not issued again).
@@ -112,7 +118,17 @@ class DataPlane:
             self._announced.add((epoch, seq))
         self.ready.put(
             ReadyTask(
-                epoch, seq, task_id, segment, num_rows, lease_id, start, stop, skipped, consumed
+                epoch,
+                seq,
+                task_id,
+                segment,
+                num_rows,
+                lease_id,
+                start,
+                stop,
+                skipped,
+                consumed,
+                path,
             )
         )
 
@@ -127,16 +143,23 @@ class DataPlane:
             with self._lock:
                 taken, self._to_mark_taken = self._to_mark_taken, []
                 pending, self._to_complete = self._to_complete, []
-            if taken:
-                for lease_id, why in self._master.mark_taken(taken).items():
-                    # Lapsed meanwhile (this trainer was too slow): another trainer may read
-                    # it again, and this one still delivers its rows; duplicates are dropped.
-                    log.info("marking lease %d taken: %s", lease_id, why)
+            if taken:  # lapsed meanwhile (this trainer was too slow): it still delivers them
+                self.lapsed(self._master.mark_taken(taken), "marking lease %d taken: %s")
             if not pending:
                 return
-            for lease_id, why in self._master.complete(pending).items():
-                # Completed late after it lapsed and was re-leased: counted once anyway.
-                log.info("completing lease %d: %s", lease_id, why)
+            # Completed late after it lapsed: counted once, unless it was handed out again.
+            self.lapsed(self._master.complete(pending), "completing lease %d: %s")
+            with self._lock:
+                for lease_id in pending:
+                    self._completing.pop(lease_id, None)
+
+    def lapsed(self, problems: dict[int, str], what: str = "renewing lease %d: %s") -> None:
+        """The master says these leases are not active (a renew, complete or taken call):
+        warn about tasks whose lease went to another trainer (regranted.py) that the sampler
+        took, now or when it takes them (``admit``)."""
+        with self._lock:
+            states = [*self._completing.values(), *self._slots.values()]
+            self.regranted.lapsed(problems, states, what, on_delivery=self._complete_on_delivery)
 
     # -- sampler's side (Feed) -----------------------------------------------------------
     def _epoch(self, epoch: int) -> EpochState:
@@ -246,6 +269,7 @@ class DataPlane:
             ep = self._epoch(task.epoch)
             ep.admitted.add(task.seq)
             ep.slots.append(slot)
+            self.regranted.warn(state, on_delivery=self._complete_on_delivery)
             if len(rows) == 0:
                 self._settle(state)
         return encode_indices(slot, rows)
@@ -430,6 +454,7 @@ class DataPlane:
         consumed = state.n_delivered if self._complete_on_delivery else state.n_gathered
         if not state.completed and consumed >= need:
             self._complete(state.task.lease_id)
+            self._completing[state.task.lease_id] = state
             state.completed = True
             self.consumed_records += len(state.emit)
             self.skipped_records += len(state.task.skipped)
@@ -462,14 +487,10 @@ class DataPlane:
             if epoch == self._start_epoch:
                 ranges.append(self._prior)
             ranges.extend({t: [(a, b)]} for t, a, b in st.consumed)
-            for slot in st.slots:
-                state = self._slots.get(slot)
-                if state is None or state.completed or state.delivered is None:
-                    continue
-                rows = state.consumed_rows(self._complete_on_delivery)
-                if len(rows):
-                    partial[state.task.seq] = rows.tolist()
-                    ranges.append({state.task.task_id: state.records_of(rows)})
+            slots = map(self._slots.get, st.slots)
+            for state, rows in known.partly_consumed(slots, self._complete_on_delivery):
+                partial[state.task.seq] = rows.tolist()
+                ranges.append({state.task.task_id: state.records_of(rows)})
             return epoch, sorted(st.completed), partial, union(ranges)
 
     def hand_back(self) -> dict[int, list[tuple[int, int]]]:
@@ -477,14 +498,8 @@ class DataPlane:
         of (rows excluded at admit count as consumed): what a trainer leaving an elastic job
         hands back with its leases (master/handback.py), so that nobody delivers them again."""
         with self._lock:
-            out = {}
-            for state in self._slots.values():
-                if state.completed or state.delivered is None:
-                    continue
-                rows = state.consumed_rows(self._complete_on_delivery)
-                if len(rows):
-                    out[state.task.lease_id] = state.records_of(rows)
-            return out
+            parts = known.partly_consumed(self._slots.values(), self._complete_on_delivery)
+            return {state.task.lease_id: state.records_of(rows) for state, rows in parts}
 
     def _tasks(self, epoch: int) -> int:
         return self._master.epoch_tasks(epoch)

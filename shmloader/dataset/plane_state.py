@@ -3,7 +3,7 @@ store (protocols, so tests can give it a dispatcher behind a lock and a plain st
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -89,6 +89,19 @@ class SlotState:
         """The record ranges of sorted ``rows`` of the task's segment."""
         task = self.task
         return to_ranges(row_records(*task.records(), task.skipped, task.num_rows)[rows])
+
+
+def partly_consumed(
+    states: Iterable[SlotState | None], on_delivery: bool
+) -> Iterator[tuple[SlotState, np.ndarray]]:
+    """Tasks taken and not completed that the loop consumed part of, with the rows consumed
+    (``SlotState.consumed_rows``): what checkpoints and a leaving trainer's hand-back hold."""
+    for state in states:
+        if state is None or state.completed or state.delivered is None:
+            continue
+        rows = state.consumed_rows(on_delivery)
+        if len(rows):
+            yield state, rows
 
 
 @dataclass

@@ -53,6 +53,7 @@ class ReadyTask:
     skipped: tuple[int, ...] = ()
     # Records earlier holders of the task consumed before they left: its rows are not issued.
     consumed: tuple[tuple[int, int], ...] = ()
+    path: str = ""  # the task's file, for messages
 
     def records(self) -> tuple[int, int]:
         return self.start, self.start + self.num_rows if self.stop is None else self.stop

@@ -169,6 +169,7 @@ class Runtime:
                 exclude=lambda epoch, task: config.exclude.get((epoch, task)),
                 start_epoch=start,
                 prior=config.resume if start == config.start_epoch else None,
+                consumer=self.consumer,
             )
             # The source's own plan, not the master's word: readers open only these files.
             self._allowed = frozenset(shard.path for shard in config.source.plan())
@@ -308,6 +309,7 @@ class Runtime:
                 stop=message.stop,
                 skipped=tuple(s.index for s in message.skipped),
                 consumed=message.consumed,
+                path=message.path,
             )
             self._hold_readers_back()
         elif isinstance(message, Failed):
@@ -386,8 +388,10 @@ class Runtime:
                 if now >= next_renew:
                     for lease_id in self.plane.held_leases():
                         # One at a time: a lease completed meanwhile must not stop the rest.
-                        with contextlib.suppress(LeaseError):
+                        try:
                             self.client.renew([lease_id])
+                        except LeaseError as exc:  # RenewError: maybe handed to another trainer
+                            self.plane.lapsed(getattr(exc, "not_active", {}))
                     self._check_master()
                     next_renew = now + renew_every
         except BaseException as exc:

@@ -74,6 +74,11 @@ class Stats:
       a reader that dies shows in its ``restarts`` instead).
     - ``duplicate_tasks``: tasks that arrived twice (a lease lapsed while a reader still read
       it, and another reader read it again); the second copy was dropped, so no row doubled.
+    - ``regranted_tasks``, ``regranted_records``: tasks this trainer's sampler took whose lease
+      lapsed (nobody renewed it for the master's ``lease_timeout``: this process or its reader
+      stalled) and that the master handed to another trainer, which delivers them too; and
+      their rows that this trainer delivers: those may reach training twice in their epoch
+      (each task is also logged as a warning). 0 unless a lease lapsed.
     - ``epochs_started``, ``epochs_finished`` (master): epochs the master opened and finished.
       Readers lease ahead, so the master is often one epoch ahead of the loop; a job resumed
       at epoch e counts the epochs before e as started, not as finished.
@@ -101,6 +106,9 @@ class Stats:
     # Measured by shmloader.DataLoader only (a plain DataLoader hides its loop from us).
     batches_delivered: int = 0
     loop_wait_seconds: float = 0.0
+    # Lapsed leases whose tasks another trainer delivers too (elastic mode).
+    regranted_tasks: int = 0
+    regranted_records: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -127,6 +135,11 @@ class Stats:
             f"memory (PSS) of trainer + workers + readers: {self.total_pss / mib:.1f} MiB; "
             f"with the segment files, each page once: {self.total_memory / mib:.1f} MiB",
         ]
+        if self.regranted_tasks:
+            lines.append(
+                f"rows that may have come twice: {self.regranted_records}, of "
+                f"{self.regranted_tasks} tasks whose lease lapsed and went to another trainer"
+            )
         if self.batches_delivered:
             lines.append(
                 f"training loop waited {self.loop_wait_seconds:.2f} s for data over "
@@ -209,4 +222,6 @@ def collect_stats(ds: SharedTaskDataset) -> Stats:
         quarantined_tasks=len(progress.quarantined),
         batches_delivered=runtime.plane.batches_delivered,
         loop_wait_seconds=runtime.plane.wait_seconds,
+        regranted_tasks=runtime.plane.regranted.tasks,
+        regranted_records=runtime.plane.regranted.records,
     )

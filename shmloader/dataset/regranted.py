@@ -1,0 +1,86 @@
+"""Tasks this trainer delivers whose lease lapsed and went to another consumer.
+
+A lease lapses when nobody renews it for the master's ``lease_timeout`` (its holder stalled: a
+long pause, swapping, SIGSTOP) or its consumer is declared dead. The master then hands the
+task to whoever asks next; in elastic mode that may be another trainer, which delivers its
+rows too. The old holder keeps delivering the rows its sampler took: the other trainer may
+have ended its pass without waiting for the task (this trainer had it in hand), so dropping
+them could lose them. What it can do is say so: the master names the new holder in its answer
+to this trainer's renew, complete or taken call (``NotActive.handed_to``), and the trainer
+logs one warning per task, with the rows that may come twice, and counts them for ``stats()``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from .plane_state import SlotState
+
+log = logging.getLogger("shmloader.dataset.plane")
+
+
+class Regranted:
+    """Which leases went to another consumer, and what was warned about (the plane's lock
+    guards it)."""
+
+    def __init__(self, consumer: str | None) -> None:
+        self._consumer = consumer
+        self._to: dict[int, tuple[str, int | None]] = {}  # lease id -> (consumer, its lease)
+        self._warned: set[int] = set()
+        self.tasks = 0  # tasks warned about
+        self.records = 0  # their rows this trainer delivers: they may come twice
+
+    def lapsed(
+        self,
+        problems: dict[int, str],
+        states: Iterable[SlotState],
+        what: str,
+        *,
+        on_delivery: bool,
+    ) -> None:
+        """Note the leases of ``problems`` (lease id -> why it is not active, a ``NotActive``)
+        handed to another consumer, and warn about those of ``states`` (tasks the sampler
+        took). One handed to this trainer's own consumer is no duplicate: its readers read it
+        again, and the plane drops the second copy. ``what``: the info line for each."""
+        new = set()
+        for lease_id, why in problems.items():
+            log.info(what, lease_id, why)
+            to = getattr(why, "handed_to", None)
+            if to and to != self._consumer and lease_id not in self._to:
+                self._to[lease_id] = (to, getattr(why, "handed_as", None))
+                new.add(lease_id)
+        for state in states if new else ():
+            if state.task.lease_id in new:
+                self.warn(state, on_delivery=on_delivery)
+
+    def warn(self, state: SlotState, *, on_delivery: bool) -> None:
+        """Warn once about a task the sampler took, if its lease went to another consumer."""
+        task = state.task
+        if task.lease_id not in self._to or task.lease_id in self._warned or state.emit is None:
+            return
+        self._warned.add(task.lease_id)
+        to, as_lease = self._to[task.lease_id]
+        rows = len(state.emit)
+        so_far = min(rows, state.n_delivered if on_delivery else state.n_gathered)
+        self.tasks += 1
+        self.records += rows
+        start, stop = task.records()
+        log.warning(
+            "epoch %d, task %d (%s, records %d..%d): this trainer's lease %d lapsed (not renewed "
+            "within the master's lease_timeout: was this process or its reader stalled, by a "
+            "long pause, swapping or SIGSTOP?) and the master handed the task to consumer %r "
+            "(lease %s), which delivers it too. The %d rows of it that this trainer delivers "
+            "(%d so far) may reach training twice in this epoch. Set lease_timeout well above "
+            "the longest stall (docs/dataset.md, 'Several trainers without world_size')",
+            task.epoch,
+            task.task_id,
+            task.path or "?",
+            start,
+            stop,
+            task.lease_id,
+            to,
+            as_lease,
+            rows,
+            so_far,
+        )
