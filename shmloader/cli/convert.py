@@ -18,16 +18,14 @@ import argparse
 import re
 import sys
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.csv as pa_csv
 import pyarrow.fs as pafs
-import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
@@ -36,6 +34,17 @@ from ..errors import ConfigError, DataError
 from ..formats.example import encode_example
 from ..formats.tfrecord import RecordFile, RecordWriter
 from ._convert_columns import ColumnStats, arrow_columns, numpy_columns
+from ._convert_types import (
+    USER_TYPES,
+    ColumnTypes,
+    Widen,
+    check_fixed_used,
+    has_untyped_column,
+    is_late_type_error,
+    split_column_type_args,
+    user_types,
+    widen_for,
+)
 
 FORMATS = ("parquet", "csv", "jsonl", "npz")
 _EXTENSIONS = {
@@ -84,6 +93,16 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--prefix", default="part", help="shard name prefix (default: part)")
     parser.add_argument(
+        "--column-type",
+        action="append",
+        default=[],
+        metavar="NAME=TYPE",
+        help=(
+            f"read CSV/JSON Lines column NAME as TYPE ({', '.join(USER_TYPES)}) instead of "
+            "inferring it; repeatable (default: inferred, widened when later rows need it)"
+        ),
+    )
+    parser.add_argument(
         "--compression",
         choices=("gzip", "zlib"),
         default=None,
@@ -98,6 +117,8 @@ class ConvertResult:
 
     files: list[tuple[str, int]] = field(default_factory=list)
     columns: dict[str, ColumnStats] = field(default_factory=dict)
+    # Column types read wider than a CSV/JSON Lines file's first block gave, one line each.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def records(self) -> int:
@@ -123,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
             fmt=args.format,
             prefix=args.prefix,
             compression=args.compression,
+            column_types=split_column_type_args(args.column_type),
         )
     except ConfigError as exc:
         print(f"shmloader convert: {exc}", file=sys.stderr)
@@ -130,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
     except DataError as exc:
         print(f"shmloader convert: {exc}", file=sys.stderr)
         return 1
+    for note in result.notes:
+        print(f"shmloader convert: note: {note}", file=sys.stderr)
     where = f" ({args.compression})" if args.compression else ""
     files = len(result.files)
     print(f"wrote {result.records} records to {files} file{'s' if files != 1 else ''}{where}:")
@@ -152,17 +176,48 @@ def convert(
     prefix: str = "part",
     compression: str | None = None,
     progress: bool | None = None,
+    column_types: Mapping[str, str] | None = None,
 ) -> ConvertResult:
     """Convert ``inputs`` into shards in ``output_dir``; see the module docstring.
 
     ``progress``: show a tqdm bar (None: only when stderr is a terminal).
+    ``column_types``: {column: "int64" | "float64" | "string"} for CSV/JSON Lines columns,
+    instead of pyarrow's inference. Other columns whose later rows don't fit the type the
+    file's first block gave are widened, and the conversion starts over (see
+    ``_convert_types``); ``ConvertResult.notes`` says which.
     """
     if records_per_file < 1:
         raise ConfigError(f"--records-per-file must be at least 1, got {records_per_file}")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", prefix):
         raise ConfigError(f"--prefix {prefix!r}: use letters, digits, '.', '_' or '-'")
+    types = ColumnTypes(fixed=user_types(column_types or {}))
     paths = expand_paths(inputs)
     formats = [fmt or format_of(p) for p in paths]
+    notes: list[str] = []
+    while True:  # ends: each Widen pins a strictly wider type, and types only widen so far
+        try:
+            result = _convert_once(
+                paths, formats, output_dir, records_per_file, prefix, compression, progress, types
+            )
+        except Widen as widen:
+            types.learned.update(widen.types)
+            notes.extend(widen.notes())
+            continue
+        result.notes = notes
+        return result
+
+
+def _convert_once(
+    paths: list[str],
+    formats: list[str],
+    output_dir: str,
+    records_per_file: int,
+    prefix: str,
+    compression: str | None,
+    progress: bool | None,
+    types: ColumnTypes,
+) -> ConvertResult:
+    """One pass over every input; a Widen leaves nothing written behind."""
     out = _ShardWriter(output_dir, prefix, records_per_file, compression)
     result = ConvertResult()
     rows_seen = 0
@@ -175,7 +230,7 @@ def convert(
             disable=None if progress is None else not progress,
         ) as bar:
             for path, kind in zip(paths, formats, strict=True):
-                for n, columns in _read_batches(path, kind):
+                for n, columns in _read_batches(path, kind, types):
                     _track(result.columns, columns, n, rows_seen)
                     names = [stats.name for stats, _ in columns]
                     for values in zip(*(rows for _, rows in columns), strict=True):
@@ -188,6 +243,9 @@ def convert(
                     bar.update(n)
         if rows_seen == 0:
             raise ConfigError(f"the inputs hold no rows ({', '.join(paths)}); nothing written")
+        check_fixed_used(
+            types.fixed, {n for n, c in result.columns.items() if c.min_count is not None}
+        )
         result.files = out.finish()
     except BaseException:
         out.abort()
@@ -242,42 +300,55 @@ def _reading(path: str, fmt: str) -> Iterator[None]:
     except ConfigError:
         raise
     except (pa.ArrowException, OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
-        hint = _TYPE_HINT if fmt in ("csv", "jsonl") and "int64" in str(exc) else ""
-        raise DataError(f"cannot read as {fmt}: {exc}{hint}", path=path) from exc
+        raise DataError(f"cannot read as {fmt}: {exc}", path=path) from exc
 
 
-# pyarrow reads CSV and JSON Lines block by block and fixes each column's type from the first
-# block: integers there, and a float later, fail with a message about int64 only.
-_TYPE_HINT = (
-    " (a column's type is taken from the file's first block of about 1 MB: one whose values "
-    "there are all integers cannot hold a float later; write it with a decimal point, e.g. "
-    "1.0, or convert the file to Parquet first)"
-)
-
-
-def _read_batches(path: str, fmt: str) -> Iterator[tuple[int, Columns]]:
+def _read_batches(path: str, fmt: str, types: ColumnTypes) -> Iterator[tuple[int, Columns]]:
     if fmt == "npz":
         yield from _npz_batches(path)
         return
-    batches = _arrow_batches(path, fmt)
-    while True:
-        with _reading(path, fmt):
-            batch = next(batches, None)
-        if batch is None:
-            return
-        if batch.num_rows:
-            yield batch.num_rows, arrow_columns(batch, path)
+    batches = _arrow_batches(path, fmt, types)
+    typed = fmt not in ("csv", "jsonl")  # whether every column has a type (text: checked once)
+    try:
+        while True:
+            with _reading(path, fmt):
+                try:
+                    batch = next(batches, None)
+                except pa.ArrowInvalid as exc:
+                    if not (fmt in ("csv", "jsonl") and is_late_type_error(fmt, exc)):
+                        raise
+                    # pyarrow fixed a column's type from the first block and a later value
+                    # does not fit it: find the types the whole file needs (Widen starts over).
+                    found = widen_for(path, fmt, _stream_compression(path), types, exc)
+                    raise found or DataError(f"cannot read as {fmt}: {exc}", path=path) from exc
+            if batch is None:
+                return
+            if not typed:
+                typed = True
+                if has_untyped_column(batch.schema):  # all empty in the first block
+                    with _reading(path, fmt):
+                        found = widen_for(path, fmt, _stream_compression(path), types, None)
+                    if found is not None:
+                        raise found
+            if batch.num_rows:
+                yield batch.num_rows, arrow_columns(batch, path)
+    finally:
+        batches.close()  # its input stream, now rather than when the garbage collector runs
 
 
-def _arrow_batches(path: str, fmt: str) -> Iterator[pa.RecordBatch]:
+def _arrow_batches(
+    path: str, fmt: str, types: ColumnTypes
+) -> Generator[pa.RecordBatch, None, None]:
     if fmt == "parquet":
         with open_random(path) as f:
             yield from pq.ParquetFile(f).iter_batches(batch_size=_BATCH_ROWS)
         return
-    compressed = path.lower().endswith(_STREAM_SUFFIXES)
-    with open_stream(path, "detect" if compressed else None) as stream:
-        reader = pa_csv.open_csv(stream) if fmt == "csv" else pa_json.open_json(stream)
-        yield from reader
+    with open_stream(path, _stream_compression(path)) as stream:
+        yield from types.open(stream, fmt)
+
+
+def _stream_compression(path: str) -> str | None:
+    return "detect" if path.lower().endswith(_STREAM_SUFFIXES) else None
 
 
 def _npz_batches(path: str) -> Iterator[tuple[int, Columns]]:
