@@ -18,6 +18,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from shmloader.sources import RecordFileSource
+from shmloader.sources.base import ReadResult, Shard
+
 PAYLOAD = struct.Struct("<qB")
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("x", pa.float32())])
 GOOD, POISON = 0, 1
@@ -66,3 +69,18 @@ def decode_batch_padded(payloads: list[Any]) -> dict[str, np.ndarray]:
     if poison.any():
         raise ValueError(f"poison records {ids[poison].tolist()}")
     return {"id": ids, "x": (2 * ids).astype(np.float32)}
+
+
+class DroppingSource(RecordFileSource):
+    """A source of the user's own whose ``read`` loses the last record of the task holding
+    record ``DROP_AT`` without reporting it (no ``SkippedRecord``), as a buggy source or a
+    file rewritten shorter after planning would: readers must refuse such a task, not deliver
+    it short."""
+
+    DROP_AT = 250
+
+    def _read(self, shard: Shard, start: int, stop: int) -> ReadResult:
+        result = super()._read(shard, start, stop)
+        if start <= self.DROP_AT < stop:
+            return ReadResult(result.batch.slice(0, stop - start - 1), result.skipped)
+        return result

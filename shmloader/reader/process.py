@@ -18,12 +18,12 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..errors import ConfigError, LeaseError, MasterError, StoreClosedError
+from ..errors import ConfigError, DataError, LeaseError, MasterError, StoreClosedError
 from ..shm.names import new_segment_name
 from ..sources.base import Shard, SkippedRecord, Source
 from .heap import keep_freed_memory
@@ -242,6 +242,8 @@ class Reader:
                 # other tasks' segments leave free (shm budget.reserve).
                 urgent=lambda: _key(lease) in store.wanted(),
             )
+            if info is not None:
+                _check_count(lease, info.num_rows, result.skipped, lambda: store.release(info.name))
         except StoreClosedError:
             raise
         except Exception as exc:
@@ -280,6 +282,25 @@ class Reader:
                 consumed=tuple(lease.consumed),
             )
         )
+
+
+def _check_count(
+    lease: Any, rows: int, skipped: tuple[SkippedRecord, ...], release: Callable[[], None]
+) -> None:
+    """A DataError (after releasing the segment) unless the source accounted for every record
+    of the task: rows written plus records skipped. A source that returns fewer rows without
+    a SkippedRecord (a Parquet or Arrow file rewritten shorter after planning, or a source of
+    the user's own) would otherwise lose records from the epoch without a word."""
+    asked = lease.stop - lease.start
+    if rows + len(skipped) == asked:
+        return
+    release()
+    raise DataError(
+        f"records [{lease.start}, {lease.stop}): the source gave {rows} rows and skipped "
+        f"{len(skipped)}, where the plan has {asked} records; the file changed after the "
+        "dataset planned it, or the source's read() does not return the range it was asked",
+        path=lease.path,
+    )
 
 
 def _load_config(prep: dict[str, Any], blob: bytes) -> ReaderConfig:

@@ -31,7 +31,15 @@ from ._decoding import (
     infer_schema_from,
     record_failure,
 )
-from .base import BaseSource, Shard, SkippedRecord, check_on_error
+from .base import (
+    BaseSource,
+    ReadResult,
+    Shard,
+    SkippedRecord,
+    check_held,
+    check_on_error,
+    check_range,
+)
 from .columns import BatchBuilder, infer_schema
 
 Decode = Callable[[dict[str, Any]], Mapping[str, Any]]
@@ -100,6 +108,12 @@ class IndexedSource(BaseSource):
 
     def _make_plan(self) -> list[Shard]:
         return [Shard(p, len(self.offsets(p)) - 1) for p in self.paths]
+
+    def read_result(self, shard: Shard, start: int, stop: int) -> ReadResult:
+        check_range(shard, start, stop)
+        # A file that shrank since planning has a rebuilt, shorter index in a new process.
+        check_held(shard.path, start, stop, len(self.offsets(shard.path)) - 1)
+        return self._read(shard, start, stop)
 
     def where(self, path: str, start: int, stop: int) -> list[At]:
         offs = self.offsets(path)[start:stop].tolist()

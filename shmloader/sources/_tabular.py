@@ -14,6 +14,7 @@ import pyarrow.fs as pafs
 from .._fs import open_random, resolve
 from ..errors import ConfigError, DataError, DecodeError
 from ._tensor_types import first_null_row, is_any_list, tensor_form
+from .base import check_held
 from .columns import as_tensor_column
 
 
@@ -156,6 +157,7 @@ def finish(
     """Rows ``[start, stop)`` of a table whose first row is ``offset``, as one batch with the
     declared tensor columns re-typed; errors name the file and the row."""
     table = table.slice(start - offset, stop - start)
+    check_held(path, start, stop, start + table.num_rows)
     for name, shape in tensors.items():
         i = table.schema.get_field_index(name)
         if i < 0:

@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 from .._fs import _GLOB_CHARS, expand_paths, open_stream, resolve
 from ..errors import ConfigError, DataError
 from ._tabular import SchemaCheck, check_columns, check_options, finish, open_input, row_spans
-from .base import BaseSource, ReadResult, Shard
+from .base import BaseSource, ReadResult, Shard, check_held
 
 _FILE_MAGIC = b"ARROW1"
 HF_STATE = "state.json"
@@ -75,12 +75,13 @@ class ArrowSource(BaseSource):
                 schema = reader.schema
                 check_columns(path, schema, self.columns)
                 counts = self._batch_rows.get(path)
-                if counts is None:
+                if counts is None or len(counts) != reader.num_record_batches:
                     counts = tuple(
                         _get_batch(path, reader, i).num_rows
                         for i in range(reader.num_record_batches)
                     )
                     self._batch_rows[path] = counts
+                check_held(path, start, stop, sum(counts))
                 wanted, offset = row_spans(counts, start, stop)
                 batches = [_get_batch(path, reader, i) for i in wanted]
             else:
@@ -142,7 +143,7 @@ def _open_stream(path: str, f: Any) -> pa.ipc.RecordBatchStreamReader:
 def _get_batch(path: str, reader: pa.ipc.RecordBatchFileReader, i: int) -> pa.RecordBatch:
     try:
         return reader.get_batch(i)
-    except (OSError, pa.ArrowException) as exc:
+    except (OSError, ValueError, pa.ArrowException) as exc:  # ValueError: no batch i
         raise DataError(f"cannot read record batch {i}: {exc}", path=path) from exc
 
 

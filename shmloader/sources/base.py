@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from .streamed import StreamedColumns
 
 if TYPE_CHECKING:
@@ -172,6 +172,19 @@ def check_range(shard: Shard, start: int, stop: int) -> None:
         raise ConfigError(
             f"{shard.path}: record range [{start}, {stop}) is outside the shard's "
             f"{shard.num_records} records"
+        )
+
+
+def check_held(path: str, start: int, stop: int, held: int) -> None:
+    """DataError unless the file still holds records ``[start, stop)``: ``held`` is what it
+    holds now, and a task's range comes from the plan, made before the file shrank (rewritten
+    or truncated while the dataset ran). Without this a read returns fewer rows, or fails
+    with an IndexError that names nothing."""
+    if stop > held:
+        raise DataError(
+            f"records [{start}, {stop}) were planned, but the file holds {held} now: it "
+            "changed (was rewritten or truncated) after the dataset planned it",
+            path=path,
         )
 
 

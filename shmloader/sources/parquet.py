@@ -31,7 +31,7 @@ from ._tabular import (
     open_input,
     row_spans,
 )
-from .base import BaseSource, ReadResult, Shard
+from .base import BaseSource, ReadResult, Shard, check_held
 
 
 class ParquetSource(BaseSource):
@@ -69,6 +69,7 @@ class ParquetSource(BaseSource):
             schema = pf.schema_arrow
             check_columns(path, schema, self.columns)
             md = pf.metadata
+            check_held(path, start, stop, md.num_rows)
             counts = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
             groups, offset = row_spans(counts, start, stop)
             try:

@@ -35,7 +35,7 @@ from ._decoding import (
     infer_schema_from,
     record_failure,
 )
-from .base import BaseSource, ReadResult, Shard, SkippedRecord, check_on_error
+from .base import BaseSource, ReadResult, Shard, SkippedRecord, check_held, check_on_error
 from .columns import BatchBuilder, infer_schema, infer_schema_from_columns
 from .streamed import Chunk, StreamedColumns
 
@@ -162,6 +162,7 @@ class RecordFileSource(BaseSource):
     def _read(self, shard: Shard, start: int, stop: int) -> ReadResult:
         path = shard.path
         skipped: list[SkippedRecord] = []
+        check_held(path, start, stop, self._file(path).num_records)
         runs = self._file(path).read_runs(start, stop, on_error=self.on_error, views=self.views)
         builder = self._builder_for_schema()
         if self.decode_batch is not None:

@@ -78,8 +78,9 @@ class WebDatasetSource(IndexedSource):
         expected = offs[start:stop].tolist()
         if [s for _, s, _ in found] != expected:
             raise IndexMismatchError(
-                f"samples [{start}, {stop}) are not where the index says; the file changed "
-                "without changing size or mtime: delete its .wds.shmidx index",
+                f"samples [{start}, {stop}) are not where the index says: the file changed "
+                "after it was indexed (if its size and mtime did not change, delete its "
+                ".wds.shmidx index)",
                 path=path,
                 offset=base,
             )

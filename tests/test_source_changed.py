@@ -1,0 +1,140 @@
+"""Files that shrink after the dataset planned them: a read must fail naming the file, never
+return fewer rows than the task's range (records lost from the epoch without a word).
+
+A task's range comes from the plan, which a source keeps (and pickles into its readers); a
+file rewritten or truncated later no longer holds it. Parquet and Arrow reads used to return
+what was left of the range, and the text and tar sources an ``IndexError`` in a reader started
+after the change. Readers also check every task's rows against its range, for sources of the
+user's own (``_decoders.DroppingSource``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import struct
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+from _dataset_helpers import ids_of, write_dataset
+from _decoders import SCHEMA, DroppingSource, decode
+
+import shmloader
+from shmloader.errors import DataError
+from shmloader.sources import (
+    ArrowSource,
+    CSVSource,
+    JSONLSource,
+    ParquetSource,
+    RecordFileSource,
+    WebDatasetSource,
+)
+
+
+def _id_of(payload: bytes) -> dict[str, int]:
+    return {"id": struct.unpack("<q", payload)[0]}
+
+
+def _jsonl(path: Path, n: int) -> None:
+    path.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(n)))
+
+
+def _csv(path: Path, n: int) -> None:
+    path.write_text("id\n" + "".join(f"{i}\n" for i in range(n)))
+
+
+def _tar(path: Path, n: int) -> None:
+    with tarfile.open(path, "w") as tar:
+        for i in range(n):
+            info = tarfile.TarInfo(f"{i:04d}.id")
+            info.size = len(str(i))
+            tar.addfile(info, io.BytesIO(str(i).encode()))
+
+
+def _records(path: Path, n: int) -> None:
+    shmloader.write_records(path, (struct.pack("<q", i) for i in range(n)), index=False)
+
+
+def _parquet(path: Path, n: int) -> None:
+    pq.write_table(pa.table({"id": np.arange(n)}), path, row_group_size=5)
+
+
+def _arrow(path: Path, n: int) -> None:
+    feather.write_feather(pa.table({"id": np.arange(n)}), path, chunksize=5)
+
+
+def _arrow_stream(path: Path, n: int) -> None:
+    table = pa.table({"id": np.arange(n)})
+    with pa.OSFile(str(path), "wb") as f, pa.ipc.new_stream(f, table.schema) as writer:
+        writer.write_table(table, max_chunksize=5)
+
+
+KINDS: dict[str, tuple[Callable[[Path, int], None], Callable[[str], Any]]] = {
+    "jsonl": (_jsonl, JSONLSource),
+    "csv": (_csv, CSVSource),
+    "tar": (_tar, WebDatasetSource),
+    "tfrecord": (_records, lambda p: RecordFileSource(p, decode=_id_of)),
+    "parquet": (_parquet, ParquetSource),
+    "arrow": (_arrow, ArrowSource),
+    "arrows": (_arrow_stream, ArrowSource),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("warm", [False, True], ids=["new-reader", "reader-that-read"])
+def test_a_file_that_shrank_after_planning_is_an_error_naming_it(
+    tmp_path: Path, kind: str, warm: bool
+) -> None:
+    write, make = KINDS[kind]
+    path = tmp_path / f"data.{kind}"
+    write(path, 20)
+    source = make(str(path))
+    (shard,) = source.plan()
+    assert shard.num_records == 20
+    reader = pickle.loads(pickle.dumps(source))  # what a reader process gets
+    if warm:
+        reader.read(shard, 10, 20)  # its in-process caches (offsets, batch sizes) filled
+    write(path, 12)
+    if not warm:
+        reader = pickle.loads(pickle.dumps(source))  # a reader started after the change
+    with pytest.raises(DataError) as info:
+        got = reader.read(shard, 10, 20)
+        pytest.fail(f"read {got.num_rows} rows of records [10, 20) of a file of 12")
+    assert str(path) in str(info.value)
+
+
+def test_a_source_that_returns_a_short_task_fails_it_instead_of_losing_records(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "data"
+    expected = write_dataset(directory, [400])
+    source = DroppingSource(str(directory / "*.tfrecord"), decode=decode, schema=SCHEMA)
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    with shmloader.SharedTaskDataset(
+        source,
+        num_readers=1,
+        records_per_task=100,
+        epochs=1,
+        max_retries=1,
+        shm_budget="16MiB",
+        shm_dir=str(shm),
+    ) as ds:
+        got: list[int] = []
+        with pytest.raises(shmloader.TaskQuarantinedError) as info:
+            for batch in shmloader.DataLoader(ds, batch_size=50):
+                got += ids_of(batch)
+        message = str(info.value)
+        assert "records 200..300" in message
+        assert "the source gave 99 rows and skipped 0" in message
+        assert len(got) == len(set(got)) and set(got) <= set(expected)
+        assert not set(got) & set(range(200, 300))
+    assert not list(shm.iterdir())
