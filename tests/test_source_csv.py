@@ -187,3 +187,25 @@ def test_header_only_and_empty_files(tmp_path: Path) -> None:
     assert [s.num_records for s in src.plan()] == [0, 0]
     with pytest.raises(ConfigError, match="no records"):
         _ = src.schema
+
+
+def test_lone_carriage_returns_are_refused_not_read_as_a_header(tmp_path: Path) -> None:
+    """pyarrow.csv ends a row at a lone '\\r' (old Mac line ends), the line index only at
+    '\\n': such a file was one long header line, planned as 0 records and never read."""
+    (tmp_path / "a.csv").write_text("id,name\n1,x\n2,y\n", encoding="utf-8")
+    (tmp_path / "b.csv").write_bytes(b"id,name\r3,z\r4,w\r")
+    with pytest.raises(DataError, match="not followed by") as info:
+        CSVSource(str(tmp_path / "*.csv")).plan()
+    assert str(tmp_path / "b.csv") in str(info.value)
+    (tmp_path / "b.csv").write_bytes(b"id,name\r3,z\n4,w\n")  # a row in the header line
+    src = CSVSource(str(tmp_path / "b.csv"))
+    (shard,) = src.plan()
+    with pytest.raises(DataError, match="header line holds 1 more row"):
+        src.read(shard, 0, shard.num_records)
+    (tmp_path / "b.csv").write_bytes(b"id,name\n3,z\r5,v\n4,w\n")  # two rows in one line
+    src = CSVSource(str(tmp_path / "b.csv"))
+    (shard,) = src.plan()
+    with pytest.raises(DecodeError, match="parsed into 2 rows; it holds a '\\\\r'"):
+        src.read(shard, 0, shard.num_records)
+    (tmp_path / "h.csv").write_bytes(b"id,name")  # a header without a line end is fine
+    assert [s.num_records for s in CSVSource(str(tmp_path / "h.csv")).plan()] == [0]

@@ -115,6 +115,16 @@ class CSVSource(IndexedSource):
         starts = scan_lines(path, blank=b"\r", quote=_QUOTE, odd_quotes=odd_quotes)
         return starts[1:] if self.header and len(starts) > 1 else starts
 
+    def _make_plan(self) -> list[Shard]:
+        shards = super()._make_plan()
+        if self.header:
+            # A file with no record is never read, so its header is checked here: a file
+            # whose lines end with a lone '\r' is all header line to the index (names()).
+            for shard in shards:
+                if not shard.num_records:
+                    self.names(shard.path)
+        return shards
+
     def names(self, path: str) -> list[str]:
         """Column names of one file: its header, else ``f0, f1, ...`` as many as the first
         file's first record has."""
@@ -139,10 +149,22 @@ class CSVSource(IndexedSource):
                     offset=int(offs[0]),
                 ) from exc
         end = int(self.offsets(path)[0])  # the header and blank lines come before record 0
+        head = read_span(path, 0, end)
+        if not head.endswith((b"\n", b"\r")):
+            head += b"\n"  # a file of just a header line; pyarrow.csv wants its line end
         try:
-            names = self._parse_raw(read_span(path, 0, end), None, None, header=True).column_names
+            table = self._parse_raw(head, None, None, header=True)
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"cannot parse the header line: {exc}", path=path) from exc
+        if table.num_rows:
+            # pyarrow.csv also ends a row at a lone '\r' (old Mac line ends), the line index
+            # only at '\n': those rows would be taken for the header and never read.
+            raise DataError(
+                f"the header line holds {table.num_rows} more row(s) for pyarrow.csv"
+                f"{_LONE_CR if _has_lone_cr(head) else ''}",
+                path=path,
+            )
+        names = table.column_names
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise DataError(f"the header repeats column name(s) {dupes}", path=path)
@@ -266,7 +288,8 @@ class CSVSource(IndexedSource):
             try:
                 table = self._parse_raw(data[rel[lo] : rel[hi]], names, types, wanted)
                 if table.num_rows != hi - lo:
-                    raise DecodeError(f"{hi - lo} line(s) parsed into {table.num_rows} rows")
+                    hint = _LONE_CR if _has_lone_cr(data[rel[lo] : rel[hi]]) else ""
+                    raise DecodeError(f"{hi - lo} line(s) parsed into {table.num_rows} rows{hint}")
             except (pa.ArrowException, OSError, DecodeError) as exc:
                 if hi - lo == 1:
                     reason = exc.reason if isinstance(exc, DecodeError) else str(exc)
@@ -335,6 +358,16 @@ def _drop_nulls(
     ]
     keep = np.flatnonzero(~mask)
     return table.take(keep), [good[i] for i in keep.tolist()], bad
+
+
+_LONE_CR = (
+    "; it holds a '\\r' not followed by '\\n', which ends a row for pyarrow.csv but not a "
+    "line for CSVSource's index: convert the line ends to '\\n' (or '\\r\\n')"
+)
+
+
+def _has_lone_cr(data: bytes) -> bool:
+    return data.count(b"\r") > data.count(b"\r\n")
 
 
 def _pin(t: pa.DataType) -> pa.DataType:
