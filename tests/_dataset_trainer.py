@@ -5,6 +5,11 @@ The config says which dataset and loader to build and what to do; the script app
 lines to ``config["out"]`` as it goes, so the test sees what was delivered even if the process
 dies: ``{"info": {...}}`` once the dataset has started (store path, reader pids),
 ``{"pass": p, "ids": [...]}`` per batch, ``{"state": ...}`` when it saves a checkpoint.
+
+``"preempt": [k, n]``: a preemption handler (it sets a flag, as schedulers' users write them)
+is installed before the dataset; after ``k`` batches of the first pass the step waits for
+SIGTERM (``{"waiting": true}``), then, once the flag is seen (``{"preempted": true}``), the
+loop finishes the step with ``n`` more batches and stops as at ``stop_at``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,15 @@ def main(config_path: str) -> int:
     def emit(**line: Any) -> None:
         out.write(json.dumps(line) + "\n")
 
+    preempt = cfg.get("preempt")
+    preempted = [False]
+    if preempt is not None:
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            preempted[0] = True
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
     ds = dataset(Path(cfg["data"]), Path(cfg["shm_dir"]), **cfg.get("dataset", {}))
     dl = shmloader.DataLoader(ds, batch_size=cfg.get("batch_size", 64), **cfg.get("loader", {}))
     if cfg.get("load_state"):
@@ -47,6 +61,13 @@ def main(config_path: str) -> int:
         for b, batch in enumerate(dl):
             emit(**{"pass": p, "ids": ids_of(batch)})
             if stop_at is not None and [p, b + 1] == stop_at:
+                return stop(cfg, ds, dl, emit)
+            if preempt is not None and p == 0 and b + 1 == preempt[0]:
+                emit(waiting=True)
+                while not preempted[0]:  # a training step, during which SIGTERM comes
+                    time.sleep(0.02)
+                emit(preempted=True)
+            if preempt is not None and p == 0 and b + 1 == sum(preempt):
                 return stop(cfg, ds, dl, emit)
     emit(done=True)
     ds.close()

@@ -1,37 +1,62 @@
-"""Who removes a store's directory: close, exit, SIGTERM; and what survives a SIGKILL."""
+"""Who removes a store's directory: close, exit, SIGTERM; and what survives a SIGKILL.
+
+SIGTERM with its default disposition: our handler removes the stores, then the process dies
+by it. With the application's own handler (installed before or after the store): that handler
+alone decides, the store stays usable, and the exit path removes it."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import multiprocessing as mp
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from shmloader.shm import SegmentStore, reap_stale
+from shmloader.shm import SegmentStore, lifecycle, reap_stale
 
 OWNER_SCRIPT = """
-import os, signal, sys, time
+import os, signal, sys, threading, time
 import pyarrow as pa
-from shmloader.shm import SegmentStore
+from shmloader.shm import SegmentStore, lifecycle
 
 base, mode = sys.argv[1], sys.argv[2]
-if mode == "chain":
-    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(7))
+flag = []
+def on_sigterm(signum, frame):  # the application's handler
+    if mode == "os-exit":
+        os._exit(7)
+    if mode == "sys-exit":
+        sys.exit(3)
+    flag.append(signum)
+if mode in ("os-exit", "sys-exit", "flag-before"):
+    signal.signal(signal.SIGTERM, on_sigterm)
 store = SegmentStore.create("1MiB", base_dir=base)
-store.write(pa.record_batch({"x": pa.array([1, 2, 3])}))
+if mode == "flag-after":
+    signal.signal(signal.SIGTERM, on_sigterm)
+if mode == "slow-hook":
+    lifecycle.on_sigterm(lambda: (print("hook", flush=True), threading.Event().wait()))
+batch = pa.record_batch({"x": pa.array([1, 2, 3])})
+store.write(batch)
 print(store.path, flush=True)
 if mode == "exit":
     sys.exit(0)
 if mode == "interrupt":
     raise KeyboardInterrupt
+if mode.startswith("flag"):
+    while not flag:
+        time.sleep(0.02)
+    store.write(batch)  # the store is still ours to use
+    print(len(store.segments()), flush=True)
+    sys.exit(0)  # no close(): interpreter exit removes it
 time.sleep(120)
 """
 
@@ -76,11 +101,45 @@ def test_sigkilled_owner_is_reaped_by_the_next_store(tmp_path: Path) -> None:
         assert not os.path.exists(live_path)  # its own SIGTERM handler removed it
 
 
-def test_sigterm_chains_to_the_previous_handler(tmp_path: Path) -> None:
-    with owner_process(tmp_path, "chain") as (proc, path):
+@pytest.mark.parametrize("mode", ["flag-before", "flag-after"])
+def test_the_applications_sigterm_handler_keeps_the_store_until_exit(
+    tmp_path: Path, mode: str
+) -> None:
+    with owner_process(tmp_path, mode) as (proc, path):
         proc.terminate()
-        assert proc.wait(timeout=60) == 7  # the handler installed before the store still ran
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "2"  # it wrote on after SIGTERM
+        assert proc.wait(timeout=60) == 0
     assert not os.path.exists(path)
+    assert os.listdir(tmp_path) == []
+
+
+def test_sigterm_handler_that_exits_leaves_cleanup_to_the_exit_path(tmp_path: Path) -> None:
+    with owner_process(tmp_path, "sys-exit") as (proc, path):
+        proc.terminate()
+        assert proc.wait(timeout=60) == 3  # the handler installed before the store ran
+    assert not os.path.exists(path)
+    assert os.listdir(tmp_path) == []  # SystemExit: atexit removed it
+
+
+def test_sigterm_handler_that_os_exits_leaves_the_store_to_the_reaper(tmp_path: Path) -> None:
+    with owner_process(tmp_path, "os-exit") as (proc, dead_path):
+        proc.terminate()
+        assert proc.wait(timeout=60) == 7  # the handler installed before the store ran
+    assert os.path.isdir(dead_path)  # no exit path ran: as after a SIGKILL
+    with SegmentStore.create("1MiB", base_dir=tmp_path) as store:
+        assert os.listdir(tmp_path) == [os.path.basename(store.path)]
+
+
+def test_a_second_sigterm_skips_the_hooks_left(tmp_path: Path) -> None:
+    with owner_process(tmp_path, "slow-hook") as (proc, path):
+        assert proc.stdout is not None
+        proc.terminate()
+        assert proc.stdout.readline().strip() == "hook"  # blocked in it, for good
+        proc.terminate()
+        assert proc.wait(timeout=60) == -signal.SIGTERM
+    assert not os.path.exists(path)
+    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("mode", ["exit", "interrupt"])
@@ -88,6 +147,7 @@ def test_normal_exit_and_ctrl_c_remove_the_store(tmp_path: Path, mode: str) -> N
     with owner_process(tmp_path, mode) as (proc, path):
         code = proc.wait(timeout=60)
     assert (code == 0) == (mode == "exit")
+    assert not os.path.exists(path)
     assert not os.path.exists(path)
     assert os.listdir(tmp_path) == []
 
@@ -127,6 +187,37 @@ def test_forked_child_never_removes_its_parents_store(tmp_path: Path) -> None:
         assert child.exitcode == 0
         assert os.path.isdir(store.path)
         assert len(store.segments()) == 1
+
+
+def _mark(directory: Path) -> None:
+    directory.mkdir(exist_ok=True)
+
+
+def _sleep_when_started(started: Any) -> None:
+    started.set()  # a SIGTERM before the child's after-fork step would be lost (Python's)
+    time.sleep(120)
+
+
+@pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="needs fork")
+def test_sigterm_of_a_forked_child_only_kills_it(tmp_path: Path) -> None:
+    # torch terminates its DataLoader workers: they inherited our handler, hooks and store.
+    hooked = tmp_path / "hooked"
+    key = lifecycle.on_sigterm(functools.partial(_mark, hooked))
+    try:
+        with SegmentStore.create("1MiB", base_dir=tmp_path) as store:
+            store.write(pa.record_batch({"x": pa.array([1])}))
+            fork = mp.get_context("fork")
+            started = fork.Event()
+            child = fork.Process(target=_sleep_when_started, args=(started,))
+            child.start()
+            assert started.wait(timeout=60)
+            os.kill(child.pid, signal.SIGTERM)
+            child.join(timeout=60)
+            assert child.exitcode == -signal.SIGTERM
+            assert not hooked.exists()  # the parent's hooks are not the child's
+            assert len(store.segments()) == 1
+    finally:
+        lifecycle.forget_sigterm(key)
 
 
 def test_reap_keeps_foreign_names(tmp_path: Path) -> None:

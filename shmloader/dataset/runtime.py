@@ -186,9 +186,11 @@ class Runtime:
             raise
 
     def _on_sigterm(self) -> None:
-        """SIGTERM (a preempted trainer): leave the master as close() would, so that what the
-        loop consumed is not delivered again, from a thread joined for at most
-        ``SIGTERM_LEAVE_SECONDS``: the interrupted main thread may hold the plane's locks."""
+        """SIGTERM (a preempted trainer) that will kill the process: leave the master as
+        close() would, so that what the loop consumed is not delivered again, from a thread
+        joined for at most ``SIGTERM_LEAVE_SECONDS`` (a second SIGTERM ends the wait): the
+        interrupted main thread may hold the plane's locks. Not called where the application
+        handles SIGTERM itself (shm/lifecycle.py): its exit path calls close()."""
         # A forked DataLoader worker inherits the hook (torch may SIGTERM its workers): the
         # trainer's plane and client are not its own to use.
         if self._closed or self.client is None or os.getpid() != self._pid:

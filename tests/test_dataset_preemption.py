@@ -1,0 +1,102 @@
+"""A trainer whose own SIGTERM handler (installed before the dataset) asks for a graceful stop:
+the loop finishes its step on a live dataset, saves its state, exits cleanly, and nothing of
+ours is left. The dataset's exit path (close, or atexit) still tells the master what the loop
+consumed, so the records come exactly once, resumed from the state or by another trainer.
+
+Real trainer processes (tests/_dataset_trainer.py), SIGTERM sent from this process, real
+readers, a real standalone master over gRPC, real files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from _dataset_helpers import Trainer, ids_of, shm_entries, source, wait_gone, write_dataset
+
+import shmloader
+
+AT, FINISH = 3, 4  # SIGTERM comes during the step after batch AT; FINISH batches end it
+BATCH = 10  # = records per task: each batch after the signal needs a task read anew
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
+    directory = tmp_path_factory.mktemp("data")
+    return directory, write_dataset(directory, [120, 80])
+
+
+def preempted(trainer: Trainer, shm_dir: Path) -> list[int]:
+    """SIGTERM the trainer mid-step; it must finish the step and exit 0. Returns what its
+    loop received."""
+    info = trainer.wait_for("info")["info"]
+    trainer.wait_for("waiting")
+    os.kill(trainer.proc.pid, signal.SIGTERM)
+    assert trainer.finish() == 0, trainer.output()
+    assert trainer.wait_for("preempted")
+    got = trainer.ids(0)
+    assert len(got) == (AT + FINISH) * BATCH  # batches after SIGTERM came from a live dataset
+    assert shm_entries(shm_dir) == []
+    assert wait_gone(info["readers"]) == []
+    return got
+
+
+def test_a_preempted_trainer_finishes_its_step_saves_and_resumes(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    directory, expected = data
+    state = tmp_path / "state.json"
+    common = {
+        "data": str(directory),
+        "shm_dir": str(tmp_path / "shm"),
+        "dataset": {"records_per_task": BATCH, "epochs": 1},
+        "loader": {"num_workers": 2},  # forked workers inherit the application's handler
+        "batch_size": BATCH,
+    }
+    first = Trainer(
+        tmp_path, "first", **common, preempt=[AT, FINISH], save_state=str(state), then="close"
+    )
+    before = preempted(first, tmp_path / "shm")
+    saved = json.loads(state.read_text())
+    second = Trainer(tmp_path, "second", **common, load_state=str(state))
+    assert second.finish() == 0, second.output()
+    second.wait_for("done")
+    rest = second.ids(0)
+    assert saved["epoch"] == 0 and not set(before) & set(rest)
+    assert Counter(before + rest) == Counter(expected)
+    assert shm_entries(tmp_path / "shm") == []
+
+
+def test_a_preempted_trainer_hands_back_what_it_consumed_at_exit(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    directory, expected = data
+    shm_dir = tmp_path / "shm"
+    with shmloader.Master(
+        source(directory), records_per_task=BATCH, epochs=1, seed=3, consumer_timeout=30.0
+    ) as master:
+        dead = Trainer(
+            tmp_path,
+            "dead",
+            data=str(directory),
+            shm_dir=str(shm_dir),
+            dataset={"master": master.address, "num_readers": 1},
+            batch_size=BATCH,
+            preempt=[AT, FINISH],
+            then="exit",  # no close(): interpreter exit leaves the master, handing back
+        )
+        by_dead = preempted(dead, shm_dir)
+        with shmloader.SharedTaskDataset(
+            source(directory), num_readers=2, master=master.address, shm_dir=str(shm_dir)
+        ) as ds:
+            by_survivor = [i for b in shmloader.DataLoader(ds, batch_size=BATCH) for i in ids_of(b)]
+        # The dead trainer left as close() would, at once (not after consumer_timeout): what
+        # its loop received is not delivered again, the rest of its tasks is.
+        assert Counter(by_dead + by_survivor) == Counter(expected)
+        progress = master.progress()
+        assert progress.finished and not progress.quarantined
+    assert shm_entries(shm_dir) == []
