@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob as _glob
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import pyarrow.fs as pafs
 from .errors import ConfigError, DataError
 
 _GLOB_CHARS = set("*?[")
+log = logging.getLogger(__name__)
 
 
 def _is_uri(path: str) -> bool:
@@ -65,7 +67,34 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
         if not matched:
             raise ConfigError(f"{p}: the pattern matches no file")
         out.extend(matched)
-    return sorted(dict.fromkeys(out))
+    return _one_name_per_file(sorted(dict.fromkeys(out)))
+
+
+def _one_name_per_file(paths: list[str]) -> list[str]:
+    """``paths`` without second names of one local file (a symlink beside its target, hard
+    links, a glob matching both): planned under each name, its records would come twice per
+    epoch. The first name in sorted order stays."""
+    first_name: dict[tuple[int, int], str] = {}
+    out = []
+    for p in paths:
+        if not _is_uri(p):
+            try:
+                st = os.stat(p)
+            except OSError:
+                pass  # listed a moment ago: opening it says what is wrong, naming it
+            else:
+                first = first_name.setdefault((st.st_dev, st.st_ino), p)
+                if first != p:
+                    log.warning(
+                        "%s is the same file as %s (a link): its records are planned "
+                        "once, under %s",
+                        p,
+                        first,
+                        first,
+                    )
+                    continue
+        out.append(p)
+    return out
 
 
 def _glob_one(pattern: str) -> list[str]:

@@ -204,6 +204,17 @@ def test_unstorable_values_raise_decode_error_naming_the_column(value: Any, need
         records_to_batch([{"ok": 1, "bad": 1}, {"ok": 1, "bad": value}], schema)
 
 
+def test_a_torch_tensor_is_refused_with_how_to_store_it() -> None:
+    import torch
+
+    for value in (torch.zeros(3), torch.zeros(2, dtype=torch.bfloat16)):
+        with pytest.raises(DecodeError, match=r"torch.Tensor.*tensor\.numpy\(\)"):
+            infer_schema({"bad": value})
+    schema = pa.schema([("bad", pa.list_(pa.float32(), 3))])
+    with pytest.raises(DecodeError, match=r"column 'bad'.*tensor\.numpy\(\)"):
+        records_to_batch([{"bad": np.zeros(3, np.float32)}, {"bad": torch.zeros(3)}], schema)
+
+
 def test_records_that_are_not_mappings_or_have_odd_keys() -> None:
     builder = BatchBuilder(pa.schema([("a", pa.int64())]))
     with pytest.raises(DecodeError, match="mapping of column -> value, got list"):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
+import os
 import pickle
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -438,3 +440,20 @@ def test_one_file_named_several_ways_is_planned_once(tmp_path, monkeypatch):
     names = ["a.tfrecord", "./a.tfrecord", str(tmp_path / "a.tfrecord"), "*.tfrecord"]
     shards = RecordFileSource(names).plan()
     assert [(s.path, s.num_records) for s in shards] == [(str(tmp_path / "a.tfrecord"), 5)]
+
+
+def test_a_file_and_a_link_to_it_are_planned_once(tmp_path, caplog):
+    """A glob that matches a file and a symlink (or hard link) to it plans the file once,
+    under its first name in sorted order, and says so."""
+    write_records(str(tmp_path / "b.tfrecord"), [b"x"] * 5)
+    write_records(str(tmp_path / "c.tfrecord"), [b"y"] * 3)
+    os.symlink(tmp_path / "b.tfrecord", tmp_path / "a-latest.tfrecord")
+    os.link(tmp_path / "c.tfrecord", tmp_path / "d.tfrecord")
+    with caplog.at_level(logging.WARNING, logger="shmloader._fs"):
+        shards = RecordFileSource(str(tmp_path / "*.tfrecord")).plan()
+    assert [(os.path.basename(s.path), s.num_records) for s in shards] == [
+        ("a-latest.tfrecord", 5),
+        ("c.tfrecord", 3),
+    ]
+    said = caplog.text
+    assert "b.tfrecord is the same file as" in said and "d.tfrecord is the same file as" in said

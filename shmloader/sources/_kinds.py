@@ -36,6 +36,13 @@ def describe(value: Any) -> str:
         return f"Python {type(value).__name__} {value!r}"
     if isinstance(value, (list, tuple)):
         return f"{type(value).__name__} of {len(value)} values"
+    if type(value).__module__ == "torch" and hasattr(value, "numpy"):
+        # Readers store numpy and Python values only (they do not import torch); say how.
+        shape = tuple(getattr(value, "shape", ()))
+        return (
+            f"torch.Tensor ({getattr(value, 'dtype', '?')}, shape {shape}; decode functions "
+            "return numpy arrays: use tensor.numpy())"
+        )
     return type(value).__name__
 
 
