@@ -18,6 +18,7 @@ atomic rename and truncate, which object stores do not offer. docs/master.md has
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Sequence
@@ -34,6 +35,8 @@ from .dispatcher import Dispatcher
 from .progress import DispatcherConfig
 from .state import check_schedule_key, schedule_key
 from .updates import Update, update_from_dict, update_to_dict
+
+log = logging.getLogger(__name__)
 
 FSYNC_POLICIES = ("always", "batch", "never")
 JOURNAL_FORMAT = 1
@@ -79,6 +82,9 @@ class Journal:
         self.seq = 0
         self.recovery: Recovery | None = None
         self._fd: int | None = None
+        self._segment = ""  # the segment _fd writes, and its length
+        self._size = 0
+        self._broken = ""  # why _fd was closed while the journal is open, if it was
         self._lock_fd: int | None = None
         self._unsynced = 0
         self._last_sync = float("-inf")
@@ -139,11 +145,20 @@ class Journal:
 
     def record(self, update: Update) -> None:
         if self._fd is None:
-            raise MasterError(f"journal {self.directory} is closed; the update was not applied")
+            raise MasterError(
+                f"journal {self.directory} is closed{self._broken}; the update was not applied"
+            )
         frame = encode_frame(_dumps({"seq": self.seq, "update": update_to_dict(update)}))
-        view = memoryview(frame)
-        while view:
-            view = view[os.write(self._fd, view) :]
+        try:
+            _write_all(self._fd, frame)
+        except OSError as exc:
+            self._undo_torn_write(exc)
+            raise OSError(
+                exc.errno,
+                f"journal {self._file(self._segment)}: cannot write update {self.seq} at byte "
+                f"{self._size} ({exc.strerror or exc}); it was not applied",
+            ) from exc
+        self._size += len(frame)
         self.seq += 1
         self._unsynced += 1
         self._since_snapshot += 1
@@ -162,7 +177,21 @@ class Journal:
         ):
             self._sync(now)
         if self._since_snapshot >= self.snapshot_every:
-            self._rotate()
+            try:
+                self._rotate()
+            except OSError as exc:
+                # The request's updates are in the segment already, and applied: failing the
+                # request would tell its caller a lease it holds was refused, or a completion
+                # counted was not. Compaction only bounds the segment's size; try again later.
+                self._since_snapshot = 0
+                log.warning(
+                    "journal %s: compaction failed (%s); the updates are safe in %s, which "
+                    "keeps growing; trying again after %d more updates",
+                    self.directory,
+                    exc,
+                    self._segment,
+                    self.snapshot_every,
+                )
 
     # -------------------------------------------------------------- control
 
@@ -176,15 +205,16 @@ class Journal:
 
     def close(self) -> None:
         """fsync and close; the dispatcher stays usable in memory but journals nothing more."""
-        if self._fd is not None:
-            os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = None
+        fd, self._fd = self._fd, None
         if self.dispatcher.sink is self:
             self.dispatcher.sink = None
-        if self._lock_fd is not None:
-            _flock.release(self._lock_fd)
-            self._lock_fd = None
+        try:
+            if fd is not None:
+                _close(fd)
+        finally:  # a failed fsync (a disk gone read-only) must not keep the directory locked
+            if self._lock_fd is not None:
+                _flock.release(self._lock_fd)
+                self._lock_fd = None
 
     def __enter__(self) -> Journal:
         return self
@@ -256,13 +286,15 @@ class Journal:
                 os.truncate(path, end)
             offset = 0
             for payload in payloads:
-                expected, applied = self._replay(payload, expected, path, offset)
+                expected, applied = self._replay(payload, expected, path, offset, skipped)
                 replayed += applied
                 offset += len(payload) + 16
         self.seq = expected
         return Recovery(snapshot_seq, replayed, expected, torn_path, torn_bytes, tuple(skipped))
 
-    def _replay(self, payload: bytes, expected: int, path: str, offset: int) -> tuple[int, int]:
+    def _replay(
+        self, payload: bytes, expected: int, path: str, offset: int, skipped: list[str]
+    ) -> tuple[int, int]:
         try:
             record = json.loads(payload)
             seq = int(record["seq"])
@@ -276,7 +308,9 @@ class Journal:
         if seq > expected:
             raise CorruptRecordError(
                 f"journal record {seq} follows {expected - 1}: updates {expected}..{seq - 1} are "
-                "missing (deleted or lost segment)",
+                "missing (a lost segment, or a deleted or damaged snapshot"
+                + (f"; damaged, so skipped: {', '.join(skipped)}" if skipped else "")
+                + ")",
                 path=path,
                 offset=offset,
             )
@@ -308,19 +342,40 @@ class Journal:
         snap["crc32c"] = masked_crc32c(_dumps(state))
         name = f"snapshot-{self.seq:020d}.json"
         self._write_atomic(name, _dumps(snap))
-        if self._fd is not None:
-            os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = None
         segment = f"journal-{self.seq:020d}.log"
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-        self._fd = os.open(self._file(segment), flags, 0o644)
+        # The new segment opens before the old one closes: if it cannot, records go on into
+        # the old one (recovery skips those the snapshot holds), not nowhere.
+        new_fd = os.open(self._file(segment), flags, 0o644)
+        old_fd, self._fd = self._fd, new_fd
+        self._segment, self._size = segment, 0
+        if old_fd is not None:
+            _close(old_fd)
         self._fsync_dir()
         for _, old in self._listing(_SEGMENT) + self._listing(_SNAPSHOT):
             if old not in (name, segment):
                 os.unlink(self._file(old))
         self._fsync_dir()
         self._since_snapshot = 0
+
+    def _undo_torn_write(self, exc: OSError) -> None:
+        """Cut a frame that was only partly written (a full disk writes what fits, then fails)
+        back off the segment. Left there, the next record would follow a torn frame, and
+        recovery would take it for corruption: after the disk has room again, the master
+        would run on, and could never be restarted. If the cut fails too (a read-only file
+        system), the segment is closed: a torn tail with nothing after it is what recovery
+        expects from a crash, and cuts away itself."""
+        assert self._fd is not None
+        try:
+            os.ftruncate(self._fd, self._size)
+        except OSError as cut:
+            os.close(self._fd)
+            self._fd = None
+            self._broken = (
+                f" (writing to {self._file(self._segment)} failed: {exc}; cutting its torn "
+                f"tail off at byte {self._size} failed too: {cut}; restart the master once "
+                "the disk is writable)"
+            )
 
     def _sync(self, now: float) -> None:
         if self._fd is not None:
@@ -332,10 +387,11 @@ class Journal:
         tmp = self._file(name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            _write_all(fd, data)
             os.fsync(fd)
+        except OSError:
+            os.unlink(tmp)  # a half-written file on a full disk only takes more room
+            raise
         finally:
             os.close(fd)
         os.replace(tmp, self._file(name))
@@ -347,6 +403,20 @@ class Journal:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _close(fd: int) -> None:
+    """fsync and close; closed even if the fsync fails (whose error is raised)."""
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 __all__ = ["FSYNC_POLICIES", "Journal", "Recovery"]
