@@ -50,6 +50,15 @@ def test_round_trip_and_location(data: str) -> None:
     assert not [n for n in os.listdir(os.path.dirname(data)) if n.endswith(".tmp")]
 
 
+@pytest.mark.parametrize("data_mode", [0o644, 0o640, 0o600, 0o755])
+def test_an_index_is_as_readable_as_its_data(data: str, data_mode: int) -> None:
+    """On a shared dataset, another user who may read the data may read its index too (a
+    private index would be rebuilt and replaced by each user in turn)."""
+    os.chmod(data, data_mode)
+    where = save_offsets(data, "lines", OFFSETS)
+    assert os.stat(where).st_mode & 0o777 == data_mode & 0o666
+
+
 @pytest.mark.parametrize("bad", [np.array([], dtype=np.uint64), np.array([5, 4]), np.zeros((2, 2))])
 def test_save_rejects_bad_offsets(data: str, bad: np.ndarray) -> None:
     with pytest.raises(ConfigError):

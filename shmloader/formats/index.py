@@ -53,6 +53,7 @@ import hashlib
 import logging
 import os
 import re
+import stat
 import struct
 import tempfile
 from collections.abc import Callable
@@ -291,9 +292,10 @@ def save_offsets(
     if _is_local(path):
         targets.insert(0, sidecar_path(_canonical(path), kind))
     failures: list[str] = []
+    mode = _readable_as(path)
     for target in targets:
         try:
-            _atomic_write(target, blob)
+            _atomic_write(target, blob, mode)
         except OSError as exc:
             failures.append(f"{target}: {exc}")
             continue
@@ -304,11 +306,22 @@ def save_offsets(
     )
 
 
-def _atomic_write(target: str, blob: bytes) -> None:
+def _readable_as(path: str) -> int:
+    """Permission bits for ``path``'s index: readable by whoever may read the data (mkstemp
+    makes files 0600, and on a shared dataset another user could not read the index and would
+    rebuild and replace it, each in turn)."""
+    try:
+        return stat.S_IMODE(os.stat(_canonical(path)).st_mode) & 0o666 | 0o600
+    except (OSError, ValueError):
+        return 0o600  # not a local file (an object store has no modes), or gone: private
+
+
+def _atomic_write(target: str, blob: bytes, mode: int = 0o600) -> None:
     directory = os.path.dirname(target)
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".shmidx-", suffix=".tmp", dir=directory)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
         os.replace(tmp, target)

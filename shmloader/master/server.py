@@ -13,6 +13,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -153,9 +154,11 @@ class Master:
                 creds = grpc.ssl_server_credentials([self._tls])
                 port = server.add_secure_port(target, creds)
         except RuntimeError as exc:
-            raise MasterError(f"cannot listen on {target}: {exc}") from exc
+            raise MasterError(
+                f"cannot listen on {target}: {_bind_error(self.host, self.port)} ({exc})"
+            ) from exc
         if port == 0:
-            raise MasterError(f"cannot listen on {target} (in use, or not an address here)")
+            raise MasterError(f"cannot listen on {target}: {_bind_error(self.host, self.port)}")
         self.port = port
         server.start()
         self._server = server
@@ -294,3 +297,27 @@ def _refusal(handler: Any) -> Any:
     if handler.stream_unary is not None:
         return grpc.stream_unary_rpc_method_handler(_deny, **serde)
     return grpc.stream_stream_rpc_method_handler(_deny, **serde)
+
+
+def _bind_error(host: str, port: int) -> str:
+    """Why gRPC could not bind (it says only "Failed to bind"): the operating system's reason,
+    found by binding a plain socket the same way."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        return f"{host!r} is not an address here ({exc.strerror or exc})"
+    reasons = []
+    for family, kind, proto, _name, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind(address)
+        except OSError as exc:
+            reasons.append(exc.strerror or str(exc))
+    if not reasons:
+        return "the port was free a moment later (another program held it)"
+    hint = (
+        "; another program (or master) has the port: pick another --port"
+        if any("in use" in r for r in reasons)
+        else ""
+    )
+    return ", ".join(dict.fromkeys(reasons)) + hint
