@@ -201,3 +201,30 @@ def test_the_build_logs_each_lost_range_once(
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1
     assert f"record 3, byte offset {offsets[3]}" in warnings[0] and path in warnings[0]
+
+
+@pytest.mark.parametrize("stray", [1, 5, 11])
+def test_a_damaged_range_shorter_than_a_header_is_read_as_skipped(
+    tmp_path: Path, stray: int
+) -> None:
+    """Stray bytes between two frames (a few inserted, or the first bytes of a header cut
+    short and followed by more data, as when a truncated file was concatenated with another):
+    the range stepped over is shorter than a header. Reading it must yield its error like any
+    lost record, and say the same as the build did, not claim that the file changed."""
+    path, offsets = written(tmp_path)
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data[: offsets[5]] + b"\x01" * stray + data[offsets[5] :])
+    found = scan_resync(path)
+    assert [(g.record, g.start, g.stop) for g in found.lost] == [
+        (5, offsets[5], offsets[5] + stray)
+    ]
+    rf = RecordFile(path, resync=True)
+    assert rf.num_records == 21 and rf.lost.tolist() == [5]
+    got = read_all(rf)
+    assert got[:5] == RECORDS[:5] and got[6:] == RECORDS[5:]
+    error = got[5]
+    assert isinstance(error, CorruptRecordError) and not isinstance(error, TruncatedRecordError)
+    assert_names(error, path, offsets[5], 5)
+    assert str(error) == str(found.lost[0].error)
+    assert f"bytes {offsets[5]}..{offsets[5] + stray} ({stray} bytes)" in str(error)
+    assert f"resumes at byte {offsets[5] + stray}" in str(error)

@@ -120,6 +120,9 @@ def scan_resync(source: ByteSource, path: str, *, verify: bool) -> ResyncScan:
         if status == BAD_LENGTH:
             head = w.buf[rel : rel + HEADER_SIZE]
             stop = _resync(w, pos)
+            # Only the range's own bytes, as a reader of the index sees them (read_lost): a
+            # range shorter than a header (stray bytes before a sound frame) has no header.
+            head = head[: stop - pos]
             whole = w.buf[pos - w.base : stop - w.base] if w.base <= pos else None
             error = lost_error(
                 head, whole, pos, stop, at_end=stop == w.end and w.eof, path=path, index=count
@@ -209,7 +212,13 @@ def lost_error(
     """
     size = stop - start
     truncated = len(head) < HEADER_SIZE
-    if truncated:
+    if truncated and not at_end:
+        # A sound frame starts fewer than HEADER_SIZE bytes on: these bytes were inserted, or
+        # are what is left of a header cut short with more data after it (files joined).
+        truncated = False
+        why = f"{size} stray bytes where a record header was expected (too few to be one)"
+        held = _held(whole)
+    elif truncated:
         why = f"the file ends inside a record header ({len(head)} of {HEADER_SIZE} bytes)"
         held = "part of one record header: 1 record lost"
     else:
