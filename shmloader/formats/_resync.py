@@ -176,6 +176,10 @@ def _find_frame(buf: bytes, q: int, eof: bool) -> tuple[int | None, int, int]:
     small = (
         (arr[q + 5 : last + 6] == 0) & (arr[q + 6 : last + 7] == 0) & (arr[q + 7 : last + 8] == 0)
     )
+    # Nor is a header of twelve zero bytes valid (length 0 has masked CRC 0x07980329): zero
+    # fill, common damage, would otherwise pass the filter at every byte, each a Python step.
+    nonzero = np.concatenate(([0], np.cumsum(arr[q:] != 0, dtype=np.int64)))
+    small &= nonzero[HEADER_SIZE:] > nonzero[:-HEADER_SIZE]
     for c in (np.flatnonzero(small) + q).tolist():
         length, stored = HEADER.unpack_from(buf, c)
         if stored != length_crc(length):
