@@ -78,6 +78,7 @@ def test_round_trip_of_every_rpc(master: Master, client: MasterClient) -> None:
     client.heartbeat("c1")
     for epoch in (0, 1):
         assert client.epoch_info("c1", epoch) == EpochInfo(epoch, NUM_TASKS, 17)
+        assert client.epoch_info("c1", epoch).left_records == (17,)  # not started: all
 
     reply = client.lease("c1", 3)
     assert not reply.finished and [x.seq for x in reply.leases] == [0, 1, 2]
@@ -97,6 +98,8 @@ def test_round_trip_of_every_rpc(master: Master, client: MasterClient) -> None:
     assert progress == master.progress()
     assert progress.counters["completed"] == 1 and progress.counters["failed"] == 1
     assert progress.epochs[0].done_records == first.num_records
+    # What is left: every record but the completed task's (the failed one is to do again).
+    assert client.epoch_info("c1", 0).left_records == (17 - first.num_records,)
     assert progress.consumers[0].leases == (third.lease_id,)
 
     retry = client.lease("c1", 1).leases[0]  # the failed unit comes back first, same seq

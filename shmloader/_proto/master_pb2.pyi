@@ -194,14 +194,16 @@ class EpochInfoRequest(_message.Message):
     def __init__(self, consumer: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class EpochInfoReply(_message.Message):
-    __slots__ = ("epoch", "num_tasks", "num_records")
+    __slots__ = ("epoch", "num_tasks", "num_records", "left_records")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     NUM_TASKS_FIELD_NUMBER: _ClassVar[int]
     NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    LEFT_RECORDS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     num_tasks: int
     num_records: int
-    def __init__(self, epoch: _Optional[int] = ..., num_tasks: _Optional[int] = ..., num_records: _Optional[int] = ...) -> None: ...
+    left_records: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, epoch: _Optional[int] = ..., num_tasks: _Optional[int] = ..., num_records: _Optional[int] = ..., left_records: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WhereaboutsRequest(_message.Message):
     __slots__ = ("consumer", "epoch", "seqs")

@@ -37,6 +37,7 @@ from .launcher import Rendezvous
 from .ledger import LedgerReader, ledger_dir
 from .master_ops import MasterOps
 from .plane import DataPlane
+from .rejoin import check_whole_share
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.005
@@ -159,6 +160,8 @@ class Runtime:
             start = config.start_epoch
             if self.embedded is None:  # a running master may be past this trainer's start
                 start = max(start, self._first_unfinished_epoch())
+                # Before the readers lease anything (rejoin.py): a DDP rank on a whole share.
+                check_whole_share(self.client, self.consumer, config, info, start)
             self.plane = DataPlane(
                 master=ops,
                 segments=handle,

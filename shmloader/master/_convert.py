@@ -8,7 +8,7 @@ field added to a dataclass and forgotten in the proto fails one round-trip test,
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .._proto import master_pb2 as pb
 from ..errors import NotActive
@@ -60,11 +60,16 @@ class LeaseReply:
 
 @dataclass(frozen=True)
 class EpochInfo:
-    """Units and records of one consumer's queue in ``epoch`` (known before it starts)."""
+    """Units and records of one consumer's queue in ``epoch`` (known before it starts).
+
+    ``left_records``: records of each queue (rank order) not done yet, as the master had them
+    when asked (empty from a master that does not say); a moment's count, not part of the
+    epoch's shape, so equality leaves it out."""
 
     epoch: int
     num_tasks: int
     num_records: int
+    left_records: tuple[int, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)

@@ -261,7 +261,8 @@ class MasterClient:
         """Units and records of ``consumer``'s queue in ``epoch`` (also before it starts)."""
         request = pb.EpochInfoRequest(consumer=consumer, epoch=epoch)
         reply = self._call("EpochInfo", request, True, consumer=consumer)
-        return EpochInfo(reply.epoch, reply.num_tasks, reply.num_records)
+        left = tuple(int(n) for n in reply.left_records)
+        return EpochInfo(reply.epoch, reply.num_tasks, reply.num_records, left)
 
     def whereabouts(self, consumer: str, epoch: int, seqs: Sequence[int]) -> list[str]:
         """Where tasks ``seqs`` of ``consumer``'s queue in ``epoch`` are, in order: "todo",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -137,6 +138,12 @@ class OpenEpoch:
         self.status[unit] = new
         if new == DONE:
             self.consumed.pop(unit, None)
+
+    def left_by_queue(self) -> list[int]:
+        """Records of each queue not done yet (to do or leased), in queue order."""
+        left = np.where(self.status <= LEASED, self.lengths, 0)
+        cum = np.concatenate(([0], np.cumsum(left)))
+        return [int(cum[hi] - cum[lo]) for lo, hi in pairwise(self.schedule.bounds.tolist())]
 
     @property
     def finished(self) -> bool:

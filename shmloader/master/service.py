@@ -34,7 +34,7 @@ from . import _convert
 from .dispatcher import Dispatcher
 from .epochs import schedule_of
 from .progress import Lease as DispatcherLease
-from .state import WHEREABOUTS
+from .state import WHEREABOUTS, left_records
 
 log = logging.getLogger(__name__)
 
@@ -266,12 +266,14 @@ class MasterService(pb_grpc.MasterServicer):
         with self.lock:
             self._known(consumer)
             rank = self.dispatcher.rank_of(consumer)
+            left = left_records(self.dispatcher, epoch)
         shape = self.shape(epoch)
         queue = rank or 0
         return pb.EpochInfoReply(
             epoch=epoch,
             num_tasks=shape.bounds[queue + 1] - shape.bounds[queue],
             num_records=shape.records[queue],
+            left_records=shape.records if left is None else left,
         )
 
     @_rpc

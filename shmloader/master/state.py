@@ -211,6 +211,17 @@ def whereabouts(d: Dispatcher, consumer: str, epoch: int, units: Sequence[int]) 
     return out
 
 
+def left_records(d: Dispatcher, epoch: int) -> list[int] | None:
+    """Records of each queue of ``epoch`` not done yet (to do or leased); None before the
+    epoch starts (all of each queue's records), zeros once it finished."""
+    ep = d._open.get(epoch)
+    if ep is not None:
+        return ep.left_by_queue()
+    if epoch >= d._epochs_started:
+        return None
+    return [0] * (d.config.world_size or 1)
+
+
 def _closed_size(d: Dispatcher, epoch: int) -> int:
     for done in d._closed:
         if done.epoch == epoch:
