@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch.utils.data
-from _dataset_helpers import dataset, ids_of, write_dataset
+from _dataset_helpers import dataset, ids_of, source, write_dataset
 
 import shmloader
 from shmloader.shm.names import start_token
@@ -200,3 +200,27 @@ def test_no_shuffle_keeps_file_order(tmp_path: Path, data: tuple[Path, list[int]
     directory, expected = data
     with dataset(directory, tmp_path, epochs=1, shuffle=False) as ds:
         assert one_pass(make_loader(ds, "shmloader", num_workers=2)) == expected
+
+
+def test_an_order_that_the_budget_made_depend_on_timing_is_warned_about(
+    tmp_path: Path, data: tuple[Path, list[int]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Room for three segments, blocks of up to 8 tasks: the sampler must go on with part of
+    a block (rows still once each), and then a rerun with the same seed may see other
+    batches. That used to pass in silence; a warning says so, once. An ample budget says
+    nothing."""
+    from shmloader.shm import ipc_file_size
+
+    directory, expected = data
+    src = source(directory)
+    one = ipc_file_size(src.read(src.plan()[0], 0, 100))
+    sampler_log = "shmloader.dataset.sampler"
+    with caplog.at_level(logging.WARNING, logger=sampler_log):
+        with dataset(directory, tmp_path / "small", shm_budget=3 * one) as ds:
+            assert_once(one_pass(make_loader(ds, "shmloader")), expected)
+        warned = [r for r in caplog.records if r.name == sampler_log]
+        assert len(warned) == 1 and "depends on timing" in warned[0].getMessage()
+        caplog.clear()
+        with dataset(directory, tmp_path / "ample") as ds:
+            assert_once(one_pass(make_loader(ds, "shmloader")), expected)
+        assert not [r for r in caplog.records if r.name == sampler_log]

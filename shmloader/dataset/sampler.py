@@ -122,6 +122,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         self.shuffle = shuffle
         self.seed = seed
         self.window = window
+        self._warned_order = False  # see _warn_out_of_order
 
     def __len__(self) -> int:
         return self.pass_rows(rest_alone=False)
@@ -202,11 +203,31 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             left = [s for s in block if s not in got and s not in dropped]
             if left or not got <= set(block):
                 pending = left + [s for s in pending if s not in got]
+                self._warn_out_of_order(epoch, left, sorted(got))
             indices = self._block_indices(feed, epoch, tasks + feed.take_strays())
             if len(indices):
                 yield indices
         yield from self._strays(feed, epoch)
         feed.finish_epoch(epoch)
+
+    def _warn_out_of_order(self, epoch: int, missing: list[int], got: list[int]) -> None:
+        """Say (once) that the order stopped being a function of the configuration: ``take``
+        went on without the whole block because readers had no room in the budget for it.
+        Exactly once still holds, so nothing else would tell the user that a rerun with the
+        same seed will not see the same batches."""
+        if self._warned_order:
+            return
+        self._warned_order = True
+        log.warning(
+            "epoch %d: readers had no room in shm_budget for tasks %s of the block the sampler "
+            "waited for, so it went on with the tasks ready (%s): from here the order depends "
+            "on timing, not only on the seed (each row still comes once; said once, however "
+            "often it happens again). For a reproducible order raise shm_budget (several "
+            "shuffle windows of tasks: docs/dataset.md, 'Order and shuffling')",
+            epoch,
+            missing,
+            got,
+        )
 
     def _strays(self, feed: Feed, epoch: int) -> Iterator[np.ndarray]:
         """The end of a pass that gave tasks up as elsewhere (elastic mode: other trainers took
