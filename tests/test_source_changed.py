@@ -138,3 +138,41 @@ def test_a_source_that_returns_a_short_task_fails_it_instead_of_losing_records(
         assert len(got) == len(set(got)) and set(got) <= set(expected)
         assert not set(got) & set(range(200, 300))
     assert not list(shm.iterdir())
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_error_says_what_the_file_holds_when_it_ends_before_the_range(
+    tmp_path: Path, kind: str
+) -> None:
+    """A file that no longer reaches a task's first record: the error gives the number of
+    records it holds now (an Arrow stream said the task's start, 10, for a file of 8)."""
+    write, make = KINDS[kind]
+    path = tmp_path / f"data.{kind}"
+    write(path, 20)
+    source = make(str(path))
+    (shard,) = source.plan()
+    write(path, 8)
+    reader = pickle.loads(pickle.dumps(source))
+    with pytest.raises(DataError, match=r"records \[10, 20\) were planned, but the file holds 8"):
+        reader.read(shard, 10, 20)
+
+
+def test_an_arrow_file_rewritten_shorter_with_as_many_batches_is_an_error(tmp_path: Path) -> None:
+    """A reader that had read an Arrow IPC file kept its batch sizes while the file had as
+    many batches: rewritten shorter (20 rows in 4 batches of 5 -> 12 rows in 4 batches), it
+    sliced the new batches by the old sizes and returned rows 2..11 for records [10, 20)."""
+    path = tmp_path / "data.arrow"
+    _arrow(path, 20)
+    source = ArrowSource(str(path))
+    (shard,) = source.plan()
+    reader = pickle.loads(pickle.dumps(source))
+    reader.read(shard, 0, 10)  # batch sizes (5, 5, 5, 5) counted and kept
+    ids = np.arange(100, 112)
+    schema = pa.schema([("id", pa.int64())])
+    with pa.OSFile(str(path), "wb") as f, pa.ipc.new_file(f, schema) as writer:
+        for lo, hi in ((0, 1), (1, 2), (2, 3), (3, 12)):
+            writer.write_batch(pa.record_batch([pa.array(ids[lo:hi])], schema=schema))
+    with pytest.raises(DataError, match="the file holds 12 now") as info:
+        got = reader.read(shard, 10, 20)
+        pytest.fail(f"read ids {got.column('id').to_pylist()} as records [10, 20) of 12 rows")
+    assert str(path) in str(info.value)

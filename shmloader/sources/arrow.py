@@ -45,7 +45,8 @@ class ArrowSource(BaseSource):
         super().__init__()
         self.paths = expand_arrow_paths(paths)
         self.columns, self.tensors = check_options(columns, tensors)
-        self._batch_rows: dict[str, tuple[int, ...]] = {}
+        # An IPC file's rows per record batch, and the (batches, bytes) they were counted at.
+        self._file_rows: dict[str, tuple[tuple[int, int], tuple[int, ...]]] = {}
 
     def __repr__(self) -> str:
         return f"ArrowSource({len(self.paths)} files, columns={self.columns})"
@@ -60,9 +61,7 @@ class ArrowSource(BaseSource):
                     shards.append(Shard(path, reader.count_rows()))
                 else:
                     reader = _open_stream(path, f)
-                    counts = tuple(b.num_rows for b in _batches(path, reader))
-                    self._batch_rows[path] = counts
-                    shards.append(Shard(path, sum(counts)))
+                    shards.append(Shard(path, sum(b.num_rows for b in _batches(path, reader))))
                 check(path, reader.schema, shards[-1].num_records)
         return shards
 
@@ -74,13 +73,7 @@ class ArrowSource(BaseSource):
                 reader = _open_file(path, f)
                 schema = reader.schema
                 check_columns(path, schema, self.columns)
-                counts = self._batch_rows.get(path)
-                if counts is None or len(counts) != reader.num_record_batches:
-                    counts = tuple(
-                        _get_batch(path, reader, i).num_rows
-                        for i in range(reader.num_record_batches)
-                    )
-                    self._batch_rows[path] = counts
+                counts = self._file_counts(path, f, reader)
                 check_held(path, start, stop, sum(counts))
                 wanted, offset = row_spans(counts, start, stop)
                 batches = [_get_batch(path, reader, i) for i in wanted]
@@ -93,6 +86,21 @@ class ArrowSource(BaseSource):
         if self.columns is not None:
             table = table.select(self.columns)
         return ReadResult(finish(path, table, offset, start, stop, self.tensors))
+
+    def _file_counts(
+        self, path: str, f: Any, reader: pa.ipc.RecordBatchFileReader
+    ) -> tuple[int, ...]:
+        """Rows per record batch of an IPC file, counted again when the file is not the one
+        counted (another number of batches, or another size): a file rewritten shorter with
+        as many batches was sliced by the old sizes, which handed out other records' rows
+        for a range the file no longer holds, and no error."""
+        key = (reader.num_record_batches, f.size())
+        cached = self._file_rows.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        counts = tuple(_get_batch(path, reader, i).num_rows for i in range(key[0]))
+        self._file_rows[path] = (key, counts)
+        return counts
 
 
 def _stream_range(
@@ -111,7 +119,10 @@ def _stream_range(
             batches.append(batch)
         row = end
         if row >= stop:
-            break
+            return batches, offset
+    # The stream ended first: it holds ``row`` records now (what finish() sees is only the
+    # part of the range it still has, which overstates what is left when that is nothing).
+    check_held(path, start, stop, row)
     return batches, offset
 
 
