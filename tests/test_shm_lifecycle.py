@@ -39,6 +39,11 @@ def on_sigterm(signum, frame):  # the application's handler
     flag.append(signum)
 if mode in ("os-exit", "sys-exit", "flag-before"):
     signal.signal(signal.SIGTERM, on_sigterm)
+if mode == "failing-removal":  # an owner whose removal fails: its path is a file
+    class Owner: pass
+    blocker, other = os.path.join(base, "not-a-dir"), Owner()
+    open(blocker, "w").close()
+    lifecycle.register(other, blocker)
 store = SegmentStore.create("1MiB", base_dir=base)
 if mode == "flag-after":
     signal.signal(signal.SIGTERM, on_sigterm)
@@ -140,6 +145,16 @@ def test_a_second_sigterm_skips_the_hooks_left(tmp_path: Path) -> None:
         assert proc.wait(timeout=60) == -signal.SIGTERM
     assert not os.path.exists(path)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_removal_that_fails_on_sigterm_still_removes_the_rest_and_dies(tmp_path: Path) -> None:
+    # It raised out of the handler: the store after it stayed, the process lived on (the
+    # error raised into its main thread), and every later SIGTERM was ignored.
+    with owner_process(tmp_path, "failing-removal") as (proc, path):
+        proc.terminate()
+        assert proc.wait(timeout=60) == -signal.SIGTERM
+    assert not os.path.exists(path)
+    assert os.listdir(tmp_path) == ["not-a-dir"]
 
 
 @pytest.mark.parametrize("mode", ["exit", "interrupt"])

@@ -163,7 +163,12 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
                 _log.exception("a SIGTERM hook failed")
         _stage = "removing"
         for fin in list(_pending.values()):
-            fin()
+            try:
+                fin()
+            except Exception:  # raised here, it left the other stores and kept the process
+                # alive, raising into whatever the main thread ran; a later SIGTERM found
+                # "removing" and returned: the process no longer died of SIGTERM at all.
+                _log.exception("removing a store on SIGTERM failed")
     # Die by the signal, as if we had never been installed.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
