@@ -73,26 +73,36 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
 def _one_name_per_file(paths: list[str]) -> list[str]:
     """``paths`` without second names of one local file (a symlink beside its target, hard
     links, a glob matching both): planned under each name, its records would come twice per
-    epoch. The first name in sorted order stays."""
-    first_name: dict[tuple[int, int], str] = {}
-    out = []
+    epoch. The name kept is the first that is not a symlink (a "latest" link may move later),
+    else the first in sorted order."""
+    names: dict[tuple[int, int], list[str]] = {}
+    keys: list[tuple[int, int] | None] = []
     for p in paths:
+        key = None
         if not _is_uri(p):
             try:
                 st = os.stat(p)
             except OSError:
                 pass  # listed a moment ago: opening it says what is wrong, naming it
             else:
-                first = first_name.setdefault((st.st_dev, st.st_ino), p)
-                if first != p:
-                    log.warning(
-                        "%s is the same file as %s (a link): its records are planned "
-                        "once, under %s",
-                        p,
-                        first,
-                        first,
-                    )
-                    continue
+                if st.st_ino:  # 0: a file system without inode numbers; names stay apart
+                    key = (st.st_dev, st.st_ino)
+                    names.setdefault(key, []).append(p)
+        keys.append(key)
+    kept = {
+        key: next((n for n in group if not os.path.islink(n)), group[0])
+        for key, group in names.items()
+    }
+    out = []
+    for p, key in zip(paths, keys, strict=True):
+        if key is not None and kept[key] != p:
+            log.warning(
+                "%s is the same file as %s (a link): its records are planned once, under %s",
+                p,
+                kept[key],
+                kept[key],
+            )
+            continue
         out.append(p)
     return out
 

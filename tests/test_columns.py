@@ -207,7 +207,7 @@ def test_unstorable_values_raise_decode_error_naming_the_column(value: Any, need
 def test_a_torch_tensor_is_refused_with_how_to_store_it() -> None:
     import torch
 
-    for value in (torch.zeros(3), torch.zeros(2, dtype=torch.bfloat16)):
+    for value in (torch.zeros(3), torch.zeros(2, dtype=torch.bfloat16), torch.nn.Parameter()):
         with pytest.raises(DecodeError, match=r"torch.Tensor.*tensor\.numpy\(\)"):
             infer_schema({"bad": value})
     schema = pa.schema([("bad", pa.list_(pa.float32(), 3))])

@@ -47,6 +47,12 @@ if mode == "failing-removal":  # an owner whose removal fails: its path is a fil
 store = SegmentStore.create("1MiB", base_dir=base)
 if mode == "flag-after":
     signal.signal(signal.SIGTERM, on_sigterm)
+if mode == "flag-chaining":  # as Lightning's: set a flag, then call the handler it replaced
+    ours = signal.getsignal(signal.SIGTERM)
+    def chaining(signum, frame):
+        on_sigterm(signum, frame)
+        ours(signum, frame)
+    signal.signal(signal.SIGTERM, chaining)
 if mode == "slow-hook":
     lifecycle.on_sigterm(lambda: (print("hook", flush=True), threading.Event().wait()))
 batch = pa.record_batch({"x": pa.array([1, 2, 3])})
@@ -106,7 +112,7 @@ def test_sigkilled_owner_is_reaped_by_the_next_store(tmp_path: Path) -> None:
         assert not os.path.exists(live_path)  # its own SIGTERM handler removed it
 
 
-@pytest.mark.parametrize("mode", ["flag-before", "flag-after"])
+@pytest.mark.parametrize("mode", ["flag-before", "flag-after", "flag-chaining"])
 def test_the_applications_sigterm_handler_keeps_the_store_until_exit(
     tmp_path: Path, mode: str
 ) -> None:

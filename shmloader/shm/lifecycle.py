@@ -19,10 +19,12 @@ and exits), nothing is installed: that handler decides what SIGTERM means, and t
 stay usable until the application's own exit path (``close()``, ``with``, ``finally``,
 atexit) removes them. If it ends the process without such a path (``os._exit``), what it
 leaves is reaped like a SIGKILL's. Ignored SIGTERM: nothing is installed either (the process
-will not die of it). A handler installed *after* the first owner replaces ours likewise; one
-that calls ours (as returned by ``signal.signal``) asks for the default action: clean up and
-die. SIGKILL cannot be caught: the next store creation or ``shmloader clean`` reaps what it
-leaves.
+will not die of it). A handler installed *after* the first owner replaces ours likewise, also
+when it calls ours (as returned by ``signal.signal``), as handlers that chain to the previous
+one do (Lightning's, for one): called while it is not the installed handler, ours does
+nothing, since a chaining handler calls what it found to notify it, not to be killed by it
+(the default action it would have found is no callable). SIGKILL cannot be caught: the
+next store creation or ``shmloader clean`` reaps what it leaves.
 
 Removal is tied to the owner's pid: a forked child (a DataLoader worker, which torch may
 SIGTERM) inherits the finalizers, the hooks and the handler, but neither runs a hook nor
@@ -151,6 +153,10 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     of them, and during the removal lets the first finish it. In a forked child, only the
     default action: none of this is the child's."""
     global _stage
+    if os.getpid() == _installer_pid and signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+        # Called by a handler installed on top of ours that chains to the one it replaced: it
+        # owns SIGTERM now (module doc); the stores go when the application exits.
+        return
     if os.getpid() == _installer_pid:
         if _stage == "removing":
             return  # the first handler removes the stores, then dies

@@ -36,7 +36,7 @@ def describe(value: Any) -> str:
         return f"Python {type(value).__name__} {value!r}"
     if isinstance(value, (list, tuple)):
         return f"{type(value).__name__} of {len(value)} values"
-    if type(value).__module__ == "torch" and hasattr(value, "numpy"):
+    if type(value).__module__.split(".")[0] == "torch" and hasattr(value, "numpy"):
         # Readers store numpy and Python values only (they do not import torch); say how.
         shape = tuple(getattr(value, "shape", ()))
         return (
