@@ -68,8 +68,11 @@ def make(tmp_path, *, shuffle=True, seed=3, epochs=2, window=2, budget="64MiB"):
     return d, store, plane, sampler
 
 
-def trainer(d, consumer, tmp_path, *, shuffle=True, seed=3, window=2, budget="64MiB"):
-    """A trainer's store, plane and sampler, registered with ``d`` as ``consumer``."""
+def trainer(
+    d, consumer, tmp_path, *, shuffle=True, seed=3, window=2, budget="64MiB", lease_timeout=None
+):
+    """A trainer's store, plane and sampler, registered with ``d`` as ``consumer``;
+    ``lease_timeout``: the plane checks ready tasks' leases (dataset/lease_check.py)."""
     d.register(consumer, time.time())
     tmp_path.mkdir(parents=True, exist_ok=True)
     store = SegmentStore.create(budget, base_dir=str(tmp_path))
@@ -79,6 +82,7 @@ def trainer(d, consumer, tmp_path, *, shuffle=True, seed=3, window=2, budget="64
         master=DispatcherOps(d, consumer),
         segments=handle,
         ledger=LedgerReader(ledger_dir(handle.path)),
+        lease_timeout=lease_timeout,
     )
     sampler = TaskSampler(lambda: plane, shuffle=shuffle, seed=seed, window=window)
     return store, plane, sampler

@@ -20,6 +20,7 @@ from ..reader.messages import task_key
 from . import plane_state as known
 from .consumed import Ranges, rows_in, union
 from .gather import SegmentRows, encode_indices, group_by_segment
+from .lease_check import LeaseCheck
 from .ledger import LedgerReader
 from .plane_state import EpochState, LeaseOps, SegmentOps, SlotState, slot_name
 from .ready import ReadyTask, ReadyTasks
@@ -44,6 +45,7 @@ class DataPlane:
         start_epoch: int = 0,
         prior: Ranges | None = None,
         consumer: str | None = None,  # this trainer's consumer id at the master
+        lease_timeout: float | None = None,  # the master's: check ready tasks' leases
     ) -> None:
         self.ready = ReadyTasks()
         self._master = master
@@ -82,6 +84,7 @@ class DataPlane:
         self.duplicates = 0
         # Leases lapsed and handed to another trainer; slots whose completion is being sent.
         self.regranted = Regranted(consumer)
+        self.lease_check = LeaseCheck(master, lease_timeout, consumer)
         self._completing: dict[int, SlotState] = {}
         self.wait_seconds = 0.0  # how long the training loop waited for batches
         self.batches_delivered = 0
@@ -101,6 +104,7 @@ class DataPlane:
         skipped: tuple[int, ...] = (),
         consumed: tuple[tuple[int, int], ...] = (),
         path: str = "",
+        confirmed: float | None = None,  # when the lease was last known active (lease_check)
     ) -> None:
         """A reader sealed ``segment`` for a task: make it ready for the sampler.
         ``consumed``: records of it that earlier holders consumed (not issued again).
@@ -116,21 +120,11 @@ class DataPlane:
                 self._complete(lease_id)
                 return
             self._announced.add((epoch, seq))
-        self.ready.put(
-            ReadyTask(
-                epoch,
-                seq,
-                task_id,
-                segment,
-                num_rows,
-                lease_id,
-                start,
-                stop,
-                skipped,
-                consumed,
-                path,
-            )
+        task = ReadyTask(
+            epoch, seq, task_id, segment, num_rows, lease_id, start, stop, skipped, consumed, path
         )
+        self.lease_check.announced(task, confirmed)
+        self.ready.put(task)
 
     def _complete(self, lease_id: int) -> None:
         # Queued, not called: a round trip to the master must not hold the lock the sampler
@@ -248,6 +242,12 @@ class DataPlane:
         Slots are given here, in the sampler's (seeded, timing-free) order, not on arrival:
         a batch lists its rows grouped by slot, so batches are the same from run to run.
         """
+        if not self.lease_check.still_ours(task):  # lapsed while ready: not delivered here
+            with self._lock:
+                self._announced.discard((task.epoch, task.seq))  # a new copy is welcome
+                self._strays.add((task.epoch, task.seq))
+            self._segments.release(task.segment, missing_ok=True)
+            return np.empty(0, dtype=np.int64)
         rows = np.arange(task.num_rows, dtype=np.int64)
         done = self._exclude(task.epoch, task.seq)
         if done is not None and len(done):

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import LeaseError, MasterError, TaskQuarantinedError
-from ..reader.messages import Failed, MasterLost, Message, Ready
+from ..reader.messages import Failed, MasterLost, Message, Ready, lease_clock
 from ..reader.pool import STOP_SECONDS, ReaderInfo, ReaderPool
 from ..reader.process import ReaderConfig
 from ..shm import hints, lifecycle
@@ -173,6 +173,7 @@ class Runtime:
                 start_epoch=start,
                 prior=config.resume if start == config.start_epoch else None,
                 consumer=self.consumer,
+                lease_timeout=self.lease_timeout if self._elastic else None,
             )
             # The source's own plan, not the master's word: readers open only these files.
             self._allowed = frozenset(shard.path for shard in config.source.plan())
@@ -315,6 +316,7 @@ class Runtime:
                 skipped=tuple(s.index for s in message.skipped),
                 consumed=message.consumed,
                 path=message.path,
+                confirmed=message.confirmed,
             )
             self._hold_readers_back()
         elif isinstance(message, Failed):
@@ -391,12 +393,15 @@ class Runtime:
                 now = time.monotonic()
                 self._warn_of_stalls(now)
                 if now >= next_renew:
+                    asked_at, renewed = lease_clock(), []
                     for lease_id in self.plane.held_leases():
                         # One at a time: a lease completed meanwhile must not stop the rest.
                         try:
                             self.client.renew([lease_id])
+                            renewed.append(lease_id)
                         except LeaseError as exc:  # RenewError: maybe handed to another trainer
                             self.plane.lapsed(getattr(exc, "not_active", {}))
+                    self.plane.lease_check.confirmed(renewed, asked_at, self.plane.ready.pending())
                     self._check_master()
                     next_renew = now + renew_every
         except BaseException as exc:

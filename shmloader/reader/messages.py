@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from ..sources.base import SkippedRecord
+
+
+def lease_clock() -> float:
+    """Seconds on a clock every process of the machine shares that also runs while the
+    machine sleeps (Linux CLOCK_BOOTTIME; elsewhere the monotonic clock): when a lease was
+    last known active, compared across the reader and the trainer (dataset/lease_check.py)."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(boottime) if boottime is not None else time.monotonic()
 
 
 def task_key(epoch: int, seq: int) -> str:
@@ -51,6 +60,9 @@ class Ready:
     skipped: tuple[SkippedRecord, ...]
     # Records of the task that earlier holders consumed (LeaseInfo.consumed): not delivered.
     consumed: tuple[tuple[int, int], ...] = ()
+    # When (lease_clock) the reader last asked for or renewed the lease with success: the
+    # master kept it until at least then + lease_timeout. None: not known.
+    confirmed: float | None = None
 
 
 @dataclass(frozen=True)

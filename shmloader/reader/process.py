@@ -27,7 +27,16 @@ from ..errors import ConfigError, DataError, LeaseError, MasterError, StoreClose
 from ..shm.names import new_segment_name
 from ..sources.base import Shard, SkippedRecord, Source
 from .heap import keep_freed_memory
-from .messages import Failed, Finished, MasterLost, Ready, Sealing, Started, task_key
+from .messages import (
+    Failed,
+    Finished,
+    MasterLost,
+    Ready,
+    Sealing,
+    Started,
+    lease_clock,
+    task_key,
+)
 
 PR_SET_PDEATHSIG = 1
 AHEAD_POLL = 0.005  # seconds between looks while the trainer holds enough ready tasks
@@ -73,18 +82,27 @@ class _Renewer:
         self._client = client
         self._interval = interval
         self._held: set[int] = set()
+        self._confirmed: dict[int, float] = {}  # lease id -> when last known active
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lease-renewer", daemon=True)
         self._thread.start()
 
-    def hold(self, lease_ids: list[int]) -> None:
+    def hold(self, lease_ids: list[int], asked_at: float) -> None:
+        """Renew these leases from now on; the master granted them after ``asked_at``."""
         with self._lock:
             self._held.update(lease_ids)
+            self._confirmed.update(dict.fromkeys(lease_ids, asked_at))
 
     def drop(self, lease_id: int) -> None:
         with self._lock:
             self._held.discard(lease_id)
+            self._confirmed.pop(lease_id, None)
+
+    def confirmed(self, lease_id: int) -> float | None:
+        """When the lease was last asked for or renewed with success (``lease_clock``)."""
+        with self._lock:
+            return self._confirmed.get(lease_id)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
@@ -92,7 +110,11 @@ class _Renewer:
                 held = list(self._held)
             for lease_id in held:
                 try:
+                    asked_at = lease_clock()
                     self._client.renew([lease_id])
+                    with self._lock:
+                        if lease_id in self._held:
+                            self._confirmed[lease_id] = asked_at
                 except Exception as exc:  # best effort: an expired lease is simply re-queued
                     print(
                         f"shmloader reader: renewing lease {lease_id} failed: {exc}",
@@ -152,6 +174,7 @@ class Reader:
                         continue
                     paused = 0
                     # A few at a time: fewer round trips, and the next task is at hand.
+                    asked_at = lease_clock()
                     reply = self.client.lease(self.config.consumer, self.config.lease_ahead)
                     if not reply.leases:
                         if reply.finished:
@@ -163,7 +186,7 @@ class Reader:
                         delay = min(delay * 2, 0.5)
                         continue
                     delay = self.config.idle_poll
-                    self._take(reply.leases)
+                    self._take(reply.leases, asked_at)
                 # In the order the sampler consumes tasks: the task it waits for is never
                 # stuck behind one it does not need yet.
                 self._queue.sort(key=lambda lease: (lease.epoch, lease.seq))
@@ -186,8 +209,8 @@ class Reader:
             self._renewer.close()
             self.client.close()
 
-    def _take(self, leases: Any) -> None:
-        self._renewer.hold([lease.lease_id for lease in leases])
+    def _take(self, leases: Any, asked_at: float) -> None:
+        self._renewer.hold([lease.lease_id for lease in leases], asked_at)
         self._queue.extend(leases)
 
     def _give_way(self, lease: Any) -> bool:
@@ -208,8 +231,9 @@ class Reader:
         if len(self._queue) >= MAX_HELD * self.config.lease_ahead:
             return False
         # Leases are handed out retries first: a task whose reader died comes to us now.
+        asked_at = lease_clock()
         reply = self.client.lease(self.config.consumer, 1)
-        self._take(reply.leases)
+        self._take(reply.leases, asked_at)
         return any(_key(other) in wanted for other in reply.leases)
 
     def _serve(self, lease: Any) -> bool:
@@ -280,6 +304,7 @@ class Reader:
                 read_seconds=time.monotonic() - began,
                 skipped=skipped,
                 consumed=tuple(lease.consumed),
+                confirmed=self._renewer.confirmed(lease.lease_id),
             )
         )
 
