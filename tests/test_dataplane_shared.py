@@ -239,10 +239,14 @@ def test_a_stalled_trainer_whose_tasks_went_to_another_warns_and_counts(tmp_path
         it = iter(sampler)
         first = Gatherer(store.handle(), ["id"]).gather(list(itertools.islice(it, 13)))
         plane.poll()
-        later = time.time() + d.config.lease_timeout + 1
-        d.heartbeat("a", later)
+        # Past consumer_timeout: a is declared dead, and every lease of it not completed
+        # lapses, taken or not (tasks of 13 rows or less). A stall shorter than that keeps the
+        # taken ones (test_dispatcher_kept.py, test_dataplane_lease_check.py).
+        later = time.time() + d.config.consumer_timeout + 1
         d.heartbeat("b", later)
-        lapsed = d.expire(later)  # every lease of a not completed (tasks of 13 rows or less)
+        *lapsed, left = d.expire(later)
+        assert left.reason == "timeout"
+        d.register("a", later)  # what a's client does when the master no longer knows it
         assert len(lapsed) >= 7
         mine = d.lease("a", 1, later)  # one goes back to a's own readers
         to_b = d.lease("b", 20, later)

@@ -1,9 +1,13 @@
 """A trainer that stalls past the lease timeout (SIGSTOP) while another shares its epoch.
 
-Real processes, a real master over gRPC, real files. The master hands the stalled trainer's
-tasks to the other trainer, which delivers them; the stalled one, once it goes on, delivers the
-rows of the tasks its sampler had taken too. Those rows come twice: the stalled trainer must say
-so (a warning per task naming the other trainer) and count them in ``stats()``, exactly.
+Real processes, a real master over gRPC, real files. A stall shorter than the master's
+``consumer_timeout``: the tasks the stalled trainer had in hand stay its own (the master does
+not let a taken lease lapse at its deadline), the ones it had not taken go to the other
+trainer and the stalled one drops its copies, so every row comes exactly once. A stall longer
+than ``consumer_timeout``: the master declares the trainer dead and hands its tasks to the
+other trainer; once it goes on it delivers the rows of the tasks its sampler had taken too.
+Those rows come twice: it must say so (a warning per task naming the other trainer) and count
+them in ``stats()``, exactly.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 
@@ -48,7 +53,22 @@ def _wait(what: str, done, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def test_a_stalled_trainer_warns_of_and_counts_the_rows_that_came_twice(tmp_path):
+def _b_has_all(master, b_consumer: list[str]) -> bool:
+    """b's readers leased every task left, and b's sampler took them all."""
+
+    def check(d) -> bool:
+        todo = d.progress().epochs[0].todo_units
+        return todo == 0 and all(x.taken for x in d.leases_of(b_consumer[0]))
+
+    return bool(b_consumer) and master.dispatcher_call(check)
+
+
+def _run(tmp_path, *, consumer_timeout: float, declared_dead: bool):
+    """Trainer a (a subprocess) stops after 3 batches; once the master let its untaken leases
+    lapse (and, with ``declared_dead``, declared it dead), trainer b delivers all it can get;
+    then a goes on, and b's pass ends. Returns a's rows, b's rows, a's count of regranted rows,
+    a's warnings about b, a's log.
+    """
     path = str(tmp_path / "r.tfrecord")
     shmloader.write_records(path, [i.to_bytes(4, "little") for i in range(RECORDS)])
     source = shmloader.RecordFileSource(path)
@@ -58,7 +78,12 @@ def test_a_stalled_trainer_warns_of_and_counts_the_rows_that_came_twice(tmp_path
     out.touch()
     log = tmp_path / "a.log"
     with shmloader.Master(
-        source, records_per_task=10, epochs=1, seed=1, lease_timeout=1.0, consumer_timeout=60.0
+        source,
+        records_per_task=10,
+        epochs=1,
+        seed=1,
+        lease_timeout=1.0,
+        consumer_timeout=consumer_timeout,
     ) as master:
         with open(log, "wb") as log_file:
             a = subprocess.Popen(
@@ -77,20 +102,43 @@ def test_a_stalled_trainer_warns_of_and_counts_the_rows_that_came_twice(tmp_path
             pids = [a.pid, *(c.pid for c in psutil.Process(a.pid).children())]
             for pid in pids:
                 os.kill(pid, signal.SIGSTOP)
-            _wait("a's leases to lapse", lambda: master.progress().epochs[0].leased_units == 0)
-            with shmloader.SharedTaskDataset(
-                source, num_readers=1, master=master.address, shm_budget="8MiB",
-                shm_dir=str(tmp_path),
-            ) as b:  # fmt: skip
-                by_b = [
-                    int.from_bytes(r, "little")
-                    for batch in shmloader.DataLoader(b, batch_size=8)
-                    for r in batch["record"]
-                ]
-                b_consumer = b.runtime.consumer
-                assert b.stats().regranted_tasks == 0
-            for pid in pids:
-                os.kill(pid, signal.SIGCONT)
+            stopped = time.monotonic()
+
+            def lapsed() -> bool:  # what a holds is only what its sampler took, or nothing
+                progress = master.progress()
+                held = [x for c in progress.consumers for x in c.leases]
+                kept = master.dispatcher_call(lambda d: [x for x in held if d.get_lease(x).taken])
+                return held == ([] if declared_dead else kept) and len(progress.consumers) == (
+                    0 if declared_dead else 1
+                )
+
+            _wait("a's leases to lapse", lapsed)
+            by_b: list[int] = []
+            b_consumer: list[str] = []
+
+            def run_b() -> None:
+                with shmloader.SharedTaskDataset(
+                    source, num_readers=1, master=master.address, shm_budget="8MiB",
+                    shm_dir=str(tmp_path),
+                ) as b:  # fmt: skip
+                    b_consumer.append(b.runtime.consumer)
+                    for batch in shmloader.DataLoader(b, batch_size=8):
+                        by_b.extend(int.from_bytes(r, "little") for r in batch["record"])
+                    assert b.stats().regranted_tasks == 0
+
+            b = threading.Thread(target=run_b)
+            b.start()
+            try:
+                # b delivers all it can get. It waits at the end of its pass for the tasks a
+                # has in hand (a is silent: it may be dead), so a goes on while b waits.
+                _wait("b to take what a does not hold", lambda: _b_has_all(master, b_consumer))
+                stall = time.monotonic() - stopped
+                assert (stall > consumer_timeout) == declared_dead, stall  # the case it tests
+            finally:
+                for pid in pids:
+                    os.kill(pid, signal.SIGCONT)
+                b.join(120)
+            assert not b.is_alive() and b_consumer
             assert a.wait(60) == 0, log.read_text()
         finally:
             for pid in pids:  # never leave a stopped process behind
@@ -99,17 +147,33 @@ def test_a_stalled_trainer_warns_of_and_counts_the_rows_that_came_twice(tmp_path
             a.kill()
             a.wait()
             assert wait_gone(pids) == []
-        lines = [json.loads(line) for line in out.read_text().splitlines()]
-        by_a = [r for line in lines[:-1] for r in line]
-        counted = lines[-1]
-        counts = Counter(by_a + by_b)
-        assert set(counts) == set(range(RECORDS)) and max(counts.values()) <= 2
-        twice = sum(1 for n in counts.values() if n == 2)
-        # Measured: ~190 of 240 rows came twice. Every one was counted and warned about.
-        assert twice > 0 and counted["records"] == twice
-        warnings = [x for x in log.read_text().splitlines() if x.startswith("WARNING")]
-        about = [w for w in warnings if f"handed the task to consumer {b_consumer!r}" in w]
-        assert len(about) == counted["tasks"] > 0, log.read_text()
-        assert all(path in w and "may reach training twice in this epoch" in w for w in about)
         assert master.progress().finished
     assert [n for n in os.listdir(tmp_path) if n.startswith("shmloader")] == []
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    by_a = [r for line in lines[:-1] for r in line]
+    warnings = [x for x in log.read_text().splitlines() if x.startswith("WARNING")]
+    about = [w for w in warnings if f"handed the task to consumer {b_consumer[0]!r}" in w]
+    return by_a, by_b, lines[-1], about, log.read_text()
+
+
+def test_a_trainer_stalled_for_less_than_consumer_timeout_delivers_every_row_once(tmp_path):
+    by_a, by_b, counted, about, log = _run(tmp_path, consumer_timeout=60.0, declared_dead=False)
+    counts = Counter(by_a + by_b)
+    # Measured before taken leases were kept: ~190 of 240 rows came twice.
+    assert set(counts) == set(range(RECORDS)), log  # no loss
+    assert [r for r, n in counts.items() if n > 1] == [], log  # no duplicate
+    assert by_a and by_b  # both delivered a share
+    assert counted == {"tasks": 0, "records": 0} and about == [], log
+
+
+def test_a_trainer_stalled_past_consumer_timeout_warns_of_and_counts_the_rows_that_came_twice(
+    tmp_path,
+):
+    by_a, by_b, counted, about, log = _run(tmp_path, consumer_timeout=3.0, declared_dead=True)
+    counts = Counter(by_a + by_b)
+    assert set(counts) == set(range(RECORDS)) and max(counts.values()) <= 2
+    twice = sum(1 for n in counts.values() if n == 2)
+    # Every row that came twice was counted and warned about.
+    assert twice > 0 and counted["records"] == twice, log
+    assert len(about) == counted["tasks"] > 0, log
+    assert all("may reach training twice in this epoch" in w for w in about)

@@ -118,16 +118,19 @@ class Dispatcher:
         """Its active leases by id; MasterError if unregistered, so it doubles as a check."""
         return [self._leases[i] for i in sorted(self._consumer(consumer).leases)]
 
-    def whereabouts(self, consumer: str, epoch: int, units: Sequence[int]) -> list[str]:
+    def whereabouts(
+        self, consumer: str, epoch: int, units: Sequence[int], now: float | None = None
+    ) -> list[str]:
         """Where each of ``units`` of ``epoch`` is, as seen by ``consumer``: one of
         ``state.WHEREABOUTS``. A trainer asks this about tasks it waits for, to learn which of
         them another trainer's readers took (elastic mode: all share one queue), which that
         trainer took in hand (:meth:`mark_taken`), and which are finished already.
 
-        Epochs not started yet are all "todo"; finished ones "done" or "quarantined".
+        Epochs not started yet are all "todo"; finished ones "done" or "quarantined". With
+        ``now``, a taken task whose holder was silent for over ``lease_timeout`` is "other".
         """
         self._consumer(consumer)
-        return _state.whereabouts(self, consumer, epoch, units)
+        return _state.whereabouts(self, consumer, epoch, units, now)
 
     def progress(self) -> Progress:
         """Per-epoch counts, quarantined and dropped work, consumers and their leases."""
@@ -246,7 +249,8 @@ class Dispatcher:
     def expire(self, now: float) -> list[Update]:
         """Take back leases past their deadline and leases of consumers silent for longer than
         ``consumer_timeout``; both count as failed attempts (a task that kills its reader must
-        end up quarantined, not loop forever). Call it periodically."""
+        end up quarantined, not loop forever). Call it periodically. A taken elastic lease
+        goes only with its consumer (``_kept``); replays apply the journaled records."""
         applied: list[Update] = []
         for name, c in sorted(self._consumers.items()):
             if now - c.last_seen > self.config.consumer_timeout:
@@ -261,7 +265,7 @@ class Dispatcher:
                 applied.append(ConsumerLeft(now, name, "timeout"))
                 self.apply(applied[-1])
         for lease_id, lease in sorted(self._leases.items()):
-            if now > lease.deadline:
+            if now > lease.deadline and not self._kept(lease):
                 self._take_back(
                     applied,
                     lease_id,
@@ -270,6 +274,12 @@ class Dispatcher:
                 )
         self._commit(now)
         return applied
+
+    @staticmethod
+    def _kept(lease: Lease) -> bool:
+        """Elastic, and taken (its rows are in its trainer's shared memory): only the holder's
+        death or leave frees it, else a stalled trainer's rows come twice (docs/master.md)."""
+        return lease.taken and lease.rank is None
 
     def _take_back(self, applied: list[Update], lease_id: int, why: str, now: float) -> None:
         exhausted = self._exhausted(self._leases[lease_id])

@@ -295,7 +295,8 @@ class MasterService(pb_grpc.MasterServicer):
                 f"epoch {epoch} has {size} tasks in this consumer's queue, not seq {bad[0]}"
             )
         with self.lock:
-            where = self.dispatcher.whereabouts(consumer, epoch, [first + s for s in seqs])
+            units = [first + s for s in seqs]
+            where = self.dispatcher.whereabouts(consumer, epoch, units, time.time())
         return pb.WhereaboutsReply(whereabouts=[_WHEREABOUTS[w] for w in where])
 
     def _check_epoch(self, epoch: int) -> int:

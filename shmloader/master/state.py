@@ -186,7 +186,9 @@ def progress(d: Dispatcher) -> Progress:
     )
 
 
-def whereabouts(d: Dispatcher, consumer: str, epoch: int, units: Sequence[int]) -> list[str]:
+def whereabouts(
+    d: Dispatcher, consumer: str, epoch: int, units: Sequence[int], now: float | None = None
+) -> list[str]:
     """See :meth:`Dispatcher.whereabouts`."""
     ep = d._open.get(epoch)
     if ep is None and epoch >= d._epochs_started:
@@ -207,7 +209,7 @@ def whereabouts(d: Dispatcher, consumer: str, epoch: int, units: Sequence[int]) 
         elif holders[unit].consumer == consumer:
             out.append("mine")
         else:
-            out.append("taken" if holders[unit].taken else "other")
+            out.append("taken" if _in_hand(d, holders[unit], now) else "other")
     return out
 
 
@@ -220,6 +222,17 @@ def left_records(d: Dispatcher, epoch: int) -> list[int] | None:
     if epoch >= d._epochs_started:
         return None
     return [0] * (d.config.world_size or 1)
+
+
+def _in_hand(d: Dispatcher, lease: Lease, now: float | None) -> bool:
+    """Taken by a holder heard from within ``lease_timeout``. One silent for longer may be dead:
+    its taken task comes back only after ``consumer_timeout`` (Dispatcher._kept), so it is
+    "other", which trainers wait for at the end of a pass, as for a task not taken: else the
+    others could end their last pass before it comes back, and its rows would be lost."""
+    holder = d._consumers.get(lease.consumer)
+    if not lease.taken or now is None or holder is None:
+        return lease.taken
+    return now - holder.last_seen <= d.config.lease_timeout
 
 
 def _closed_size(d: Dispatcher, epoch: int) -> int:
