@@ -64,6 +64,7 @@ class DataPlane:
         # The batch the trainer gathered last and its groups (see gathered / delivered).
         self._grouped: tuple[np.ndarray | None, list[SegmentRows]] = (None, [])
         self._next_slot = 0
+        self._handed_out = 0  # rows the sampler handed out so far (their ranks, see reclaim)
         self._slots: dict[int, SlotState] = {}
         self._epochs: dict[int, EpochState] = {}
         self._iter_epoch = start_epoch
@@ -274,8 +275,16 @@ class DataPlane:
                 self._settle(state)
         return encode_indices(slot, rows)
 
+    def handed_out(self, indices: np.ndarray) -> None:
+        """The sampler hands ``indices`` (admitted rows) out in this order: rank them, so that
+        ``reclaim`` gives back those left unconsumed in the same order (a pass continued after
+        a ``break`` goes on as the uninterrupted one would have)."""
+        with self._lock:
+            self._handed_out = known.rank_rows(self._slots, indices, self._handed_out)
+
     def reclaim(self, epoch: int, *, poll: bool = True) -> np.ndarray:
-        """Rows of admitted tasks that were never consumed: an earlier pass was abandoned.
+        """Rows of admitted tasks that were never consumed (an earlier pass was abandoned), in
+        the order the sampler handed them out.
 
         Consumed means gathered, or under ``complete_on_delivery`` delivered: rows that workers
         gathered for an abandoned iterator but the loop never received are issued again (their
@@ -284,6 +293,7 @@ class DataPlane:
         if poll:
             self.poll()
         parts = []
+        ranks = []
         older = 0
         with self._lock:
             # Older epochs too: a stray task of one (see ``take_strays``) is delivered in a
@@ -298,6 +308,7 @@ class DataPlane:
                 rows = state.emit[~consumed[state.emit]]
                 if len(rows):
                     parts.append(encode_indices(slot, rows))
+                    ranks.append(state.ranks_of(rows))
                     older += len(rows) if e < epoch else 0
             shared = self.shares_epochs
         if older and not shared:
@@ -311,7 +322,9 @@ class DataPlane:
                 "shmloader.DataLoader",
                 older,
             )
-        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        if not parts:
+            return np.empty(0, dtype=np.int64)
+        return np.concatenate(parts)[np.argsort(np.concatenate(ranks), kind="stable")]
 
     def rest_of_last_pass(self, epoch: int, *, poll: bool = True) -> np.ndarray:
         """Rows of the epoch before ``epoch`` that its pass handed out but the loop never

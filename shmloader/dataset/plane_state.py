@@ -3,13 +3,14 @@ store (protocols, so tests can give it a dispatcher behind a lock and a plain st
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from .consumed import row_records, to_ranges
+from .gather import split_indices
 from .ready import ReadyTask
 
 # Whereabouts (Dispatcher.whereabouts) of a task the sampler waits for that may still come. A
@@ -23,6 +24,7 @@ MAY_COME = frozenset({"todo", "mine", "quarantined"})
 # dies: kept as a stray (see take_strays), but not waited for.
 DONE_ELSEWHERE = frozenset({"done"})
 MAY_BE_WAITED_FOR = frozenset({"todo", "mine", "other", "quarantined"})
+UNRANKED = np.iinfo(np.int64).max  # the rank of a row never handed out (SlotState.ranks_of)
 
 
 def slot_name(slot: int) -> str:
@@ -71,6 +73,9 @@ class SlotState:
     # whole masks, on every batch.
     n_gathered: int = 0
     n_delivered: int = 0
+    # Where each row stands in the order the sampler handed rows out (``DataPlane.handed_out``;
+    # -1: not handed out): a pass left early resumes the rest in that order.
+    rank: np.ndarray | None = None
     released: bool = False
     completed: bool = False
     has_segment: bool = True
@@ -85,10 +90,33 @@ class SlotState:
         excluded[self.emit] = False
         return np.flatnonzero(done | excluded)
 
+    def ranks_of(self, rows: np.ndarray) -> np.ndarray:
+        """Where ``rows`` stand in the sampler's order (rows never handed out: last)."""
+        if self.rank is None:
+            return np.full(len(rows), UNRANKED, dtype=np.int64)
+        ranks = self.rank[rows]
+        return np.where(ranks < 0, UNRANKED, ranks)
+
     def records_of(self, rows: np.ndarray) -> list[tuple[int, int]]:
         """The record ranges of sorted ``rows`` of the task's segment."""
         task = self.task
         return to_ranges(row_records(*task.records(), task.skipped, task.num_rows)[rows])
+
+
+def rank_rows(slots: Mapping[int, SlotState], indices: np.ndarray, first: int) -> int:
+    """Rank the admitted rows ``indices`` ``first``, ``first + 1``, ... in their slots' states
+    (``SlotState.rank``); returns the next rank."""
+    slot_of, rows = split_indices(indices)
+    ranks = np.arange(first, first + len(indices), dtype=np.int64)
+    for slot in np.unique(slot_of).tolist():
+        state = slots.get(slot)
+        if state is None:  # settled already: nothing of it to deliver
+            continue
+        if state.rank is None:
+            state.rank = np.full(state.task.num_rows, -1, dtype=np.int64)
+        mine = slot_of == slot
+        state.rank[rows[mine]] = ranks[mine]
+    return first + len(indices)
 
 
 def partly_consumed(

@@ -6,8 +6,10 @@ tasks (block shuffle). Blocks are formed from the master's task order, not from 
 which readers happen to finish, and each block's permutation is seeded from
 ``(seed, epoch, first task of the block)``; so for a fixed configuration the order is the same
 on every run, however the readers race. Each epoch starts with blocks of 1, 2, 4, ... tasks
-so that the first batch waits for one task, not a whole window. A block's segments are all
-released once it has been consumed, which bounds shared memory to about two windows (one being
+so that the first batch waits for one task, not a whole window. Neither the blocks nor their
+permutations depend on what was consumed before (a resume, a pass continued after ``break``):
+the rest of an epoch comes in the uninterrupted order. A block's segments are all released
+once it has been consumed, which bounds shared memory to about two windows (one being
 consumed, one filling).
 """
 
@@ -21,6 +23,8 @@ import numpy as np
 import torch.utils.data
 
 from ..errors import ConfigError, ShmSpaceError
+from .consumed import row_records
+from .gather import split_indices
 from .ready import ReadyTask, ReadyTasks
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,11 @@ class Feed(Protocol):
 
     def admit(self, task: ReadyTask) -> np.ndarray:
         """Start tracking ``task``; returns the indices of its rows still to deliver."""
+        ...
+
+    def handed_out(self, indices: np.ndarray) -> None:
+        """The sampler hands these admitted rows out, in this order: ``reclaim`` gives back
+        those left unconsumed in it."""
         ...
 
     def starved(self) -> bool:
@@ -173,12 +182,14 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             dropped.update(elsewhere)
             return elsewhere
 
-        size = 1
+        # Blocks of 1, 2, 4, ... tasks up to the window from the epoch's first task: the first
+        # batch needs one task read, not a whole window. A pass that continues an epoch (after
+        # a ``break``) goes on with the blocks the whole pass would have had.
+        size, full = block_grid(pending[0], self.window) if pending else (1, 1)
         while pending:
-            # Blocks of 1, 2, 4, ... tasks up to the window: the first batch needs one task
-            # read, not a whole window (the sizes depend on nothing but the position).
             block, pending = _next_block(feed, epoch, pending, size, gone)
-            this_size, size = size, min(size * 2, self.window)
+            this = size, full
+            size = full = min(full * 2, self.window)
             tasks: list[ReadyTask] | None = []
             if block:
                 feed.want(epoch, block)
@@ -194,7 +205,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
                 )
                 feed.want(epoch, [])
             if tasks is None:  # nothing can come until the batcher lets its rows go
-                pending, size = block + pending, this_size  # the same block, once room is back
+                pending, (size, full) = block + pending, this  # the same block, once room is back
                 yield LET_GO
                 continue
             got = {t.seq for t in tasks}
@@ -252,13 +263,19 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             feed.want(epoch, [])
 
     def _block_indices(self, feed: Feed, epoch: int, tasks: list[ReadyTask]) -> np.ndarray:
-        """The rows of a block's tasks, admitted, shuffled with the block's own seed."""
+        """The rows of a block's tasks, admitted, shuffled with the block's own seed.
+
+        The permutation is over every record of the block's tasks, delivered or not; the rows
+        consumed before a resume (or by a trainer that left), and records the source skipped,
+        are then left out of it. So a resumed block delivers its rest in the order the
+        uninterrupted run had: what was consumed is a prefix of that order."""
         if not tasks:
             return np.empty(0, dtype=np.int64)
-        parts = [feed.admit(t) for t in tasks]
-        indices = np.concatenate(parts)
+        indices = np.concatenate([_by_record(t, feed.admit(t)) for t in tasks])
         if self.shuffle and len(indices) > 1:
             indices = indices[block_permutation(self.seed, epoch, tasks[0].seq, len(indices))]
+        indices = indices[indices >= 0]
+        feed.handed_out(indices)
         return indices
 
 
@@ -373,6 +390,29 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
     def __len__(self) -> int:
         n = self.sampler.pass_rows(rest_alone=True)  # as __iter__ will walk it
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+def block_grid(first: int, window: int) -> tuple[int, int]:
+    """Blocks from the epoch's start are 1, 2, 4, ... tasks up to ``window``: (the tasks from
+    position ``first`` to the end of its block, that block's size)."""
+    start, size = 0, 1
+    while start + size <= first:
+        start, size = start + size, min(size * 2, window)
+    return start + size - first, size
+
+
+def _by_record(task: ReadyTask, indices: np.ndarray) -> np.ndarray:
+    """``indices`` (rows of ``task`` to deliver) laid out one slot per record of the task, -1
+    where a record is not delivered (consumed before, or skipped by the source): the layout
+    the block's permutation works on, the same whatever was consumed."""
+    start, stop = task.records()
+    out = np.full(stop - start, -1, dtype=np.int64)
+    if len(indices):
+        rows = split_indices(indices)[1]
+        if task.skipped:
+            rows = row_records(start, stop, task.skipped, task.num_rows)[rows] - start
+        out[rows] = indices
+    return out
 
 
 def _next_block(
