@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import LeaseError, MasterError, TaskQuarantinedError
+from ..master import forked
 from ..reader.messages import Failed, MasterLost, Message, Ready, lease_clock
 from ..reader.pool import STOP_SECONDS, ReaderInfo, ReaderPool
 from ..reader.process import ReaderConfig
@@ -117,6 +118,7 @@ class Runtime:
     def __init__(self, config: RuntimeConfig, store: SegmentStore) -> None:
         from ..master.client import MasterClient
 
+        forked.check("this dataset")  # before any reader starts: gRPC would hang here
         self.config = config
         # What readers reported skipping, latest last, for a look at where (Stats counts the
         # skips of consumed tasks: see DataPlane.skipped_records).

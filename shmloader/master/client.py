@@ -32,6 +32,7 @@ import grpc
 from .._proto import master_pb2 as pb
 from .._proto import master_pb2_grpc as pb_grpc
 from ..errors import ConfigError, LeaseError, MasterError
+from . import forked
 from ._convert import (
     ConsumerInfo,
     EpochInfo,
@@ -142,9 +143,11 @@ class MasterClient:
         check_address(address)
         if not timeout > 0 or not retry_for >= 0:
             raise ConfigError(f"timeout must be > 0 and retry_for >= 0, got {timeout}, {retry_for}")
+        forked.check("a master client")
         self.address = address
         self.timeout = float(timeout)
         self.retry_for = float(retry_for)
+        self._closing = threading.Event()
         if root_certificates is None:
             self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         else:
@@ -159,11 +162,15 @@ class MasterClient:
         self._ranks: dict[str, int | None] = {}  # consumers registered through this client
         self._infos: dict[str, ConsumerInfo] = {}
         self._heartbeats: dict[str, tuple[threading.Thread, threading.Event]] = {}
-        self._closing = threading.Event()
+        forked.track(self)
         # Set by stop_retrying (and close): backoff waits end at once.
         self._hurry = threading.Event()
         # When a call last gave up on an unreachable master (None after any answer).
         self.gave_up_at: float | None = None
+
+    def uses_grpc(self) -> bool:
+        """Open: a process forked now cannot use gRPC (forked.py)."""
+        return not self._closing.is_set()
 
     def stop_retrying(self) -> None:
         """From now on try each call once: for a caller that knows the master is gone (a

@@ -27,6 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from .._proto import master_pb2_grpc as pb_grpc
 from ..errors import ConfigError, MasterError
 from ..sources.base import Shard, Source
+from . import forked
 from .dispatcher import Dispatcher
 from .journal import FSYNC_POLICIES, Journal
 from .progress import DispatcherConfig, Progress
@@ -119,6 +120,7 @@ class Master:
         """Recover or create the dispatcher, bind, serve, and start the expiry timer."""
         if self._server is not None or self._stopped:
             raise MasterError("this Master was started already; create a new one to serve again")
+        forked.check("a master")
         if self.journal_dir is not None:
             self._journal = Journal.open(
                 self.journal_dir, self.plan, self.config, time.time(), fsync=self.fsync
@@ -162,6 +164,7 @@ class Master:
         self.port = port
         server.start()
         self._server = server
+        forked.track(self)
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         interval = min(1.0, self.config.lease_timeout / 4, self.config.consumer_timeout / 4)
@@ -182,6 +185,10 @@ class Master:
                 # The next tick tries again; a journal that cannot be written also fails the
                 # requests, which tell their callers.
                 log.exception("master: expiring leases failed")
+
+    def uses_grpc(self) -> bool:
+        """Serving (started, not stopped): a process forked now cannot use gRPC (forked.py)."""
+        return self._server is not None and not self._stopped
 
     def stop(self, grace: float | None = 1.0) -> None:
         """Stop serving (in-flight calls get ``grace`` seconds), then close the journal."""

@@ -1,0 +1,97 @@
+"""A process forked while this one's master or master client was open cannot use gRPC: it
+used to hang in its first server or call, for ever and without a word (a dataset started in
+an ``os.fork()`` child, a ``fork`` DataLoader worker or a fork pool of a running trainer).
+Now it gets a MasterError that says why; a process forked after they closed works as before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from _dataset_helpers import dataset, ids_of, source, write_dataset
+
+import shmloader
+from shmloader.master import Master, MasterClient
+
+HANG_SECONDS = 60.0  # a child that has not answered by then hangs (it did before the fix)
+
+
+def _in_child(fn: Callable[[], object]) -> tuple[str, str]:
+    """``fn()`` run in an ``os.fork()`` child: ("ok", its result) or (exception type, message);
+    ("hung", "") if the child says nothing for HANG_SECONDS (it is then killed)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            os.close(read)
+            try:
+                outcome = ("ok", str(fn()))
+            except BaseException as exc:
+                outcome = (type(exc).__name__, str(exc))
+            os.write(write, json.dumps(outcome).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        if not select.select([read], [], [], HANG_SECONDS)[0]:
+            os.kill(pid, signal.SIGKILL)
+            return ("hung", "")
+        kind, message = json.loads(os.read(read, 1 << 16))
+        return (kind, message)
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("forked")
+    write_dataset(directory, [30, 30])
+    return directory
+
+
+def test_a_dataset_in_a_child_forked_from_a_running_one_is_refused(
+    data: Path, tmp_path: Path
+) -> None:
+    shm = tmp_path / "shm"
+
+    def start_another() -> int:
+        with dataset(data, shm, num_readers=1, records_per_task=10) as child:
+            return len([i for b in shmloader.DataLoader(child, batch_size=10) for i in ids_of(b)])
+
+    with dataset(data, shm, num_readers=1, records_per_task=10) as parent:
+        parent.start()
+        kind, message = _in_child(start_another)
+        assert kind == "MasterError", (kind, message)
+        assert f"forked from process {os.getpid()}" in message
+        assert "spawn" in message
+        # The parent is untouched: its epoch comes whole.
+        rows = [i for b in shmloader.DataLoader(parent, batch_size=10) for i in ids_of(b)]
+        assert sorted(rows) == list(range(60))
+
+
+def test_a_client_is_refused_while_a_master_serves_and_works_once_it_stopped(
+    data: Path,
+) -> None:
+    master = Master(source(data), records_per_task=10).start()
+    try:
+        kind, message = _in_child(lambda: MasterClient(master.address, retry_for=0))
+        assert kind == "MasterError", (kind, message)
+        with MasterClient(master.address) as client:  # the parent's own gRPC still works
+            assert client.progress().epochs_started >= 0
+    finally:
+        master.stop()
+
+    def ask() -> int:
+        with Master(source(data), records_per_task=10) as m, MasterClient(m.address) as client:
+            return len(client.progress().epochs)
+
+    # Nothing of gRPC open in the parent any more: a child may serve and call.
+    kind, message = _in_child(ask)
+    assert kind == "ok", (kind, message)
