@@ -150,3 +150,30 @@ def test_dataset_workers_never_close_the_store(
             assert sorted(i for b in dl for i in ids_of(b)) == expected
         assert Path(ds.runtime.store.path).is_dir()
         assert all(start_token(r.pid) is not None for r in ds.stats().readers)
+
+
+def test_closed_datasets_leave_no_thread_and_no_exit_hook(
+    data: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    """A script that makes dataset after dataset (one per evaluation, say) and keeps them:
+    close() ended the readers but left the master's gRPC threads waiting for work as long as
+    the dataset object lived, and each dataset added an exit hook that stayed."""
+    import threading
+
+    directory, expected = data
+    hooks = getattr(threading, "_threading_atexits", None)
+    kept = []
+    for round_ in range(3):
+        ds = dataset(directory, tmp_path / "shm", epochs=None)
+        got = [i for b in shmloader.DataLoader(ds, batch_size=100) for i in ids_of(b)]
+        assert sorted(got) == expected
+        ds.close()
+        kept.append(ds)
+        if round_ == 0 and hooks is not None:
+            first = len(hooks)
+    if hooks is not None:
+        assert len(hooks) == first
+    for thread in threading.enumerate():
+        if thread.name.startswith("shmloader"):
+            thread.join(30.0)  # idle ones end at once; a bound, not a measurement
+    assert [t.name for t in threading.enumerate() if t.name.startswith("shmloader")] == []

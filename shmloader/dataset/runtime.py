@@ -76,6 +76,10 @@ class RuntimeConfig:
     ready_ahead: int = 16
 
 
+_open_runtimes: weakref.WeakSet[Runtime] = weakref.WeakSet()
+_exit_hook_registered = False
+
+
 def _close_at_exit(runtime: Runtime) -> None:
     """Close ``runtime`` when the interpreter exits, while its threads still work.
 
@@ -83,16 +87,20 @@ def _close_at_exit(runtime: Runtime) -> None:
     master's gRPC executor has shut down (concurrent.futures stops its pools in threading's
     exit hooks, before ``atexit``), so readers' and our own calls to it never return. So the
     close runs in the same phase, registered after (hence run before) those pools' hook.
+    One hook for every runtime of the process: registering one per runtime added a hook per
+    dataset that was never removed (a process that made 200 datasets ran 200 at exit).
     """
-    ref = weakref.ref(runtime)
+    global _exit_hook_registered
+    _open_runtimes.add(runtime)
+    if not _exit_hook_registered:
+        _exit_hook_registered = True
+        register = getattr(threading, "_register_atexit", atexit.register)
+        register(_close_all)
 
-    def close() -> None:
-        alive = ref()
-        if alive is not None:
-            alive.close()
 
-    register = getattr(threading, "_register_atexit", atexit.register)
-    register(close)
+def _close_all() -> None:
+    for runtime in list(_open_runtimes):
+        runtime.close()
 
 
 def first_unfinished(progress: Any) -> int:
@@ -476,6 +484,7 @@ class Runtime:
         if self._closed or os.getpid() != self._pid:  # a forked child owns none of this
             return
         self._closed = True
+        _open_runtimes.discard(self)
         self._stop.set()
         lost = self._master_lost()
         if (lost or hurry) and self.client is not None:

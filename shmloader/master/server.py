@@ -109,6 +109,7 @@ class Master:
         self._journal: Journal | None = None
         self._dispatcher: Dispatcher | None = None
         self._server: grpc.Server | None = None
+        self._executor: ThreadPoolExecutor | None = None
         self._health: health.HealthServicer | None = None
         self._ticker: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -136,8 +137,13 @@ class Master:
         return self
 
     def _serve(self, service: MasterService) -> None:
+        # Ours to shut down: gRPC's stop() leaves the pool's threads waiting for work for as
+        # long as the Master object lives (a closed dataset the script still holds).
+        self._executor = ThreadPoolExecutor(
+            max_workers=_WORKERS, thread_name_prefix="shmloader-master"
+        )
         server = grpc.server(
-            ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="shmloader-master"),
+            self._executor,
             interceptors=[_TokenCheck(self._token)] if self._token is not None else None,
             options=[
                 # Never share a port with another live server (gRPC allows it by default).
@@ -199,6 +205,8 @@ class Master:
             self._health.enter_graceful_shutdown()
         if self._server is not None:
             self._server.stop(grace).wait()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)  # idle threads end now, busy ones after their call
         self._stopping.set()
         if self._ticker is not None:
             self._ticker.join()
