@@ -8,14 +8,14 @@ dispatcher with the same plan and schedule settings rebuilds the same state. See
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..errors import ConfigError, LeaseError, MasterError, NotActive
+from ..errors import ConfigError, MasterError, NotActive
 from ..sources.base import Shard
 from . import state as _state
+from .closed import GONE_MEMORY, ClosedLeases
 from .epochs import DONE, OpenEpoch, find_work
 from .handback import HandBack, handed_back
 from .progress import DispatcherConfig, EpochProgress, Lease, Progress
@@ -38,8 +38,6 @@ from .updates import (
     UpdateSink,
 )
 
-# Closed leases whose fate is remembered for error messages (oldest forgotten first).
-GONE_MEMORY = 10_000
 COUNTERS = ("granted", "completed", "late_completed", "failed", "expired", "released")
 
 
@@ -85,14 +83,8 @@ class Dispatcher:
         self._closed: list[EpochProgress] = []
         self._consumers: dict[str, ConsumerState] = {}
         self._leases: dict[int, Lease] = {}
-        # Leases taken back (expired, holder gone) whose unit nobody has taken since: their
-        # holder may still complete them. Keyed by lease id, and by (epoch, unit) to find them.
-        self._lapsed: dict[int, Lease] = {}
-        self._lapsed_by_unit: dict[tuple[int, int], int] = {}
-        self._gone: OrderedDict[int, str] = OrderedDict()
-        # Lapsed leases whose unit was handed out again -> (new lease id, its consumer), for the
-        # old holder (LeaseError.handed_to); pruned with ``_gone``, rebuilt by LeaseGranted.
-        self._handed: dict[int, tuple[int, str]] = {}
+        # Leases no longer active: why, who got their task, which may be completed late.
+        self._ended = ClosedLeases(GONE_MEMORY)
         self._counters = dict.fromkeys(COUNTERS, 0)
 
     # ----------------------------------------------------------------- queries
@@ -107,7 +99,7 @@ class Dispatcher:
         """The active lease ``lease_id``; LeaseError saying why when it is not active."""
         lease = self._leases.get(lease_id)
         if lease is None:
-            raise self._not_active(lease_id)
+            raise self._ended.not_active(lease_id)
         return lease
 
     def rank_of(self, consumer: str) -> int | None:
@@ -225,7 +217,7 @@ class Dispatcher:
         for lease_id in lease_ids:
             lease = self._leases.get(lease_id)
             if lease is None:
-                problems[lease_id] = NotActive.of_error(self._not_active(lease_id))
+                problems[lease_id] = NotActive.of_error(self._ended.not_active(lease_id))
             elif not lease.taken:
                 self.apply(LeaseTaken(now, lease_id))
         self._commit(now)
@@ -237,8 +229,8 @@ class Dispatcher:
         A lease that lapsed (expired, or its holder was dropped) is still accepted while nobody
         has taken its unit since; otherwise LeaseError says what became of it.
         """
-        if lease_id not in self._leases and lease_id not in self._lapsed:
-            raise self._not_active(lease_id)
+        if lease_id not in self._leases and self._ended.lapsed(lease_id) is None:
+            raise self._ended.not_active(lease_id)
         self._run(now, LeaseCompleted(now, lease_id))
 
     def fail(self, lease_id: int, error: str, now: float) -> None:
@@ -345,7 +337,7 @@ class Dispatcher:
         for lease_id in sorted(c.leases, reverse=True):
             lease = self._leases.pop(lease_id)
             self._open[lease.epoch].put_back(lease.unit)
-            self._lapse(lease, f"consumer {u.consumer!r} left ({u.reason}) at t={u.now}")
+            self._ended.lapse(lease, f"consumer {u.consumer!r} left ({u.reason}) at t={u.now}")
             self._counters["released"] += 1
         del self._consumers[u.consumer]
 
@@ -364,16 +356,7 @@ class Dispatcher:
             raise MasterError(f"{u}: the unit is not available or the lease id is reused")
         self._emit(u)
         ep.take(u.unit)
-        lapsed_id = self._lapsed_by_unit.pop((u.epoch, u.unit), None)
-        if lapsed_id is not None:
-            old = self._lapsed.pop(lapsed_id)
-            self._forget(
-                lapsed_id,
-                f"{self._gone.pop(lapsed_id, 'it lapsed')}, and task {old.task.task_id} of "
-                f"epoch {u.epoch} was handed out again as lease {u.lease_id} to "
-                f"{u.consumer!r}",
-            )
-            self._handed[lapsed_id] = (u.lease_id, u.consumer)
+        self._ended.regranted(u.epoch, u.unit, u.lease_id, u.consumer)
         self._leases[u.lease_id] = ep.make_lease(
             self.table, self.config, u.lease_id, u.consumer, u.unit, u.attempt, u.deadline
         )
@@ -398,15 +381,13 @@ class Dispatcher:
         lease = self._leases.get(u.lease_id)
         late = lease is None
         if lease is None:
-            lease = self._lapsed.get(u.lease_id)
+            lease = self._ended.lapsed(u.lease_id)
             if lease is None:
-                raise MasterError(f"{u}: {self._not_active(u.lease_id)}")
+                raise MasterError(f"{u}: {self._ended.not_active(u.lease_id)}")
         self._emit(u)
         ep = self._open[lease.epoch]
         if late:
-            del self._lapsed[u.lease_id]
-            del self._lapsed_by_unit[(lease.epoch, lease.unit)]
-            self._gone.pop(u.lease_id, None)
+            self._ended.complete_late(u.lease_id)
             ep.settle_lapsed(lease.unit)
             self._counters["late_completed"] += 1
         else:
@@ -414,7 +395,7 @@ class Dispatcher:
             ep.move(lease.unit, DONE)
         self._counters["completed"] += 1
         self._touch(lease.consumer, u.now)
-        self._forget(
+        self._ended.forget(
             u.lease_id,
             f"it was completed at t={u.now}; task {lease.task.task_id} of epoch {lease.epoch} "
             "is counted once",
@@ -433,10 +414,10 @@ class Dispatcher:
             ep.put_back(lease.unit)
         if isinstance(u, LeaseExpired):
             self._counters["expired"] += 1
-            self._lapse(lease, f"it was taken back at t={u.now}: {u.error}")
+            self._ended.lapse(lease, f"it was taken back at t={u.now}: {u.error}")
         else:
             self._counters["failed"] += 1
-            self._forget(u.lease_id, f"it was reported failed at t={u.now}: {u.error}")
+            self._ended.forget(u.lease_id, f"it was reported failed at t={u.now}: {u.error}")
             self._touch(lease.consumer, u.now)
         self._maybe_close(ep)
 
@@ -467,20 +448,8 @@ class Dispatcher:
     def _active(self, lease_id: int, update: Update) -> Lease:
         lease = self._leases.get(lease_id)
         if lease is None:
-            raise MasterError(f"{update}: {self._not_active(lease_id)}")
+            raise MasterError(f"{update}: {self._ended.not_active(lease_id)}")
         return lease
-
-    def _not_active(self, lease_id: int) -> LeaseError:
-        why = self._gone.get(lease_id)
-        if why is None:
-            return LeaseError(
-                f"lease {lease_id} is unknown to this master: never granted, or closed too long "
-                "ago to be remembered"
-            )
-        error = LeaseError(f"lease {lease_id} is not active: {why}")
-        if lease_id in self._handed:
-            error.handed_as, error.handed_to = self._handed[lease_id]
-        return error
 
     def _exhausted(self, lease: Lease) -> bool:
         failures = self._open[lease.epoch].failures.get(lease.unit, 0) + 1
@@ -492,25 +461,9 @@ class Dispatcher:
         if c is not None:
             c.leases.discard(lease.lease_id)
 
-    def _lapse(self, lease: Lease, why: str) -> None:
-        self._lapsed[lease.lease_id] = lease
-        self._lapsed_by_unit[(lease.epoch, lease.unit)] = lease.lease_id
-        self._forget(lease.lease_id, why)
-
-    def _forget(self, lease_id: int, why: str) -> None:
-        self._gone[lease_id] = why
-        while len(self._gone) > GONE_MEMORY:
-            self._handed.pop(self._gone.popitem(last=False)[0], None)
-
     def _maybe_close(self, ep: OpenEpoch) -> None:
         if not ep.finished:
             return
         del self._open[ep.epoch]
         self._closed.append(ep.progress(self.table))
-        for key in [k for k in self._lapsed_by_unit if k[0] == ep.epoch]:
-            lease_id = self._lapsed_by_unit.pop(key)
-            del self._lapsed[lease_id]
-            self._forget(
-                lease_id,
-                f"{self._gone.pop(lease_id, 'it lapsed')}, and epoch {ep.epoch} has finished since",
-            )
+        self._ended.epoch_closed(ep.epoch)

@@ -7,7 +7,6 @@ that disagree."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -98,9 +97,7 @@ def dump_state(d: Dispatcher) -> dict[str, Any]:
             for name, c in sorted(d._consumers.items())
         ],
         "leases": [_lease_state(x) for _, x in sorted(d._leases.items())],
-        "lapsed": [_lease_state(x) for _, x in sorted(d._lapsed.items())],
-        "gone": [[lease_id, why] for lease_id, why in d._gone.items()],
-        "handed": [[old, new, consumer] for old, (new, consumer) in sorted(d._handed.items())],
+        **d._ended.to_state(_lease_state),  # "lapsed", "gone", "handed"
         "counters": dict(d._counters),
     }
 
@@ -136,13 +133,7 @@ def _load(d: Dispatcher, state: dict[str, Any]) -> None:
         lease = _lease(d, x)
         d._leases[lease.lease_id] = lease
         d._consumers[lease.consumer].leases.add(lease.lease_id)
-    for x in state["lapsed"]:
-        lease = _lease(d, x)
-        d._lapsed[lease.lease_id] = lease
-        d._lapsed_by_unit[(lease.epoch, lease.unit)] = lease.lease_id
-    d._gone = OrderedDict((int(i), str(why)) for i, why in state["gone"])
-    # States saved before it was kept have no "handed": their old holders are not told.
-    d._handed = {int(old): (int(new), str(who)) for old, new, who in state.get("handed", [])}
+    d._ended.load_state(state, lambda x: _lease(d, x))
     d._counters.update({k: int(v) for k, v in state["counters"].items()})
 
 
