@@ -147,14 +147,21 @@ class DataPlane:
             with self._lock:
                 for lease_id in pending:
                     self._completing.pop(lease_id, None)
+                self.regranted.done(pending)
 
     def lapsed(self, problems: dict[int, str], what: str = "renewing lease %d: %s") -> None:
         """The master says these leases are not active (a renew, complete or taken call):
         warn about tasks whose lease went to another trainer (regranted.py) that the sampler
-        took, now or when it takes them (``admit``)."""
+        took, now or when it takes them (``admit``). Each lease's reason is logged once, after
+        the lock is let go (a lapsed lease still held fails every renew cycle)."""
+        epochs = {t.lease_id: t.epoch for t in self.ready.pending()} if problems else {}
         with self._lock:
             states = [*self._completing.values(), *self._slots.values()]
-            self.regranted.lapsed(problems, states, what, on_delivery=self._complete_on_delivery)
+            untold = self.regranted.lapsed(
+                problems, states, on_delivery=self._complete_on_delivery, epochs=epochs
+            )
+        for lease_id, why in untold:
+            log.info(what, lease_id, why)
 
     # -- sampler's side (Feed) -----------------------------------------------------------
     def _epoch(self, epoch: int) -> EpochState:
@@ -166,6 +173,7 @@ class DataPlane:
         long run's memory stays flat (it grew by about 600 bytes per task per epoch)."""
         with self._lock:
             limit = self._forgotten = max(self._forgotten, min(before, self._iter_epoch))
+            self.regranted.forget_before(limit, (s.task.lease_id for s in self._slots.values()))
             for e in [e for e in self._epochs if e < limit]:
                 if not any(slot in self._slots for slot in self._epochs[e].slots):
                     del self._epochs[e]
@@ -247,6 +255,7 @@ class DataPlane:
             with self._lock:
                 self._announced.discard((task.epoch, task.seq))  # a new copy is welcome
                 self._strays.add((task.epoch, task.seq))
+                self.regranted.done([task.lease_id])
             self._segments.release(task.segment, missing_ok=True)
             return np.empty(0, dtype=np.int64)
         rows = np.arange(task.num_rows, dtype=np.int64)

@@ -8,12 +8,15 @@ have ended its pass without waiting for the task (this trainer had it in hand), 
 them could lose them. What it can do is say so: the master names the new holder in its answer
 to this trainer's renew, complete or taken call (``NotActive.handed_to``), and the trainer
 logs one warning per task, with the rows that may come twice, and counts them for ``stats()``.
+
+What is kept of a lease goes when its task completes here or is dropped (``done``), or when the
+plane forgets the lease's epoch (``forget_before``): a long elastic run stays flat in memory.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from .plane_state import SlotState
 
@@ -28,6 +31,10 @@ class Regranted:
         self._consumer = consumer
         self._to: dict[int, tuple[str, int | None]] = {}  # lease id -> (consumer, its lease)
         self._warned: set[int] = set()
+        # Lease id -> why the master last said it is not active, as logged: a lapsed lease that
+        # the trainer still holds fails every renew cycle, and is logged once per reason.
+        self._told: dict[int, str] = {}
+        self._epoch: dict[int, int] = {}  # lease id -> its task's epoch, where known
         self.tasks = 0  # tasks warned about
         self.records = 0  # their rows this trainer delivers: they may come twice
 
@@ -35,17 +42,27 @@ class Regranted:
         self,
         problems: dict[int, str],
         states: Iterable[SlotState],
-        what: str,
         *,
         on_delivery: bool,
-    ) -> None:
+        epochs: Mapping[int, int] | None = None,
+    ) -> list[tuple[int, str]]:
         """Note the leases of ``problems`` (lease id -> why it is not active, a ``NotActive``)
         handed to another consumer, and warn about those of ``states`` (tasks the sampler
         took). One handed to this trainer's own consumer is no duplicate: its readers read it
-        again, and the plane drops the second copy. ``what``: the info line for each."""
+        again, and the plane drops the second copy. ``epochs``: lease id -> epoch of ready
+        tasks (for ``forget_before``). Returns the problems not told before, for the caller to
+        log outside its lock."""
+        states = list(states)
+        known = dict(epochs or {})
+        known.update((state.task.lease_id, state.task.epoch) for state in states)
         new = set()
+        untold = []
         for lease_id, why in problems.items():
-            log.info(what, lease_id, why)
+            if self._told.get(lease_id) != why:
+                self._told[lease_id] = why
+                untold.append((lease_id, why))
+            if lease_id in known:
+                self._epoch[lease_id] = known[lease_id]
             to = getattr(why, "handed_to", None)
             if to and to != self._consumer and lease_id not in self._to:
                 self._to[lease_id] = (to, getattr(why, "handed_as", None))
@@ -53,6 +70,22 @@ class Regranted:
         for state in states if new else ():
             if state.task.lease_id in new:
                 self.warn(state, on_delivery=on_delivery)
+        return untold
+
+    def done(self, lease_ids: Iterable[int]) -> None:
+        """These leases' tasks completed here, or their copy was dropped: nothing more to say."""
+        for lease_id in lease_ids:
+            self._to.pop(lease_id, None)
+            self._warned.discard(lease_id)
+            self._told.pop(lease_id, None)
+            self._epoch.pop(lease_id, None)
+
+    def forget_before(self, epoch: int, live: Iterable[int]) -> None:
+        """The plane forgot epochs before ``epoch`` (finished at the master): forget their
+        leases, but for ``live`` ones (tasks the sampler took and still delivers)."""
+        if any(e < epoch for e in self._epoch.values()):
+            keep = set(live)
+            self.done([x for x, e in self._epoch.items() if e < epoch and x not in keep])
 
     def warn(self, state: SlotState, *, on_delivery: bool) -> None:
         """Warn once about a task the sampler took, if its lease went to another consumer."""

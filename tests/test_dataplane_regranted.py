@@ -1,0 +1,90 @@
+"""What a trainer keeps of its leases that went to another consumer (dataset/regranted.py).
+
+A lapsed lease the trainer still holds fails every renew cycle: its reason is logged once, not
+once per cycle, and not while the plane's lock is held (the sampler and the training loop need
+it). What is kept of a lease goes once its task completes here, once its ready copy is
+dropped, or once the plane forgets its epoch. A real dispatcher, store and plane; no processes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+
+from _dataplane_helpers import trainer
+from test_dataplane_shared import announce, dispatcher
+
+from shmloader.dataset.worker import Gatherer
+
+
+def kept(plane) -> int:
+    r = plane.regranted
+    return len(r._to) + len(r._warned) + len(r._told) + len(r._epoch)
+
+
+def stall(d):
+    """a's leases lapse (a declared dead) and b gets every task; a registers again."""
+    later = time.time() + d.config.consumer_timeout + 1
+    d.heartbeat("b", later)
+    d.expire(later)
+    d.register("a", later)
+    return d.lease("b", 100, later), later
+
+
+def test_a_lapsed_lease_is_logged_once_outside_the_lock_and_forgotten_when_done(tmp_path, caplog):
+    d = dispatcher(epochs=2)
+    store, plane, sampler = trainer(d, "a", tmp_path / "a")
+    d.register("b", time.time())
+    with store:
+        leases = d.lease("a", 100, time.time())
+        epoch0 = [x for x in leases if x.epoch == 0]
+        for lease in epoch0:
+            announce(store, plane, lease)
+        it = iter(sampler)
+        first = list(itertools.islice(it, 3))  # the sampler took some tasks
+        to_b, later = stall(d)
+        assert to_b
+        held = plane.held_leases()
+        lock_held: list[bool] = []
+
+        class Spy(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if record.levelno == logging.INFO:
+                    lock_held.append(plane._lock._is_owned())
+
+        spy = Spy()
+        logging.getLogger("shmloader.dataset.plane").addHandler(spy)
+        try:
+            with caplog.at_level("INFO", logger="shmloader.dataset.plane"):
+                for _ in range(3):  # three renew cycles, each told the same
+                    plane.lapsed(d.mark_taken(held, later))
+        finally:
+            logging.getLogger("shmloader.dataset.plane").removeHandler(spy)
+        infos = [r for r in caplog.records if r.levelname == "INFO"]
+        assert len(infos) == len(held)  # once per lease, not once per cycle
+        assert lock_held and not any(lock_held)  # logged outside the plane's lock
+        assert plane.regranted.tasks > 0  # and the tasks taken were warned about
+        assert kept(plane) > 0
+        # a delivers the rest of its pass (this plane checks no lease: it delivers every
+        # copy) and completes each task: nothing is kept of their leases any more.
+        rest = list(it)
+        Gatherer(store.handle(), ["id"]).gather(first + rest)
+        plane.poll()
+        assert kept(plane) == 0
+
+
+def test_what_is_kept_goes_with_a_forgotten_epoch(tmp_path):
+    d = dispatcher(epochs=2)
+    store, plane, _ = trainer(d, "a", tmp_path / "a")
+    d.register("b", time.time())
+    with store:
+        leases = [x for x in d.lease("a", 100, time.time()) if x.epoch == 0]
+        for lease in leases:
+            announce(store, plane, lease)  # ready, never taken
+        _, later = stall(d)
+        plane.lapsed(d.mark_taken(plane.held_leases(), later))
+        assert len(plane.regranted._epoch) == len(leases)
+        plane.finish_epoch(0)
+        plane.forget_finished(1)  # the master finished epoch 0 (b delivered it)
+        assert kept(plane) == 0
