@@ -8,6 +8,7 @@ dropped, or once the plane forgets its epoch. A real dispatcher, store and plane
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -32,15 +33,21 @@ def stall(d):
     return d.lease("b", 100, later), later
 
 
-def test_a_lapsed_lease_is_logged_once_outside_the_lock_and_forgotten_when_done(tmp_path, caplog):
+@contextlib.contextmanager
+def ready_at_a(tmp_path):
+    """Trainer a with every task of epoch 0 (of 2) ready, none taken yet; b is registered."""
     d = dispatcher(epochs=2)
     store, plane, sampler = trainer(d, "a", tmp_path / "a")
     d.register("b", time.time())
     with store:
-        leases = d.lease("a", 100, time.time())
-        epoch0 = [x for x in leases if x.epoch == 0]
-        for lease in epoch0:
+        leases = [x for x in d.lease("a", 100, time.time()) if x.epoch == 0]
+        for lease in leases:
             announce(store, plane, lease)
+        yield d, store, plane, sampler, leases
+
+
+def test_a_lapsed_lease_is_logged_once_outside_the_lock_and_forgotten_when_done(tmp_path, caplog):
+    with ready_at_a(tmp_path) as (d, store, plane, sampler, _):
         it = iter(sampler)
         first = list(itertools.islice(it, 3))  # the sampler took some tasks
         to_b, later = stall(d)
@@ -75,13 +82,7 @@ def test_a_lapsed_lease_is_logged_once_outside_the_lock_and_forgotten_when_done(
 
 
 def test_what_is_kept_goes_with_a_forgotten_epoch(tmp_path):
-    d = dispatcher(epochs=2)
-    store, plane, _ = trainer(d, "a", tmp_path / "a")
-    d.register("b", time.time())
-    with store:
-        leases = [x for x in d.lease("a", 100, time.time()) if x.epoch == 0]
-        for lease in leases:
-            announce(store, plane, lease)  # ready, never taken
+    with ready_at_a(tmp_path) as (d, _, plane, _, leases):  # ready, never taken
         _, later = stall(d)
         plane.lapsed(d.mark_taken(plane.held_leases(), later))
         assert len(plane.regranted._epoch) == len(leases)

@@ -5,6 +5,9 @@ renamed after it, so a DataLoader worker can open it from the sample index alone
 to the sampler, learns from the gather ledger which rows have been copied out, releases a
 segment once all its rows are, and completes the task at the master when its rows are
 consumed: when gathered, or, under ``shmloader.DataLoader``, when the loop received them.
+
+What it tells the master goes through its outbox (outbox.py), sent outside the plane's lock;
+what the sampler waits for that is not here, through ``awaited`` (awaited.py).
 """
 
 from __future__ import annotations
@@ -16,15 +19,15 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import ShmloaderError
-from ..reader.messages import task_key
 from . import plane_state as known
-from .consumed import Ranges, rows_in, union
+from .awaited import Awaited
+from .consumed import Ranges, rows_in
 from .gather import SegmentRows, encode_indices, group_by_segment
 from .lease_check import LeaseCheck
 from .ledger import LedgerReader
+from .outbox import Outbox
 from .plane_state import EpochState, LeaseOps, SegmentOps, SlotState, slot_name
 from .ready import ReadyTask, ReadyTasks
-from .regranted import Regranted
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +60,6 @@ class DataPlane:
         self._exclude = exclude or (lambda epoch, task_id: None)
         self._lock = threading.RLock()
         self._poll_lock = threading.Lock()  # taken before _lock, never inside it
-        self._flush_lock = threading.Lock()  # likewise
-        self._to_complete: list[int] = []
-        self._to_mark_taken: list[int] = []
-        self._wanting = False  # whether readers were last told of tasks the sampler awaits
         # The batch the trainer gathered last and its groups (see gathered / delivered).
         self._grouped: tuple[np.ndarray | None, list[SegmentRows]] = (None, [])
         self._next_slot = 0
@@ -73,20 +72,22 @@ class DataPlane:
         self._prior: Ranges = dict(prior or {})
         self._announced: set[tuple[int, int]] = set()
         self._forgotten = 0  # epochs before this are finished and forgotten (forget_finished)
-        # Tasks (epoch, seq) the sampler stopped waiting for because they were elsewhere
-        # (another trainer took them, or they were done): if one comes back here after all
-        # (its holder died, the master handed it out again), the sampler takes it as it can.
-        self._strays: set[tuple[int, int]] = set()
+        self.awaited = Awaited(master, segments, self.ready)
         # Whether some task of an epoch went to another consumer, or was done before this
         # trainer started: then what this trainer consumed is not the epoch's position.
         self.shares_epochs = False
         self.consumed_records = 0
         self.skipped_records = 0  # what sources left out of the tasks consumed (on_error)
         self.duplicates = 0
-        # Leases lapsed and handed to another trainer; slots whose completion is being sent.
-        self.regranted = Regranted(consumer)
+        self.outbox = Outbox(
+            master,
+            consumer,
+            slot_states=self._slot_states,
+            ready=self.ready.pending,
+            on_delivery=lambda: self._complete_on_delivery,
+        )
+        self.regranted = self.outbox.regranted  # leases lapsed and handed to another trainer
         self.lease_check = LeaseCheck(master, lease_timeout, consumer)
-        self._completing: dict[int, SlotState] = {}
         self.wait_seconds = 0.0  # how long the training loop waited for batches
         self.batches_delivered = 0
 
@@ -118,7 +119,7 @@ class DataPlane:
             if (epoch, seq) in self._announced or epoch < self._forgotten:
                 self.duplicates += 1
                 self._segments.release(segment, missing_ok=True)
-                self._complete(lease_id)
+                self.outbox.complete(lease_id)
                 return
             self._announced.add((epoch, seq))
         task = ReadyTask(
@@ -127,41 +128,17 @@ class DataPlane:
         self.lease_check.announced(task, confirmed)
         self.ready.put(task)
 
-    def _complete(self, lease_id: int) -> None:
-        # Queued, not called: a round trip to the master must not hold the lock the sampler
-        # and the training loop need. ``poll`` sends them.
-        self._to_complete.append(lease_id)
-
     def flush_completions(self) -> None:
-        """Tell the master about taken and consumed tasks (outside the lock, one call each)."""
-        with self._flush_lock:
-            with self._lock:
-                taken, self._to_mark_taken = self._to_mark_taken, []
-                pending, self._to_complete = self._to_complete, []
-            if taken:  # lapsed meanwhile (this trainer was too slow): it still delivers them
-                self.lapsed(self._master.mark_taken(taken), "marking lease %d taken: %s")
-            if not pending:
-                return
-            # Completed late after it lapsed: counted once, unless it was handed out again.
-            self.lapsed(self._master.complete(pending), "completing lease %d: %s")
-            with self._lock:
-                for lease_id in pending:
-                    self._completing.pop(lease_id, None)
-                self.regranted.done(pending)
+        """Tell the master about taken and consumed tasks (outside the lock: outbox.py)."""
+        self.outbox.flush()
 
     def lapsed(self, problems: dict[int, str], what: str = "renewing lease %d: %s") -> None:
-        """The master says these leases are not active (a renew, complete or taken call):
-        warn about tasks whose lease went to another trainer (regranted.py) that the sampler
-        took, now or when it takes them (``admit``). Each lease's reason is logged once, after
-        the lock is let go (a lapsed lease still held fails every renew cycle)."""
-        epochs = {t.lease_id: t.epoch for t in self.ready.pending()} if problems else {}
+        """The master says these leases are not active (the renew cycle's answer): outbox.py."""
+        self.outbox.lapsed(problems, what)
+
+    def _slot_states(self) -> list[SlotState]:
         with self._lock:
-            states = [*self._completing.values(), *self._slots.values()]
-            untold = self.regranted.lapsed(
-                problems, states, on_delivery=self._complete_on_delivery, epochs=epochs
-            )
-        for lease_id, why in untold:
-            log.info(what, lease_id, why)
+            return list(self._slots.values())
 
     # -- sampler's side (Feed) -----------------------------------------------------------
     def _epoch(self, epoch: int) -> EpochState:
@@ -173,7 +150,7 @@ class DataPlane:
         long run's memory stays flat (it grew by about 600 bytes per task per epoch)."""
         with self._lock:
             limit = self._forgotten = max(self._forgotten, min(before, self._iter_epoch))
-            self.regranted.forget_before(limit, (s.task.lease_id for s in self._slots.values()))
+            self.outbox.forget_before(limit, [s.task.lease_id for s in self._slots.values()])
             for e in [e for e in self._epochs if e < limit]:
                 if not any(slot in self._slots for slot in self._epochs[e].slots):
                     del self._epochs[e]
@@ -197,53 +174,21 @@ class DataPlane:
 
     def elsewhere(self, epoch: int, seqs: list[int]) -> set[int]:
         """Those of ``seqs`` (tasks the sampler waits for) that the master says will not come
-        here: in elastic mode trainers share one queue, so another trainer's readers may have
-        taken them; and a trainer restarted against a running master finds tasks done."""
-        if not seqs:
-            return set()
-        where = self._master.whereabouts(epoch, seqs)
-        gone = {s for s, w in zip(seqs, where, strict=True) if w not in known.MAY_COME}
+        here (awaited.py): then this trainer shares epochs."""
+        gone = self.awaited.elsewhere(epoch, seqs)
         if gone:
             with self._lock:
-                self._strays.update((epoch, s) for s in gone)
                 self.shares_epochs = True
         return gone
 
     def unsettled_strays(self) -> bool:
-        """Whether a task given up as elsewhere may still come here: it is waiting in the queue,
-        held by this trainer's readers, or held by another trainer's readers before that
-        trainer took it (it may die first). Strays found done are forgotten. Asks the
-        master, once per epoch with strays."""
-        with self._lock:
-            by_epoch: dict[int, list[int]] = {}
-            for epoch, seq in sorted(self._strays):
-                by_epoch.setdefault(epoch, []).append(seq)
-        unsettled = False
-        for epoch, seqs in by_epoch.items():
-            where = self._master.whereabouts(epoch, seqs)
-            unsettled = unsettled or any(w in known.MAY_BE_WAITED_FOR for w in where)
-            finished = {
-                (epoch, s) for s, w in zip(seqs, where, strict=True) if w in known.DONE_ELSEWHERE
-            }
-            with self._lock:
-                self._strays -= finished
-        return unsettled
+        return self.awaited.unsettled()
 
     def want_strays(self) -> None:
-        """Readers of tasks given up as elsewhere may use the budget's spare room (see want):
-        the sampler waits for them, and other tasks' segments may fill the budget."""
-        with self._lock:
-            strays = sorted(self._strays)
-        keys = [task_key(e, s) for e, s in strays if self.ready.missing(e, [s])]
-        if keys or self._wanting:
-            self._segments.want(keys)
-            self._wanting = bool(keys)
+        self.awaited.want_strays()
 
     def take_strays(self) -> list[ReadyTask]:
-        """Tasks that were elsewhere and came back to this trainer, ready now (not waited for)."""
-        with self._lock:
-            keys = sorted(self._strays)
-        return self.ready.take_ready(keys) if keys else []
+        return self.awaited.take_strays()
 
     def admit(self, task: ReadyTask) -> np.ndarray:
         """Number the task's segment with the next slot and start tracking its rows.
@@ -254,8 +199,8 @@ class DataPlane:
         if not self.lease_check.still_ours(task):  # lapsed while ready: not delivered here
             with self._lock:
                 self._announced.discard((task.epoch, task.seq))  # a new copy is welcome
-                self._strays.add((task.epoch, task.seq))
-                self.regranted.done([task.lease_id])
+                self.awaited.dropped(task)
+                self.outbox.dropped(task.lease_id)
             self._segments.release(task.segment, missing_ok=True)
             return np.empty(0, dtype=np.int64)
         rows = np.arange(task.num_rows, dtype=np.int64)
@@ -274,12 +219,11 @@ class DataPlane:
             state.emit = rows
             state.gathered = np.zeros(task.num_rows, dtype=bool)
             state.delivered = np.zeros(task.num_rows, dtype=bool)
-            self._strays.discard((task.epoch, task.seq))
-            self._to_mark_taken.append(task.lease_id)
+            self.awaited.admitted(task)
             ep = self._epoch(task.epoch)
             ep.admitted.add(task.seq)
             ep.slots.append(slot)
-            self.regranted.warn(state, on_delivery=self._complete_on_delivery)
+            self.outbox.taken(state)
             if len(rows) == 0:
                 self._settle(state)
         return encode_indices(slot, rows)
@@ -349,12 +293,7 @@ class DataPlane:
         return self._starved()
 
     def want(self, epoch: int, seqs: list[int]) -> None:
-        """Tell readers which tasks the sampler waits for: those may use the room the others
-        leave in the budget (shm budget.reserve), so they can always be written."""
-        keys = [task_key(epoch, s) for s in self.ready.missing(epoch, seqs)]
-        if keys or self._wanting:
-            self._segments.want(keys)
-            self._wanting = bool(keys)
+        self.awaited.want(epoch, seqs)
 
     def finish_epoch(self, epoch: int) -> None:
         with self._lock:
@@ -475,8 +414,7 @@ class DataPlane:
             state.released = True
         consumed = state.n_delivered if self._complete_on_delivery else state.n_gathered
         if not state.completed and consumed >= need:
-            self._complete(state.task.lease_id)
-            self._completing[state.task.lease_id] = state
+            self.outbox.complete(state.task.lease_id, state)
             state.completed = True
             self.consumed_records += len(state.emit)
             self.skipped_records += len(state.task.skipped)
@@ -503,17 +441,9 @@ class DataPlane:
                 (e for e, st in self._epochs.items() if len(st.completed) < self._tasks(e)),
                 default=self._iter_epoch,
             )
-            st = self._epoch(epoch)
-            partial: dict[int, list[int]] = {}
-            ranges: list[dict[int, list[tuple[int, int]]]] = []
-            if epoch == self._start_epoch:
-                ranges.append(self._prior)
-            ranges.extend({t: [(a, b)]} for t, a, b in st.consumed)
-            slots = map(self._slots.get, st.slots)
-            for state, rows in known.partly_consumed(slots, self._complete_on_delivery):
-                partial[state.task.seq] = rows.tolist()
-                ranges.append({state.task.task_id: state.records_of(rows)})
-            return epoch, sorted(st.completed), partial, union(ranges)
+            prior = self._prior if epoch == self._start_epoch else {}
+            st, on_delivery = self._epoch(epoch), self._complete_on_delivery
+            return epoch, *known.epoch_consumed(st, self._slots, prior, on_delivery)
 
     def hand_back(self) -> dict[int, list[tuple[int, int]]]:
         """Lease id -> records consumed, of tasks the sampler took and the loop consumed part

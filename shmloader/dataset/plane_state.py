@@ -9,7 +9,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .consumed import row_records, to_ranges
+from .consumed import Ranges, row_records, to_ranges, union
 from .gather import split_indices
 from .ready import ReadyTask
 
@@ -139,3 +139,18 @@ class EpochState:
     iterated: bool = False  # the sampler yielded everything
     completed: set[int] = field(default_factory=set)  # seqs consumed
     consumed: list[tuple[int, int, int]] = field(default_factory=list)  # (task, start, stop)
+
+
+def epoch_consumed(
+    st: EpochState, slots: Mapping[int, SlotState], prior: Ranges, on_delivery: bool
+) -> tuple[list[int], dict[int, list[int]], Ranges]:
+    """What a checkpoint stores of an epoch: its consumed task positions, the consumed rows of
+    its partly consumed tasks by position, and all it consumed as record ranges by task id
+    (with ``prior``: records consumed before a resume)."""
+    partial: dict[int, list[int]] = {}
+    ranges: list[Ranges] = [prior]
+    ranges.extend({t: [(a, b)]} for t, a, b in st.consumed)
+    for state, rows in partly_consumed(map(slots.get, st.slots), on_delivery):
+        partial[state.task.seq] = rows.tolist()
+        ranges.append({state.task.task_id: state.records_of(rows)})
+    return sorted(st.completed), partial, union(ranges)

@@ -24,8 +24,8 @@ log = logging.getLogger("shmloader.dataset.plane")
 
 
 class Regranted:
-    """Which leases went to another consumer, and what was warned about (the plane's lock
-    guards it)."""
+    """Which leases went to another consumer, and what was warned about (the outbox's lock
+    guards it: outbox.py)."""
 
     def __init__(self, consumer: str | None) -> None:
         self._consumer = consumer
@@ -38,39 +38,43 @@ class Regranted:
         self.tasks = 0  # tasks warned about
         self.records = 0  # their rows this trainer delivers: they may come twice
 
-    def lapsed(
-        self,
-        problems: dict[int, str],
-        states: Iterable[SlotState],
-        *,
-        on_delivery: bool,
-        epochs: Mapping[int, int] | None = None,
-    ) -> list[tuple[int, str]]:
+    def lapsed(self, problems: Mapping[int, str]) -> list[tuple[int, str]]:
         """Note the leases of ``problems`` (lease id -> why it is not active, a ``NotActive``)
-        handed to another consumer, and warn about those of ``states`` (tasks the sampler
-        took). One handed to this trainer's own consumer is no duplicate: its readers read it
-        again, and the plane drops the second copy. ``epochs``: lease id -> epoch of ready
-        tasks (for ``forget_before``). Returns the problems not told before, for the caller to
-        log outside its lock."""
-        states = list(states)
-        known = dict(epochs or {})
-        known.update((state.task.lease_id, state.task.epoch) for state in states)
-        new = set()
+        handed to another consumer. One handed to this trainer's own consumer is no duplicate:
+        its readers read it again, and the plane drops the second copy. Returns the problems
+        not told before, for the caller to log outside its locks; ``held`` then warns."""
         untold = []
         for lease_id, why in problems.items():
             if self._told.get(lease_id) != why:
                 self._told[lease_id] = why
                 untold.append((lease_id, why))
-            if lease_id in known:
-                self._epoch[lease_id] = known[lease_id]
             to = getattr(why, "handed_to", None)
             if to and to != self._consumer and lease_id not in self._to:
                 self._to[lease_id] = (to, getattr(why, "handed_as", None))
-                new.add(lease_id)
-        for state in states if new else ():
-            if state.task.lease_id in new:
-                self.warn(state, on_delivery=on_delivery)
         return untold
+
+    def held(
+        self,
+        problems: Mapping[int, str],
+        states: Iterable[SlotState],
+        *,
+        on_delivery: bool,
+        epochs: Mapping[int, int],
+    ) -> None:
+        """After ``lapsed``: keep the epochs of ``problems``' leases (for ``forget_before``),
+        and warn about those of ``states`` (tasks the sampler took) that went to another
+        consumer. ``epochs``: lease id -> epoch of ready tasks. A lease done meanwhile is not
+        kept again; a task taken meanwhile was warned about when taken (``warn``)."""
+        states = list(states)
+        known = dict(epochs)
+        known.update((state.task.lease_id, state.task.epoch) for state in states)
+        for lease_id in problems:
+            if lease_id in known and lease_id in self._told:
+                self._epoch[lease_id] = known[lease_id]
+        unwarned = {x for x in problems if x in self._to and x not in self._warned}
+        for state in states if unwarned else ():
+            if state.task.lease_id in unwarned:
+                self.warn(state, on_delivery=on_delivery)
 
     def done(self, lease_ids: Iterable[int]) -> None:
         """These leases' tasks completed here, or their copy was dropped: nothing more to say."""

@@ -1,0 +1,96 @@
+"""Tasks the sampler waits for that are not ready here: which readers should make room for,
+and which are elsewhere.
+
+The sampler takes an epoch's tasks in its fixed order and waits for the next one missing.
+Readers are told which tasks it awaits (``want``): those may use the room the others leave in
+the shared-memory budget (shm budget.reserve), so they can always be written. In elastic mode
+trainers share one queue, so another trainer's readers may have taken a task it waits for, and
+a trainer restarted against a running master finds tasks done: the master's whereabouts say so
+(``elsewhere``), and the sampler stops waiting. Such a task is kept as a *stray*: if it comes
+here after all (its holder died and the master handed it out again, or its ready copy here was
+dropped because its lease lapsed, lease_check.py), the sampler takes it as it can.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..reader.messages import task_key
+from . import plane_state as known
+from .plane_state import LeaseOps, SegmentOps
+from .ready import ReadyTask, ReadyTasks
+
+
+class Awaited:
+    """The strays, and what readers were told (thread-safe; its lock is taken inside the
+    plane's, and no other lock inside its own)."""
+
+    def __init__(self, master: LeaseOps, segments: SegmentOps, ready: ReadyTasks) -> None:
+        self._master = master
+        self._segments = segments
+        self._ready = ready
+        self._lock = threading.Lock()
+        self.strays: set[tuple[int, int]] = set()  # (epoch, seq); read under the lock
+        self._wanting = False  # whether readers were last told of tasks the sampler awaits
+
+    def want(self, epoch: int, seqs: list[int]) -> None:
+        """Tell readers which of ``seqs`` the sampler waits for (empty: none)."""
+        self._tell([task_key(epoch, s) for s in self._ready.missing(epoch, seqs)])
+
+    def want_strays(self) -> None:
+        """Readers of strays may use the budget's spare room (see want): the sampler waits for
+        them, and other tasks' segments may fill the budget."""
+        with self._lock:
+            strays = sorted(self.strays)
+        self._tell([task_key(e, s) for e, s in strays if self._ready.missing(e, [s])])
+
+    def _tell(self, keys: list[str]) -> None:
+        if keys or self._wanting:
+            self._segments.want(keys)
+            self._wanting = bool(keys)
+
+    def elsewhere(self, epoch: int, seqs: list[int]) -> set[int]:
+        """Those of ``seqs`` that the master says will not come here: kept as strays."""
+        if not seqs:
+            return set()
+        where = self._master.whereabouts(epoch, seqs)
+        gone = {s for s, w in zip(seqs, where, strict=True) if w not in known.MAY_COME}
+        with self._lock:
+            self.strays.update((epoch, s) for s in gone)
+        return gone
+
+    def unsettled(self) -> bool:
+        """Whether a stray may still come here: it is waiting in the queue, held by this
+        trainer's readers, or held by another trainer's readers before that trainer took it
+        (it may die first). Strays found done are forgotten. Asks the master, once per epoch
+        with strays."""
+        with self._lock:
+            by_epoch: dict[int, list[int]] = {}
+            for epoch, seq in sorted(self.strays):
+                by_epoch.setdefault(epoch, []).append(seq)
+        unsettled = False
+        for epoch, seqs in by_epoch.items():
+            where = self._master.whereabouts(epoch, seqs)
+            unsettled = unsettled or any(w in known.MAY_BE_WAITED_FOR for w in where)
+            finished = {
+                (epoch, s) for s, w in zip(seqs, where, strict=True) if w in known.DONE_ELSEWHERE
+            }
+            with self._lock:
+                self.strays -= finished
+        return unsettled
+
+    def take_strays(self) -> list[ReadyTask]:
+        """Strays that came to this trainer, ready now (not waited for)."""
+        with self._lock:
+            keys = sorted(self.strays)
+        return self._ready.take_ready(keys) if keys else []
+
+    def admitted(self, task: ReadyTask) -> None:
+        """The sampler admitted ``task``: no stray any more."""
+        with self._lock:
+            self.strays.discard((task.epoch, task.seq))
+
+    def dropped(self, task: ReadyTask) -> None:
+        """The sampler dropped ``task``'s ready copy (its lease lapsed): a stray."""
+        with self._lock:
+            self.strays.add((task.epoch, task.seq))

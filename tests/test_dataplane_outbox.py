@@ -1,0 +1,38 @@
+"""The plane's outbox (dataset/outbox.py) routes the master's "not active" answers outside the
+plane's lock: it lists the plane's slots without holding its own lock (the plane calls into the
+outbox holding its lock, so the other order would deadlock), and a task the sampler takes while
+an answer is being routed is still warned about, once. A real dispatcher, store and plane; the
+test plays the sampler taking a task at the worst moment, no timing."""
+
+from __future__ import annotations
+
+from test_dataplane_regranted import ready_at_a, stall
+
+
+def test_a_task_taken_while_an_answer_is_routed_is_warned_about_once(tmp_path, caplog):
+    with ready_at_a(tmp_path) as (d, _, plane, _, leases):
+        to_b, later = stall(d)
+        assert {(x.epoch, x.unit) for x in leases} <= {(x.epoch, x.unit) for x in to_b}
+        outbox = plane.outbox
+        slot_states = outbox._slot_states
+        own_lock_held = []
+
+        def listing():
+            # The plane's lock is taken here: the outbox must not hold its own.
+            own_lock_held.append(outbox._lock.locked())
+            states = slot_states()
+            if len(own_lock_held) == 1:  # the sampler takes a task just after the listing
+                (task,) = plane.ready.take_ready([(0, leases[0].unit)])
+                assert len(plane.admit(task)) == task.num_rows
+            return states
+
+        outbox._slot_states = listing
+        with caplog.at_level("WARNING", logger="shmloader.dataset.plane"):
+            plane.lapsed(d.mark_taken(plane.held_leases(), later))
+            warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+            assert len(warned) == plane.regranted.tasks == 1  # by admit: the lease was noted
+            assert f"this trainer's lease {leases[0].lease_id} lapsed" in warned[0]
+            plane.lapsed(d.mark_taken(plane.held_leases(), later))  # the next renew cycle
+        assert own_lock_held == [False, False]
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == plane.regranted.tasks == 1  # not again
