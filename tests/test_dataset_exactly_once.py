@@ -224,3 +224,23 @@ def test_an_order_that_the_budget_made_depend_on_timing_is_warned_about(
         with dataset(directory, tmp_path / "ample") as ds:
             assert_once(one_pass(make_loader(ds, "shmloader")), expected)
         assert not [r for r in caplog.records if r.name == sampler_log]
+
+
+@pytest.mark.parametrize(("ours_first", "workers"), [(0, 0), (10, 0), (10, 2), (0, 2)])
+def test_a_plain_loader_after_ours_consumes_what_it_gathers(
+    tmp_path: Path, data: tuple[Path, list[int]], ours_first: int, workers: int
+) -> None:
+    """Loaders used one after the other continue each other's epochs, whichever they are. Once
+    a shmloader.DataLoader existed, rows a plain DataLoader then gathered counted as consumed
+    only when "delivered", which a plain loader never says: its tasks never completed, their
+    segments stayed, and the next pass delivered those rows again as the rest of the epoch."""
+    directory, expected = data
+    with dataset(directory, tmp_path, epochs=1) as ds:
+        ours = make_loader(ds, "shmloader", num_workers=workers)
+        it = iter(ours)
+        got = [i for _ in range(ours_first) for i in ids_of(next(it))]
+        del it
+        got += one_pass(make_loader(ds, "torch", num_workers=workers))
+        assert_once(got, expected)
+        assert one_pass(ours) == []  # epochs=1: the one epoch is done
+        assert ds.stats().records_consumed == len(expected)

@@ -86,10 +86,13 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         began = time.perf_counter()  # the loop waits for data from here (workers start too) ...
         batches = self._in_process() if self._plain_in_process() else self._through_torch()
         while True:
+            plane.loop_receives = True  # rows gathered here now: consumed once received
             try:
                 batch = next(batches)
             except StopIteration:
                 return
+            finally:
+                plane.loop_receives = False
             plane.record_wait(time.perf_counter() - began)  # ... to here
             # Workers of this loader write no ledger: rows are marked gathered here.
             plane.delivered(self._recorder.issued.popleft(), gathered=self.num_workers > 0)

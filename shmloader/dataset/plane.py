@@ -60,6 +60,10 @@ class DataPlane:
         self._exclude = exclude or (lambda epoch, task_id: None)
         self._lock = threading.RLock()
         self._poll_lock = threading.Lock()  # taken before _lock, never inside it
+        # True while shmloader.DataLoader's loop waits for its next batch: rows the trainer
+        # gathers then are consumed once the loop receives them (``delivered``). Rows gathered
+        # otherwise are a plain DataLoader's, consumed as gathered (see ``gathered``).
+        self.loop_receives = False
         # The batch the trainer gathered last and its groups (see gathered / delivered).
         self._grouped: tuple[np.ndarray | None, list[SegmentRows]] = (None, [])
         self._next_slot = 0
@@ -308,7 +312,10 @@ class DataPlane:
         with self._poll_lock:
             gathered = self._ledger.poll()
             if len(gathered):
-                self._mark_groups(group_by_segment(gathered), gathered=True)
+                # Only a plain DataLoader's workers write the ledger (shmloader.DataLoader's
+                # write none), and for it a gathered row is consumed: delivered as well, so
+                # that under ``complete_on_delivery`` too its tasks complete.
+                self._mark_groups(group_by_segment(gathered), gathered=True, delivered=True)
         self.flush_completions()
 
     def gathered(self, indices: np.ndarray, groups: list[SegmentRows] | None = None) -> None:
@@ -316,11 +323,17 @@ class DataPlane:
 
         ``groups``: ``indices`` grouped by segment already (by the gather); kept until the
         same array is delivered, which then needs no grouping either.
+
+        Unless ``loop_receives`` (shmloader.DataLoader says what its loop received), a plain
+        DataLoader gathered them, and for it gathered is consumed: they are marked delivered
+        too. Else a plain loader used after a shmloader.DataLoader over the same dataset (which
+        turns ``complete_on_delivery`` on) never completed a task, and the next pass delivered
+        its rows again.
         """
         if groups is None:
             groups = group_by_segment(indices)
         self._grouped = (indices, groups)
-        self._mark_groups(groups, gathered=True)
+        self._mark_groups(groups, gathered=True, delivered=not self.loop_receives)
 
     def record_wait(self, seconds: float) -> None:
         """The loop waited ``seconds`` for its next batch (``shmloader.DataLoader`` only)."""
