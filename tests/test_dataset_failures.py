@@ -283,7 +283,7 @@ def test_a_reader_long_on_one_task_is_warned_of(
 ) -> None:
     # A decode that never returns kept its lease renewed, silently, for ever; here a task of
     # 400 records at 2 ms each stands for it, against a threshold of 0.3 s.
-    monkeypatch.setattr("shmloader.dataset.runtime.STALL_SECONDS", 0.3)
+    monkeypatch.setattr("shmloader.dataset.maintenance.STALL_SECONDS", 0.3)
     directory = tmp_path / "data"
     expected = write_dataset(directory, [400])
     with (

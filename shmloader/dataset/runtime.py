@@ -1,21 +1,21 @@
 """The trainer-side machinery of a dataset: store, master, client, reader pool, data plane.
 
 Started lazily (on first iteration, or ``SharedTaskDataset.start()``) so that constructing a
-dataset is cheap and ``load_state_dict`` can still choose where the master starts. One
-maintenance thread applies the gather ledger (releasing segments, completing tasks) and keeps
-the leases of announced tasks alive.
+dataset is cheap and ``load_state_dict`` can still choose where the master starts. Here: the
+start-up (where the master is, where this trainer begins), the readers' messages, and the close
+(also at SIGTERM). One maintenance thread (maintenance.py) applies the gather ledger (releasing
+segments, completing tasks) and keeps the leases of announced tasks alive; runtimes left open
+are closed at the interpreter's exit (at_exit.py).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import logging
 import os
 import socket
 import threading
-import time
 import uuid
 import weakref
 from collections import deque
@@ -24,25 +24,24 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import LeaseError, MasterError, TaskQuarantinedError
+from ..errors import MasterError
 from ..master import forked
-from ..reader.messages import Failed, MasterLost, Message, Ready, lease_clock
+from ..reader.messages import Failed, MasterLost, Message, Ready
 from ..reader.pool import STOP_SECONDS, ReaderInfo, ReaderPool
 from ..reader.process import ReaderConfig
 from ..shm import hints, lifecycle
 from ..shm.budget import reap_dead_writers
-from ..shm.names import parse_temp_name
 from ..shm.store import SegmentStore
 from ..sources.base import SkippedRecord, Source
+from . import at_exit
 from .launcher import Rendezvous
 from .ledger import LedgerReader, ledger_dir
+from .maintenance import Maintenance, fail_if_quarantined, first_unfinished
 from .master_ops import MasterOps
 from .plane import DataPlane
 from .rejoin import check_whole_share
 
 log = logging.getLogger(__name__)
-POLL_SECONDS = 0.005
-STALL_SECONDS = 300.0  # on one task this long, not waiting for room: warned of
 SKIPPED_KEPT = 10_000  # reports of skipped records kept for a look (Runtime.skipped)
 SIGTERM_LEAVE_SECONDS = 3.0  # how long SIGTERM waits for the master to hear we leave
 LOST_STOP_SECONDS = 1.0  # readers' time to stop once the master is lost: they hold nothing
@@ -76,50 +75,8 @@ class RuntimeConfig:
     ready_ahead: int = 16
 
 
-_open_runtimes: weakref.WeakSet[Runtime] = weakref.WeakSet()
-_exit_hook_registered = False
-
-
-def _close_at_exit(runtime: Runtime) -> None:
-    """Close ``runtime`` when the interpreter exits, while its threads still work.
-
-    Left to the dataset's ``__del__`` during finalization, closing hangs: by then the embedded
-    master's gRPC executor has shut down (concurrent.futures stops its pools in threading's
-    exit hooks, before ``atexit``), so readers' and our own calls to it never return. So the
-    close runs in the same phase, registered after (hence run before) those pools' hook.
-    One hook for every runtime of the process: registering one per runtime added a hook per
-    dataset that was never removed (a process that made 200 datasets ran 200 at exit).
-    """
-    global _exit_hook_registered
-    _open_runtimes.add(runtime)
-    if not _exit_hook_registered:
-        _exit_hook_registered = True
-        register = getattr(threading, "_register_atexit", atexit.register)
-        register(_close_all)
-
-
-def _close_all() -> None:
-    for runtime in list(_open_runtimes):
-        runtime.close()
-
-
-def first_unfinished(progress: Any) -> int:
-    """The oldest epoch the master has not finished, or the next to start if none is open."""
-    open_epochs = [e.epoch for e in progress.epochs if not e.finished]
-    return min(open_epochs, default=progress.epochs_started)
-
-
 def _nothing() -> None:
     """What a SIGTERM hook of a runtime already collected does."""
-
-
-def _writing_pids(store_path: str) -> set[int]:
-    """Writers that hold a reservation in the store (``tmp-<pid>-...`` files)."""
-    try:
-        names = os.listdir(store_path)
-    except FileNotFoundError:
-        return set()
-    return {who[0] for who in map(parse_temp_name, names) if who is not None}
 
 
 class Runtime:
@@ -134,14 +91,12 @@ class Runtime:
         self.failures: list[Failed] = []
         self._largest_segment = 0
         self._closed = False
-        self._stop = threading.Event()
+        self._maintenance: Maintenance | None = None
         self._ahead = False  # the store's ``ahead`` hint as last set
         self._ahead_lock = threading.Lock()
-        self._next_stall_check = 0.0
-        self._stall_warned: dict[int, float] = {}  # reader index -> when last warned of
         self.store = store  # owned (and closed) by the dataset
         self._pid = os.getpid()
-        _close_at_exit(self)
+        at_exit.close_at_exit(self)
         self.embedded: Any = None
         self.client: Any = None
         self.pool: ReaderPool | None = None
@@ -188,10 +143,15 @@ class Runtime:
             # The source's own plan, not the master's word: readers open only these files.
             self._allowed = frozenset(shard.path for shard in config.source.plan())
             self.pool.configure()
-            self._thread = threading.Thread(
-                target=self._maintain, name="shmloader-maintenance", daemon=True
+            self._maintenance = Maintenance(
+                plane=self.plane,
+                client=self.client,
+                pool=self.pool,
+                store_path=self.store.path,
+                lease_timeout=self.lease_timeout,
+                hold_readers_back=self._hold_readers_back,
             )
-            self._thread.start()
+            self._maintenance.start()
             if self.embedded is None:  # a standalone master outlives us: tell it on SIGTERM
                 ref = weakref.WeakMethod(self._on_sigterm)
                 self._sigterm = lifecycle.on_sigterm(lambda: (ref() or _nothing)())
@@ -340,7 +300,7 @@ class Runtime:
                 message.path,
                 message.error,
             )
-            self._check_quarantine()
+            fail_if_quarantined(self.plane, self.client.progress())
         elif isinstance(message, MasterLost):
             self.plane.ready.fail(MasterError(f"reader {info.index}: {message.error}"))
 
@@ -353,26 +313,6 @@ class Runtime:
         if info.sealing is not None:
             self.handle.release(info.sealing, missing_ok=True)
             info.sealing = None
-
-    def _check_master(self) -> None:
-        """What the master's progress says, asked every renewal interval: a task quarantined
-        by lease expiry (its reader died every time, so no Failed message came) would leave
-        the sampler waiting for ever; epochs the master finished need nothing kept here."""
-        progress = self.client.progress()
-        self._check_quarantine(progress)
-        self.plane.forget_finished(first_unfinished(progress))
-
-    def _check_quarantine(self, progress: Any = None) -> None:
-        lost = (progress or self.client.progress()).quarantined
-        if lost:
-            q = lost[0]
-            self.plane.ready.fail(
-                TaskQuarantinedError(
-                    f"task {q.task.task_id} ({q.task.path}, records {q.task.start}..{q.task.stop})"
-                    f" of epoch {q.epoch} failed on every retry and was quarantined; its records "
-                    f"are lost for this epoch. Last error: {q.error}"
-                )
-            )
 
     def _hold_readers_back(self) -> None:
         """Raise or lower the store's ``ahead`` hint: readers lease no new task while
@@ -391,63 +331,6 @@ class Runtime:
         # Readers of tasks the sampler is not waiting for leave room for one more segment
         # (shm budget.reserve), so they are stuck once less than two segments' room is left.
         return self.handle.in_use() + 2 * self._largest_segment > self.handle.budget
-
-    # -- maintenance thread --------------------------------------------------------------
-    def _maintain(self) -> None:
-        renew_every = self.lease_timeout / 3
-        next_renew = 0.0
-        try:
-            while not self._stop.wait(POLL_SECONDS):
-                self.plane.poll()
-                self._hold_readers_back()  # lowered here once the sampler took tasks
-                now = time.monotonic()
-                self._warn_of_stalls(now)
-                if now >= next_renew:
-                    asked_at, renewed = lease_clock(), []
-                    for lease_id in self.plane.held_leases():
-                        # One at a time: a lease completed meanwhile must not stop the rest.
-                        try:
-                            self.client.renew([lease_id])
-                            renewed.append(lease_id)
-                        except LeaseError as exc:  # RenewError: maybe handed to another trainer
-                            self.plane.lapsed(getattr(exc, "not_active", {}))
-                    self.plane.lease_check.confirmed(renewed, asked_at, self.plane.ready.pending())
-                    self._check_master()
-                    next_renew = now + renew_every
-        except BaseException as exc:
-            if not self._stop.is_set():
-                self.plane.ready.fail(exc if isinstance(exc, Exception) else MasterError(str(exc)))
-
-    def _warn_of_stalls(self, now: float) -> None:
-        """A reader on one task for ``STALL_SECONDS`` that has not come to write it is likely
-        stuck in the source or the decode function: its lease is renewed all the while (a slow
-        read is allowed), so nothing else would ever say so."""
-        if self.pool is None or now < self._next_stall_check:
-            return
-        self._next_stall_check = now + 1.0
-        writing: set[int] | None = None  # pids with room reserved: decoding blocks, writing
-        for info in self.pool.readers:
-            began = info.started_at
-            if began is None or now - began < STALL_SECONDS:
-                continue
-            if info.sealing is not None:  # waiting for room is no stall; decoding into it is
-                if writing is None:
-                    writing = _writing_pids(self.store.path)
-                if info.pid not in writing:
-                    continue
-            last = self._stall_warned.get(info.index, 0.0)
-            if now - last >= STALL_SECONDS:
-                self._stall_warned[info.index] = now
-                log.warning(
-                    "reader %d (pid %d) has been on one task (lease %s) for %.0f s, not "
-                    "waiting for room: does the source or the decode function hang? "
-                    "`py-spy dump --pid %d` shows where it is",
-                    info.index,
-                    info.pid,
-                    info.current_lease,
-                    now - began,
-                    info.pid,
-                )
 
     # -- shutdown ------------------------------------------------------------------------
     def _wait_for_other_ranks(self) -> None:
@@ -484,17 +367,18 @@ class Runtime:
         if self._closed or os.getpid() != self._pid:  # a forked child owns none of this
             return
         self._closed = True
-        _open_runtimes.discard(self)
-        self._stop.set()
+        at_exit.forget(self)
+        maintenance = self._maintenance
+        if maintenance is not None:
+            maintenance.stop()
         lost = self._master_lost()
         if (lost or hurry) and self.client is not None:
             self.client.stop_retrying()
         plane = getattr(self, "plane", None)
         if plane is not None:
             plane.ready.close()
-        thread = getattr(self, "_thread", None)
-        if thread is not None:
-            thread.join(5.0)
+        if maintenance is not None:
+            maintenance.join(5.0)
         if self.pool is not None:
             # Readers retrying a lost master hear "stop" only after their call gives up.
             self.pool.stop(LOST_STOP_SECONDS if lost else STOP_SECONDS)

@@ -1,0 +1,159 @@
+"""The trainer's maintenance thread: what keeps a started dataset's tasks moving between batches.
+
+Every ``POLL_SECONDS`` it applies the gather ledger (``DataPlane.poll``: releasing segments,
+completing tasks), lowers the store's ``ahead`` hint once the sampler took tasks, and warns of a
+reader stuck on one task; every third of the lease timeout it renews the leases of announced
+tasks and reads the master's progress (quarantined tasks, epochs the master finished).
+
+Apart from the runtime (runtime.py), which starts and wires the parts and later closes them,
+because this is one job with its own thread, clock and state (when to renew, which readers were
+warned of), reached only through :meth:`Maintenance.start`, :meth:`~Maintenance.stop` and
+:meth:`~Maintenance.join`. An error it meets fails the plane's ready queue, so the training loop
+raises it, unless it was told to stop (the close then under way causes such errors).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import LeaseError, MasterError, TaskQuarantinedError
+from ..reader.messages import lease_clock
+from ..reader.pool import ReaderPool
+from ..shm.names import parse_temp_name
+from .plane import DataPlane
+
+# The runtime's logger, as before this thread had a module of its own: filters keep working.
+log = logging.getLogger("shmloader.dataset.runtime")
+POLL_SECONDS = 0.005
+STALL_SECONDS = 300.0  # on one task this long, not waiting for room: warned of
+
+
+def first_unfinished(progress: Any) -> int:
+    """The oldest epoch the master has not finished, or the next to start if none is open."""
+    open_epochs = [e.epoch for e in progress.epochs if not e.finished]
+    return min(open_epochs, default=progress.epochs_started)
+
+
+def fail_if_quarantined(plane: DataPlane, progress: Any) -> None:
+    """Fail the plane's ready queue if the master's ``progress`` lists a quarantined task: the
+    sampler would otherwise wait for its records for ever."""
+    lost = progress.quarantined
+    if lost:
+        q = lost[0]
+        plane.ready.fail(
+            TaskQuarantinedError(
+                f"task {q.task.task_id} ({q.task.path}, records {q.task.start}..{q.task.stop})"
+                f" of epoch {q.epoch} failed on every retry and was quarantined; its records "
+                f"are lost for this epoch. Last error: {q.error}"
+            )
+        )
+
+
+def _writing_pids(store_path: str) -> set[int]:
+    """Writers that hold a reservation in the store (``tmp-<pid>-...`` files)."""
+    try:
+        names = os.listdir(store_path)
+    except FileNotFoundError:
+        return set()
+    return {who[0] for who in map(parse_temp_name, names) if who is not None}
+
+
+@dataclass(eq=False, kw_only=True)
+class Maintenance:
+    """The maintenance thread of one runtime; ``hold_readers_back`` raises or lowers the
+    store's ``ahead`` hint (the runtime's, shared with the readers' announcements)."""
+
+    plane: DataPlane
+    client: Any
+    pool: ReaderPool
+    store_path: str
+    lease_timeout: float
+    hold_readers_back: Callable[[], None]
+    _stop: threading.Event = field(default_factory=threading.Event, init=False)
+    _thread: threading.Thread | None = field(default=None, init=False)
+    _next_stall_check: float = field(default=0.0, init=False)
+    # reader index -> when last warned of
+    _stall_warned: dict[int, float] = field(default_factory=dict, init=False)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="shmloader-maintenance", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Tell the thread to end (at its next tick); errors from then on are not reported."""
+        self._stop.set()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        plane = self.plane
+        renew_every = self.lease_timeout / 3
+        next_renew = 0.0
+        try:
+            while not self._stop.wait(POLL_SECONDS):
+                plane.poll()
+                self.hold_readers_back()  # lowered here once the sampler took tasks
+                now = time.monotonic()
+                self._warn_of_stalls(now)
+                if now >= next_renew:
+                    asked_at, renewed = lease_clock(), []
+                    for lease_id in plane.held_leases():
+                        # One at a time: a lease completed meanwhile must not stop the rest.
+                        try:
+                            self.client.renew([lease_id])
+                            renewed.append(lease_id)
+                        except LeaseError as exc:  # RenewError: maybe handed to another trainer
+                            plane.lapsed(getattr(exc, "not_active", {}))
+                    plane.lease_check.confirmed(renewed, asked_at, plane.ready.pending())
+                    self._check_master()
+                    next_renew = now + renew_every
+        except BaseException as exc:
+            if not self._stop.is_set():
+                plane.ready.fail(exc if isinstance(exc, Exception) else MasterError(str(exc)))
+
+    def _check_master(self) -> None:
+        """What the master's progress says, asked every renewal interval: a task quarantined
+        by lease expiry (its reader died every time, so no Failed message came) would leave
+        the sampler waiting for ever; epochs the master finished need nothing kept here."""
+        progress = self.client.progress()
+        fail_if_quarantined(self.plane, progress)
+        self.plane.forget_finished(first_unfinished(progress))
+
+    def _warn_of_stalls(self, now: float) -> None:
+        """A reader on one task for ``STALL_SECONDS`` that has not come to write it is likely
+        stuck in the source or the decode function: its lease is renewed all the while (a slow
+        read is allowed), so nothing else would ever say so."""
+        if now < self._next_stall_check:
+            return
+        self._next_stall_check = now + 1.0
+        writing: set[int] | None = None  # pids with room reserved: decoding blocks, writing
+        for info in self.pool.readers:
+            began = info.started_at
+            if began is None or now - began < STALL_SECONDS:
+                continue
+            if info.sealing is not None:  # waiting for room is no stall; decoding into it is
+                if writing is None:
+                    writing = _writing_pids(self.store_path)
+                if info.pid not in writing:
+                    continue
+            last = self._stall_warned.get(info.index, 0.0)
+            if now - last >= STALL_SECONDS:
+                self._stall_warned[info.index] = now
+                log.warning(
+                    "reader %d (pid %d) has been on one task (lease %s) for %.0f s, not "
+                    "waiting for room: does the source or the decode function hang? "
+                    "`py-spy dump --pid %d` shows where it is",
+                    info.index,
+                    info.pid,
+                    info.current_lease,
+                    now - began,
+                    info.pid,
+                )
