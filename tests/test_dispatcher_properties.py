@@ -120,7 +120,10 @@ class DispatcherMachine(RuleBasedStateMachine):
     def renew(self, i: int) -> None:
         lease_id = self.seen[i % len(self.seen)].lease_id
         if lease_id in self.active():
-            assert self.d.renew(lease_id, self.now).deadline == self.now + 5.0
+            lease = self.d.get_lease(lease_id)
+            # A taken elastic lease is held for max(lease_timeout, consumer_timeout).
+            hold = 8.0 if lease.taken and lease.rank is None else 5.0
+            assert self.d.renew(lease_id, self.now).deadline == self.now + hold
         else:
             with pytest.raises(LeaseError, match=f"lease {lease_id} is"):
                 self.d.renew(lease_id, self.now)

@@ -119,8 +119,7 @@ class Dispatcher:
         trainer took in hand (:meth:`mark_taken`), and which are finished already.
 
         Epochs not started yet are all "todo"; finished ones "done" or "quarantined". With
-        ``now``, a taken task whose holder was silent for over ``lease_timeout`` is "other".
-        """
+        ``now``, a taken task whose lease was not renewed for over ``lease_timeout`` is "other"."""
         self._consumer(consumer)
         return _state.whereabouts(self, consumer, epoch, units, now)
 
@@ -139,8 +138,14 @@ class Dispatcher:
     # ---------------------------------------------------------- public requests
 
     def restart(self, now: float) -> None:
-        """Mark a (re)start on recovered state: see :class:`~.updates.MasterStarted`."""
-        self._run(now, MasterStarted(now, self._incarnation + 1, now + self.config.lease_timeout))
+        """Mark a (re)start on recovered state: see :class:`~.updates.MasterStarted`. Taken
+        elastic leases are renewed for their full hold (``_hold``) from now, as journaled
+        ``LeaseRenewed`` records: nobody could renew them while the master was down."""
+        self.apply(MasterStarted(now, self._incarnation + 1, now + self.config.lease_timeout))
+        for lease_id, lease in sorted(self._leases.items()):
+            if self._kept(lease):
+                self.apply(LeaseRenewed(now, lease_id, now + self._hold(lease)))
+        self._commit(now)
 
     def register(self, consumer: str, now: float, rank: int | None = None) -> None:
         """Join (or re-join with the same rank); in DDP mode ``rank`` says whose queue it reads."""
@@ -204,15 +209,17 @@ class Dispatcher:
         return granted
 
     def renew(self, lease_id: int, now: float) -> Lease:
-        """Extend an active lease to ``now + lease_timeout``; returns the renewed lease."""
-        self.get_lease(lease_id)
-        self._run(now, LeaseRenewed(now, lease_id, now + self.config.lease_timeout))
+        """Extend an active lease to ``now + lease_timeout`` (a taken elastic lease: ``now +
+        max(lease_timeout, consumer_timeout)``, see ``_hold``); returns the renewed lease."""
+        lease = self.get_lease(lease_id)
+        self._run(now, LeaseRenewed(now, lease_id, now + self._hold(lease)))
         return self._leases[lease_id]
 
     def mark_taken(self, lease_ids: Sequence[int], now: float) -> dict[int, str]:
         """The holders' trainers took these leases' tasks into their samplers: a trainer
         sharing the epoch stops waiting for them (see :meth:`whereabouts`). Leases no longer
-        active are returned with why; the others are marked."""
+        active are returned with why; the others are marked and, in elastic mode, renewed for
+        the longer hold of a taken lease (``_hold``)."""
         problems: dict[int, str] = {}
         for lease_id in lease_ids:
             lease = self._leases.get(lease_id)
@@ -220,6 +227,9 @@ class Dispatcher:
                 problems[lease_id] = NotActive.of_error(self._ended.not_active(lease_id))
             elif not lease.taken:
                 self.apply(LeaseTaken(now, lease_id))
+                taken = self._leases[lease_id]
+                if self._kept(taken):
+                    self.apply(LeaseRenewed(now, lease_id, now + self._hold(taken)))
         self._commit(now)
         return problems
 
@@ -241,8 +251,8 @@ class Dispatcher:
     def expire(self, now: float) -> list[Update]:
         """Take back leases past their deadline and leases of consumers silent for longer than
         ``consumer_timeout``; both count as failed attempts (a task that kills its reader must
-        end up quarantined, not loop forever). Call it periodically. A taken elastic lease
-        goes only with its consumer (``_kept``); replays apply the journaled records."""
+        end up quarantined, not loop forever). Call it periodically. A taken elastic lease's
+        deadline is later (``_hold``); replays apply the journaled records, never decide."""
         applied: list[Update] = []
         for name, c in sorted(self._consumers.items()):
             if now - c.last_seen > self.config.consumer_timeout:
@@ -257,7 +267,7 @@ class Dispatcher:
                 applied.append(ConsumerLeft(now, name, "timeout"))
                 self.apply(applied[-1])
         for lease_id, lease in sorted(self._leases.items()):
-            if now > lease.deadline and not self._kept(lease):
+            if now > lease.deadline:
                 self._take_back(
                     applied,
                     lease_id,
@@ -269,9 +279,20 @@ class Dispatcher:
 
     @staticmethod
     def _kept(lease: Lease) -> bool:
-        """Elastic, and taken (its rows are in its trainer's shared memory): only the holder's
-        death or leave frees it, else a stalled trainer's rows come twice (docs/master.md)."""
+        """Elastic, and taken: its rows are in its trainer's shared memory, so a trainer that
+        stalled past ``lease_timeout`` still delivers them; letting it lapse then would make
+        them come twice (docs/master.md). It is kept for the longer ``_hold``."""
         return lease.taken and lease.rank is None
+
+    def _hold(self, lease: Lease) -> float:
+        """How long a renewal keeps ``lease``: ``lease_timeout``, or for a ``_kept`` one
+        ``max(lease_timeout, consumer_timeout)``. Bounded by the lease's own renewals (only
+        its trainer's maintenance thread renews a taken lease), not by the consumer's other
+        calls: a trainer whose main process is stuck while its readers still call the master
+        under its consumer id must not keep its taken tasks for ever."""
+        if self._kept(lease):
+            return max(self.config.lease_timeout, self.config.consumer_timeout)
+        return self.config.lease_timeout
 
     def _take_back(self, applied: list[Update], lease_id: int, why: str, now: float) -> None:
         exhausted = self._exhausted(self._leases[lease_id])

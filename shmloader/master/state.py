@@ -216,14 +216,15 @@ def left_records(d: Dispatcher, epoch: int) -> list[int] | None:
 
 
 def _in_hand(d: Dispatcher, lease: Lease, now: float | None) -> bool:
-    """Taken by a holder heard from within ``lease_timeout``. One silent for longer may be dead:
-    its taken task comes back only after ``consumer_timeout`` (Dispatcher._kept), so it is
-    "other", which trainers wait for at the end of a pass, as for a task not taken: else the
-    others could end their last pass before it comes back, and its rows would be lost."""
-    holder = d._consumers.get(lease.consumer)
-    if not lease.taken or now is None or holder is None:
+    """Taken, and renewed within ``lease_timeout``. A taken lease not renewed for longer may
+    be its trainer's (stalled or dead) to the end of its hold, up to ``consumer_timeout``
+    (``Dispatcher._hold``): "other", which trainers wait for at the end of a pass, as for a
+    task not taken, else the others could end their last pass before it comes back and its
+    rows would be lost. Its deadline is its last renewal plus its hold, so no clock is kept."""
+    if not lease.taken or now is None:
         return lease.taken
-    return now - holder.last_seen <= d.config.lease_timeout
+    renewed_at = lease.deadline - d._hold(lease)
+    return now - renewed_at <= d.config.lease_timeout
 
 
 def _closed_size(d: Dispatcher, epoch: int) -> int:
