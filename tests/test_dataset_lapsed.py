@@ -1,11 +1,11 @@
 """A trainer that stalls past the lease timeout (SIGSTOP) while another shares its epoch.
 
 Real processes, a real master over gRPC, real files. A stall shorter than the master's
-``consumer_timeout``: the tasks the stalled trainer had in hand stay its own (the master does
-not let a taken lease lapse at its deadline), the ones it had not taken go to the other
-trainer and the stalled one drops its copies, so every row comes exactly once. A stall longer
-than ``consumer_timeout``: the master declares the trainer dead and hands its tasks to the
-other trainer; once it goes on it delivers the rows of the tasks its sampler had taken too.
+``consumer_timeout``: the tasks the stalled trainer had in hand stay its own (the master holds a
+taken lease for ``consumer_timeout`` after its last renewal), the ones it had not taken go to
+the other trainer and the stalled one drops its copies, so every row comes exactly once. A stall
+longer than ``consumer_timeout``: the master declares the trainer dead and hands its tasks to
+the other trainer; once it goes on it delivers the rows of the tasks its sampler had taken too.
 Those rows come twice: it must say so (a warning per task naming the other trainer) and count
 them in ``stats()``, exactly.
 """

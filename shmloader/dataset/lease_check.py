@@ -1,18 +1,18 @@
 """Whether a ready task's lease is still this trainer's, asked before the sampler takes it.
 
 In elastic mode the master keeps a lease once the trainer took its task into its sampler
-(``Dispatcher.mark_taken``): a stalled trainer's taken tasks stay its own until it is declared
-dead. A task that is only *ready* (its reader sealed it, the sampler has not taken it) has no
-such protection: the master cannot tell a stalled trainer from a stuck reader, so the lease
-lapses after ``lease_timeout`` and the task may go to another trainer. If this trainer then took
-its copy, both would deliver the rows. So the sampler takes a ready task only while its lease is
-surely active: confirmed (granted or renewed, by the reader or the maintenance thread) less than
-half a ``lease_timeout`` ago, which leaves the other half for the ``Taken`` call to reach the
-master. Otherwise it asks the master (``mark_taken``, which confirms and marks at once) and
-drops its copy when the lease lapsed; the task then comes back like a task another trainer's
-readers hold (a stray): delivered here if this trainer's readers lease it again, else by the
-trainer that got it. Only after a stall (or a master unreachable for that long) is the answer
-not at hand already.
+(``Dispatcher.mark_taken``): a stalled trainer's taken tasks stay its own for
+``consumer_timeout`` after their last renewal. A task that is only *ready* (its reader sealed
+it, the sampler has not taken it) has no such protection: the master cannot tell a stalled
+trainer from a stuck reader, so the lease lapses after ``lease_timeout`` and the task may go to
+another trainer. If this trainer then took its copy, both would deliver the rows. So the sampler
+takes a ready task only while its lease is surely active: confirmed (granted or renewed, by the
+reader or the maintenance thread) less than half a ``lease_timeout`` ago, which leaves the other
+half for the ``Taken`` call to reach the master. Otherwise it asks the master (``mark_taken``,
+which confirms and marks at once) and drops its copy when the lease lapsed; the task then comes
+back like a task another trainer's readers hold (a stray): delivered here if this trainer's
+readers lease it again, else by the trainer that got it. Only after a stall (or a master
+unreachable for that long) is the answer not at hand already.
 """
 
 from __future__ import annotations

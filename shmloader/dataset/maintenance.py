@@ -14,6 +14,7 @@ raises it, unless it was told to stop (the close then under way causes such erro
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -25,6 +26,7 @@ from typing import Any
 from ..errors import LeaseError, MasterError, TaskQuarantinedError
 from ..reader.messages import lease_clock
 from ..reader.pool import ReaderPool
+from ..shm import hints
 from ..shm.names import parse_temp_name
 from .plane import DataPlane
 
@@ -32,6 +34,7 @@ from .plane import DataPlane
 log = logging.getLogger("shmloader.dataset.runtime")
 POLL_SECONDS = 0.005
 STALL_SECONDS = 300.0  # on one task this long, not waiting for room: warned of
+ALIVE_EVERY = 0.25  # seconds between the trainer's signs of life to its readers (hints.py)
 
 
 def first_unfinished(progress: Any) -> int:
@@ -75,9 +78,12 @@ class Maintenance:
     store_path: str
     lease_timeout: float
     hold_readers_back: Callable[[], None]
+    # Elastic mode: readers renew their leases only while the trainer says it is alive.
+    elastic: bool = False
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _thread: threading.Thread | None = field(default=None, init=False)
     _next_stall_check: float = field(default=0.0, init=False)
+    _next_alive: float = field(default=0.0, init=False)
     # reader index -> when last warned of
     _stall_warned: dict[int, float] = field(default_factory=dict, init=False)
 
@@ -102,11 +108,13 @@ class Maintenance:
                 plane.poll()
                 self.hold_readers_back()  # lowered here once the sampler took tasks
                 now = time.monotonic()
+                self._say_alive(now)
                 self._warn_of_stalls(now)
                 if now >= next_renew:
                     asked_at, renewed = lease_clock(), []
                     for lease_id in plane.held_leases():
                         # One at a time: a lease completed meanwhile must not stop the rest.
+                        self._say_alive(time.monotonic())  # many leases, a slow master
                         try:
                             self.client.renew([lease_id])
                             renewed.append(lease_id)
@@ -118,6 +126,16 @@ class Maintenance:
         except BaseException as exc:
             if not self._stop.is_set():
                 plane.ready.fail(exc if isinstance(exc, Exception) else MasterError(str(exc)))
+
+    def _say_alive(self, now: float) -> None:
+        """Readers renew their leases only while the trainer says it is alive (hints.py): a
+        trainer whose process alone stopped must not have its readers hold tasks the other
+        trainers wait for. Elastic mode only: a DDP rank's tasks go to no other trainer, and a
+        lapse would only count as a failed attempt of each."""
+        if self.elastic and now >= self._next_alive:
+            with contextlib.suppress(FileNotFoundError):  # the store is closing
+                hints.set_alive(self.store_path)
+            self._next_alive = now + min(ALIVE_EVERY, self.lease_timeout / 8)
 
     def _check_master(self) -> None:
         """What the master's progress says, asked every renewal interval: a task quarantined

@@ -150,6 +150,7 @@ class Runtime:
                 store_path=self.store.path,
                 lease_timeout=self.lease_timeout,
                 hold_readers_back=self._hold_readers_back,
+                elastic=self._elastic,
             )
             self._maintenance.start()
             if self.embedded is None:  # a standalone master outlives us: tell it on SIGTERM

@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ..errors import ConfigError, DataError, LeaseError, MasterError, StoreClosedError
+from ..shm import hints
 from ..shm.names import new_segment_name
 from ..sources.base import Shard, SkippedRecord, Source
 from .heap import keep_freed_memory
@@ -75,12 +76,18 @@ class _Renewer:
     """Keeps the leases this reader holds alive, from one thread for the reader's lifetime.
 
     A read can take longer than a lease (slow storage, a slow decode); the trainer renews a
-    task's lease only once the reader has announced it.
+    task's lease only once the reader has announced it. Not while the trainer is ``silent``
+    (stopped, frozen: shm/hints.py): the leases then lapse like those of the trainer's ready
+    tasks, so that trainers sharing the epoch get the tasks and do not wait for them as long
+    as the stall lasts (a reader blocked on the budget of a stopped trainer would hold and
+    renew its leases for ever). A copy written after its lease lapsed is dropped by the
+    trainer's sampler (dataset/lease_check.py).
     """
 
-    def __init__(self, client: Any, interval: float) -> None:
+    def __init__(self, client: Any, interval: float, silent: Callable[[], bool]) -> None:
         self._client = client
         self._interval = interval
+        self._silent = silent
         self._held: set[int] = set()
         self._confirmed: dict[int, float] = {}  # lease id -> when last known active
         self._lock = threading.Lock()
@@ -105,9 +112,20 @@ class _Renewer:
             return self._confirmed.get(lease_id)
 
     def _run(self) -> None:
+        said = False
         while not self._stop.wait(self._interval):
             with self._lock:
                 held = list(self._held)
+            if held and self._silent():
+                if not said:  # once per silence
+                    print(
+                        f"shmloader reader: not renewing leases {sorted(held)}: the trainer "
+                        "is silent (stopped?); they lapse unless it goes on",
+                        file=sys.stderr,
+                    )
+                said = True
+                continue
+            said = False
             for lease_id in held:
                 try:
                     asked_at = lease_clock()
@@ -144,7 +162,7 @@ class Reader:
         self.conn = conn
         self.parent = parent
         self.client = MasterClient(config.master_address, token=config.token)
-        self._renewer = _Renewer(self.client, config.lease_timeout / 3)
+        self._renewer = _Renewer(self.client, config.lease_timeout / 3, self._trainer_silent)
         self._stop = False
         self._queue: list[Any] = []  # leases held and not served yet
         self._next_look = 0.0
@@ -159,6 +177,10 @@ class Reader:
             self._stop = True
         return self._stop
 
+    def _trainer_silent(self) -> bool:
+        """The trainer said nothing for over half a lease_timeout (shm/hints.py "alive")."""
+        return hints.silent_for(self.config.store.path) > self.config.lease_timeout / 2
+
     def run(self) -> None:
         delay = self.config.idle_poll
         paused = 0  # polls spent waiting while the trainer holds enough ready tasks
@@ -166,7 +188,8 @@ class Reader:
             while not self.should_stop():
                 if not self._queue:
                     store = self.config.store
-                    if store.is_ahead() and not store.wanted():  # enough ready: no hoarding
+                    # Enough ready (no hoarding), or the trainer is silent (see _Renewer).
+                    if (store.is_ahead() and not store.wanted()) or self._trainer_silent():
                         if paused % SWEEP_EVERY == 0:  # as when idle, see below
                             store.sweep_written()
                         paused += 1
@@ -224,7 +247,7 @@ class Reader:
             return False
         self._next_look = now + GIVE_WAY_EVERY
         wanted = self.config.store.wanted()
-        if not wanted or _key(lease) in wanted:
+        if not wanted or _key(lease) in wanted or self._trainer_silent():
             return False
         if any(_key(other) in wanted for other in self._queue):
             return True

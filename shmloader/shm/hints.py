@@ -16,6 +16,13 @@ one poll.
   reader that leases without end only hoards tasks; with several trainers sharing a master's
   epochs (elastic mode), it would hoard them from the others.
 
+- ``alive``: when (``time.monotonic()``, one clock for all processes of a Linux host) the
+  consumer's maintenance thread last went round (``Runtime._maintain``). A reader whose
+  trainer is silent for over half a ``lease_timeout`` (stopped, frozen) leases nothing more
+  and stops renewing what it holds: those leases lapse like the trainer's own, so trainers
+  sharing the epoch get the tasks, instead of waiting for them as long as the stall lasts.
+  No file (a consumer that never said): alive.
+
 And one that writers tell the consumer:
 
 - ``blocked.<pid>-<start>``: present while writer ``pid`` waits for room for a segment the
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Sequence
 
 from .names import is_alive, self_identity
@@ -37,6 +45,7 @@ WANTED_NAME = "wanted"
 AHEAD_NAME = "ahead"
 LARGEST_NAME = "largest"
 BLOCKED_PREFIX = "blocked."
+ALIVE_NAME = "alive"
 
 
 def _replace(path: str, text: str) -> None:
@@ -108,3 +117,18 @@ def largest(folder: str) -> int:
             return int(f.read() or 0)
     except (FileNotFoundError, ValueError):
         return 0
+
+
+def set_alive(folder: str) -> None:
+    _replace(os.path.join(folder, ALIVE_NAME), repr(time.monotonic()))
+
+
+def silent_for(folder: str) -> float:
+    """Seconds since the consumer last said it was alive; 0 if it never did (or the store is
+    gone: then the reader stops anyway, on StoreClosedError)."""
+    try:
+        with open(os.path.join(folder, ALIVE_NAME)) as f:
+            said = float(f.read())
+    except (FileNotFoundError, ValueError):
+        return 0.0
+    return max(0.0, time.monotonic() - said)
