@@ -35,6 +35,11 @@ class Regranted:
         # the trainer still holds fails every renew cycle, and is logged once per reason.
         self._told: dict[int, str] = {}
         self._epoch: dict[int, int] = {}  # lease id -> its task's epoch, where known
+        # Leases handed to another consumer that were forgotten here (lease id -> epoch): a
+        # later answer about one (a renew sent before its completion, or the completion of a
+        # task forgotten by forget_before meanwhile) must not warn and count it again (it
+        # did: 40 rows counted for 20 that came twice). Few; kept an epoch longer.
+        self._settled: dict[int, int | None] = {}
         self.tasks = 0  # tasks warned about
         self.records = 0  # their rows this trainer delivers: they may come twice
 
@@ -49,7 +54,8 @@ class Regranted:
                 self._told[lease_id] = why
                 untold.append((lease_id, why))
             to = getattr(why, "handed_to", None)
-            if to and to != self._consumer and lease_id not in self._to:
+            known_to = lease_id in self._to or lease_id in self._settled
+            if to and to != self._consumer and not known_to:
                 self._to[lease_id] = (to, getattr(why, "handed_as", None))
         return untold
 
@@ -79,7 +85,8 @@ class Regranted:
     def done(self, lease_ids: Iterable[int]) -> None:
         """These leases' tasks completed here, or their copy was dropped: nothing more to say."""
         for lease_id in lease_ids:
-            self._to.pop(lease_id, None)
+            if self._to.pop(lease_id, None) is not None:
+                self._settled[lease_id] = self._epoch.get(lease_id)
             self._warned.discard(lease_id)
             self._told.pop(lease_id, None)
             self._epoch.pop(lease_id, None)
@@ -90,6 +97,10 @@ class Regranted:
         if any(e < epoch for e in self._epoch.values()):
             keep = set(live)
             self.done([x for x, e in self._epoch.items() if e < epoch and x not in keep])
+        # An epoch late: a task still completing here is not among ``live`` (the sampler's
+        # slots), so it is forgotten above before its completion's answer comes.
+        for lease_id in [x for x, e in self._settled.items() if e is None or e < epoch - 1]:
+            del self._settled[lease_id]
 
     def warn(self, state: SlotState, *, on_delivery: bool) -> None:
         """Warn once about a task the sampler took, if its lease went to another consumer."""
