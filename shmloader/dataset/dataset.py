@@ -114,6 +114,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._skip_tasks: set[tuple[int, int]] = set()
         self._start_epoch = 0
         self._resume: dict[int, list[tuple[int, int]]] | None = None
+        self._resumed_records = 0  # of _start_epoch, consumed before a resume (state.py)
+        self._finished = False  # a state saved after the last epoch was loaded (state.py)
         self._runtime: Runtime | None = None
         self._sampler: TaskSampler | None = None
         self._lock = threading.Lock()
@@ -142,10 +144,21 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
                 )
             if self._runtime is None:
                 assert self._store is not None
-                self._runtime = Runtime(self._runtime_config(), self._store)
+                self._runtime = runtime = Runtime(self._runtime_config(), self._store)
                 if self._gatherer is not None:
-                    self._gatherer.report_to(self._runtime.plane.gathered)
+                    self._gatherer.report_to(runtime.plane.gathered)
+                self._resumed(runtime)
             return self._runtime
+
+    def _resumed(self, runtime: Runtime) -> None:
+        """Tell the sampler where a loaded state left the epoch before it first asks: a state
+        saved after the last epoch puts it past that epoch (state.py), and what a state
+        consumed of tasks the master hands out again is not counted by ``len``."""
+        config = runtime.config  # the runtime drops positions a resumed master left out
+        if self._finished:
+            runtime.plane.finish_epoch(config.start_epoch)
+        elif config.skip_tasks or config.exclude:
+            runtime.plane.resumed_before(config.start_epoch, self._resumed_records)
 
     def _runtime_config(self) -> RuntimeConfig:
         return RuntimeConfig(
@@ -202,7 +215,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         }
 
     def __len__(self) -> int:
-        """Rows of the next (or current) epoch, as planned."""
+        """Rows the next pass delivers: what is left of the epoch (``TaskSampler.pass_rows``)."""
         return len(self.sampler())
 
     def __getitem__(self, index: int) -> dict[str, Any]:

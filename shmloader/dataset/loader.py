@@ -17,6 +17,7 @@ import numpy as np
 import torch.utils.data
 
 from ..errors import ConfigError
+from ..shm.budget import closed_error
 from . import ring
 from .dataset import SharedTaskDataset
 from .ring import MAX_RING_SLOTS, RingBatch
@@ -88,9 +89,13 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         while True:
             plane.loop_receives = True  # rows gathered here now: consumed once received
             try:
+                self._check_open()
                 batch = next(batches)
             except StopIteration:
                 return
+            except Exception as exc:
+                self._check_open(exc)
+                raise
             finally:
                 plane.loop_receives = False
             plane.record_wait(time.perf_counter() - began)  # ... to here
@@ -98,6 +103,15 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             plane.delivered(self._recorder.issued.popleft(), gathered=self.num_workers > 0)
             yield batch
             began = time.perf_counter()
+
+    def _check_open(self, cause: Exception | None = None) -> None:
+        """``StoreClosedError`` once the dataset is closed (``cause``: what the iterator raised
+        then), whatever ``num_workers``: a worker's batch then fails in its own way (its ring
+        went with the store, or the worker was stopped), which would not say why."""
+        dataset: SharedTaskDataset = self.dataset  # type: ignore[assignment]
+        store = dataset._store
+        if dataset._closed and store is not None:
+            raise closed_error(store.path) from cause
 
     def _plain_in_process(self) -> bool:
         # No worker and nothing to pin: torch's single-process iterator would only add its

@@ -74,6 +74,8 @@ class DataPlane:
         self._start_epoch = start_epoch
         # Records of ``start_epoch`` consumed before a resume (not scheduled again here).
         self._prior: Ranges = dict(prior or {})
+        # Records a loaded state consumed, by epoch, of tasks not admitted yet (pass_rows).
+        self._before: dict[int, int] = {}
         self._announced: set[tuple[int, int]] = set()
         self._forgotten = 0  # epochs before this are finished and forgotten (forget_finished)
         self.awaited = Awaited(master, segments, self.ready)
@@ -170,6 +172,24 @@ class DataPlane:
     def epoch_rows(self, epoch: int) -> int:
         return self._master.epoch_records(epoch)
 
+    def resumed_before(self, epoch: int, records: int) -> None:
+        """A loaded state consumed ``records`` of ``epoch``, left out as admitted (pass_rows)."""
+        with self._lock:
+            self._before[epoch] = records
+
+    def pass_rows(self, epoch: int) -> int:
+        """Rows a pass over ``epoch`` delivers here: those admitted and not consumed (as
+        ``reclaim`` gives them back), and the records of its tasks not admitted yet, less those
+        a loaded state consumed. An upper bound where records the source skips, or tasks other
+        trainers take (shared epochs), are not known yet (docs/dataset.md, "Length")."""
+        self.poll()  # what workers gathered for an abandoned pass is consumed
+        total, on_delivery = self._master.epoch_records(epoch), self._complete_on_delivery
+        with self._lock:
+            st = self._epochs.get(epoch)
+            left = total - (0 if st is None else st.records) - self._before.get(epoch, 0)
+            held = known.unconsumed_rows(self._epochs, self._slots, epoch, on_delivery)
+        return max(0, left) + held
+
     def remaining_seqs(self, epoch: int) -> list[int]:
         total = self._master.epoch_tasks(epoch)
         with self._lock:
@@ -211,6 +231,9 @@ class DataPlane:
         done = self._exclude(task.epoch, task.seq)
         if done is not None and len(done):
             rows = np.setdiff1d(rows, done)
+        first, stop = task.records()
+        # What a loaded state consumed of it (pass_rows): all of a task not read again ("").
+        before = stop - first if not task.segment else 0 if done is None else len(done)
         if task.consumed and task.num_rows:  # handed back by a trainer that left
             rows = np.setdiff1d(rows, rows_in(task.consumed, task))
         with self._lock:
@@ -227,6 +250,9 @@ class DataPlane:
             ep = self._epoch(task.epoch)
             ep.admitted.add(task.seq)
             ep.slots.append(slot)
+            ep.records += stop - first
+            if task.epoch in self._before:
+                self._before[task.epoch] = max(0, self._before[task.epoch] - before)
             self.outbox.taken(state)
             if len(rows) == 0:
                 self._settle(state)
@@ -258,11 +284,9 @@ class DataPlane:
             slots = [(e, s) for e, st in self._epochs.items() if e <= epoch for s in st.slots]
             for e, slot in slots:
                 state = self._slots.get(slot)
-                if state is None or state.released or state.emit is None:
+                if state is None:
                     continue
-                consumed = state.delivered if self._complete_on_delivery else state.gathered
-                assert consumed is not None
-                rows = state.emit[~consumed[state.emit]]
+                rows = state.unconsumed(self._complete_on_delivery)
                 if len(rows):
                     parts.append(encode_indices(slot, rows))
                     ranks.append(state.ranks_of(rows))

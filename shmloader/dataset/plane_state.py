@@ -90,6 +90,16 @@ class SlotState:
         excluded[self.emit] = False
         return np.flatnonzero(done | excluded)
 
+    def unconsumed(self, on_delivery: bool) -> np.ndarray:
+        """Rows admitted to deliver and not consumed yet (none once released): what a pass
+        left early gives back (``DataPlane.reclaim``), and what the next pass delivers of
+        this task (``DataPlane.pass_rows``)."""
+        if self.released or self.emit is None:
+            return np.empty(0, dtype=np.int64)
+        consumed = self.delivered if on_delivery else self.gathered
+        assert consumed is not None
+        return self.emit[~consumed[self.emit]]
+
     def ranks_of(self, rows: np.ndarray) -> np.ndarray:
         """Where ``rows`` stand in the sampler's order (rows never handed out: last)."""
         if self.rank is None:
@@ -136,9 +146,18 @@ def partly_consumed(
 class EpochState:
     admitted: set[int] = field(default_factory=set)  # seqs
     slots: list[int] = field(default_factory=list)
+    records: int = 0  # records of the tasks admitted (their units' spans, skipped ones too)
     iterated: bool = False  # the sampler yielded everything
     completed: set[int] = field(default_factory=set)  # seqs consumed
     consumed: list[tuple[int, int, int]] = field(default_factory=list)  # (task, start, stop)
+
+
+def unconsumed_rows(
+    epochs: Mapping[int, EpochState], slots: Mapping[int, SlotState], last: int, on_delivery: bool
+) -> int:
+    """Rows of tasks of epochs up to ``last`` admitted and not consumed yet."""
+    held = (slots.get(s) for e, st in epochs.items() if e <= last for s in st.slots)
+    return sum(len(state.unconsumed(on_delivery)) for state in held if state is not None)
 
 
 def epoch_consumed(

@@ -81,8 +81,9 @@ class Feed(Protocol):
         """The sampler is about to wait for these tasks (empty: for none)."""
         ...
 
-    def epoch_rows(self, epoch: int) -> int:
-        """Rows this consumer delivers in ``epoch`` (planned; skipped bad records excepted)."""
+    def pass_rows(self, epoch: int) -> int:
+        """Rows a pass over ``epoch`` delivers: what ``reclaim`` gives back, and the epoch's
+        rows not admitted yet, less those consumed before a resume."""
         ...
 
     def finish_epoch(self, epoch: int) -> None: ...
@@ -137,12 +138,14 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         return self.pass_rows(rest_alone=False)
 
     def pass_rows(self, *, rest_alone: bool) -> int:
-        """Rows of the next pass: the epoch's, or with ``rest_alone`` (see ``chunks``) the
-        rest of the last epoch when its pass left some."""
+        """Rows the next pass delivers: what is left of the epoch (not what it had: after a
+        ``break`` or a resume, progress bars and schedules count the steps from ``len``), or
+        with ``rest_alone`` (see ``chunks``) the rest of the last epoch when its pass left
+        some."""
         feed = self._get_feed()
         epoch = feed.epoch_to_iterate()
-        rest = feed.rest_of_last_pass(epoch, poll=False) if rest_alone else ()
-        return len(rest) if len(rest) else feed.epoch_rows(epoch)
+        rest = feed.rest_of_last_pass(epoch) if rest_alone else ()
+        return len(rest) if len(rest) else feed.pass_rows(epoch)
 
     def __iter__(self) -> Iterator[int]:
         for chunk in self.chunks():

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ConfigError
+from ..master.tasks import TaskTable
 from .consumed import Ranges, count, union
 
 if TYPE_CHECKING:
@@ -139,6 +140,14 @@ def restore_state(ds: SharedTaskDataset, state: dict[str, Any]) -> None:
             (epoch, int(t)): np.asarray(rows, dtype=np.int64)
             for t, rows in state["partial_seqs"].items()
         }
+        # Still in the master's schedule, left out as their tasks are admitted: len() must not
+        # count them (DataPlane.resumed_before). States of old versions: the partial rows.
+        ds._resumed_records = (
+            count(_consumed(state))
+            if "consumed" in state
+            else sum(len(rows) for rows in ds._exclude.values())
+        )
+        _past_the_end(ds)
         return
     if "consumed" not in state:
         raise ConfigError(
@@ -152,11 +161,28 @@ def restore_state(ds: SharedTaskDataset, state: dict[str, Any]) -> None:
         )
     consumed = _consumed(state)
     total = sum(s.num_records for s in ds.source.plan())
-    ds._skip_tasks, ds._exclude = set(), {}
+    ds._skip_tasks, ds._exclude, ds._resumed_records = set(), {}, 0
     if count(consumed) >= total:  # the epoch was wholly consumed: the next one starts fresh
         ds._start_epoch, ds._resume = epoch + 1, None
     else:
         ds._start_epoch, ds._resume = epoch, consumed
+    _past_the_end(ds)
+
+
+def _past_the_end(ds: SharedTaskDataset) -> None:
+    """A state saved after the last epoch of a finite run (``epochs``) resumes with nothing
+    left: every pass is empty, as after the last epoch of a run that goes on. An embedded
+    master cannot start past its last epoch, so it starts at that epoch with every record
+    consumed (an empty schedule), and the sampler is put past it when the dataset starts
+    (``SharedTaskDataset._ensure_started``). A standalone master knows its own end."""
+    embedded = ds.master is None or ds._rendezvous is not None
+    if ds.epochs is None or ds._start_epoch < ds.epochs or not embedded:
+        return
+    table = TaskTable(ds.source.plan(), ds.records_per_task)
+    spans = zip(table.start.tolist(), table.stop.tolist(), strict=True)
+    ds._start_epoch, ds._finished = ds.epochs - 1, True
+    ds._resume = {task: [(a, b)] for task, (a, b) in enumerate(spans)}
+    ds._skip_tasks, ds._exclude, ds._resumed_records = set(), {}, 0
 
 
 _WORLD = ("world_size", "rank")
