@@ -89,7 +89,8 @@ class LeaseError(MasterError):
     ``handed_to`` / ``handed_as``: when the lease lapsed (its holder stalled past the lease
     timeout, or was declared dead) and the master handed its task out again, the consumer that
     got it and that lease's id; None otherwise. The old holder may still be delivering the
-    task's rows, and so does the new one: they may reach training twice (docs/dataset.md).
+    task's rows, and so does the new one: they may reach training twice (docs/trainers.md, "A
+    trainer that stalls").
     """
 
     handed_to: str | None = None

@@ -2,7 +2,8 @@
 
 The old holder (a stalled trainer) may still deliver the task's rows, and so does the new one:
 the master says who the new one is in its answer to the old holder's renew, complete or taken
-call, so the old holder can warn that those rows may come twice (docs/dataset.md).
+call, so the old holder can warn that those rows may come twice (docs/trainers.md,
+"A trainer that stalls").
 """
 
 from __future__ import annotations

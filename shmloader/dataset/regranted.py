@@ -120,7 +120,7 @@ class Regranted:
             "long pause, swapping or SIGSTOP?) and the master handed the task to consumer %r "
             "(lease %s), which delivers it too. The %d rows of it that this trainer delivers "
             "(%d so far) may reach training twice in this epoch. Set lease_timeout well above "
-            "the longest stall (docs/dataset.md, 'Several trainers without world_size')",
+            "the longest stall (docs/trainers.md, 'Several trainers without world_size')",
             task.epoch,
             task.task_id,
             task.path or "?",
