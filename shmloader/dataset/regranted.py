@@ -116,11 +116,11 @@ class Regranted:
         start, stop = task.records()
         log.warning(
             "epoch %d, task %d (%s, records %d..%d): this trainer's lease %d lapsed (not renewed "
-            "within the master's lease_timeout: was this process or its reader stalled, by a "
-            "long pause, swapping or SIGSTOP?) and the master handed the task to consumer %r "
-            "(lease %s), which delivers it too. The %d rows of it that this trainer delivers "
-            "(%d so far) may reach training twice in this epoch. Set lease_timeout well above "
-            "the longest stall (docs/trainers.md, 'Several trainers without world_size')",
+            "in time: was this process stalled, by a long pause, swapping or SIGSTOP?) and the "
+            "master handed the task to consumer %r (lease %s), which delivers it too. The %d "
+            "rows of it that this trainer delivers (%d so far) may reach training twice in this "
+            "epoch. Set the master's consumer_timeout well above the longest stall "
+            "(docs/trainers.md, 'Several trainers without world_size')",
             task.epoch,
             task.task_id,
             task.path or "?",
