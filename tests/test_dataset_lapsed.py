@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import psutil
 from _dataset_helpers import subprocess_env, wait_gone
@@ -51,6 +52,43 @@ def _wait(what: str, done, timeout: float = 60.0) -> None:
     while not done():
         assert time.monotonic() < give_up, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def start_trainer(
+    script: Path, path: str, address: str, shm: Path, out: Path, log: Path
+) -> subprocess.Popen[bytes]:
+    """Trainer A (``TRAINER``) in its own process: ids to ``out``, its output to ``log``."""
+    with open(log, "wb") as log_file:
+        return subprocess.Popen(
+            [sys.executable, str(script), path, address, str(shm), str(out)],
+            env=subprocess_env(),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def wait_for_batches(a: subprocess.Popen[bytes], out: Path, log: Path, n: int) -> None:
+    """Until A has written ``n`` batches; fails (with A's output) if A exits first."""
+    _wait(f"{n} batches", lambda: len(out.read_text().splitlines()) >= n or a.poll() is not None)
+    assert a.poll() is None, log.read_text()
+
+
+def trainer_b(
+    source: shmloader.RecordFileSource,
+    address: str,
+    shm: Path,
+    by_b: list[int],
+    b_consumer: list[str],
+    b_stats: list[shmloader.Stats],
+) -> None:
+    """Trainer B, in a thread: one pass, its ids into ``by_b``, its consumer id and stats."""
+    with shmloader.SharedTaskDataset(
+        source, num_readers=1, master=address, shm_budget="8MiB", shm_dir=str(shm)
+    ) as b:
+        b_consumer.append(b.runtime.consumer)
+        for batch in shmloader.DataLoader(b, batch_size=8):
+            by_b.extend(int.from_bytes(r, "little") for r in batch["record"])
+        b_stats.append(b.stats())
 
 
 def _b_has_all(master, b_consumer: list[str]) -> bool:
@@ -85,19 +123,10 @@ def _run(tmp_path, *, consumer_timeout: float, declared_dead: bool):
         lease_timeout=1.0,
         consumer_timeout=consumer_timeout,
     ) as master:
-        with open(log, "wb") as log_file:
-            a = subprocess.Popen(
-                [sys.executable, str(script), path, master.address, str(tmp_path), str(out)],
-                env=subprocess_env(),
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-            )
+        a = start_trainer(script, path, master.address, tmp_path, out, log)
         pids: list[int] = []
         try:
-            _wait(
-                "3 batches", lambda: len(out.read_text().splitlines()) >= 3 or a.poll() is not None
-            )
-            assert a.poll() is None, log.read_text()
+            wait_for_batches(a, out, log, 3)
             # The whole trainer stalls (its readers too): nobody renews its leases.
             pids = [a.pid, *(c.pid for c in psutil.Process(a.pid).children())]
             for pid in pids:
@@ -115,18 +144,11 @@ def _run(tmp_path, *, consumer_timeout: float, declared_dead: bool):
             _wait("a's leases to lapse", lapsed)
             by_b: list[int] = []
             b_consumer: list[str] = []
-
-            def run_b() -> None:
-                with shmloader.SharedTaskDataset(
-                    source, num_readers=1, master=master.address, shm_budget="8MiB",
-                    shm_dir=str(tmp_path),
-                ) as b:  # fmt: skip
-                    b_consumer.append(b.runtime.consumer)
-                    for batch in shmloader.DataLoader(b, batch_size=8):
-                        by_b.extend(int.from_bytes(r, "little") for r in batch["record"])
-                    assert b.stats().regranted_tasks == 0
-
-            b = threading.Thread(target=run_b)
+            b_stats: list[shmloader.Stats] = []
+            b = threading.Thread(
+                target=trainer_b,
+                args=(source, master.address, tmp_path, by_b, b_consumer, b_stats),
+            )
             b.start()
             try:
                 # b delivers all it can get. It waits at the end of its pass for the tasks a
@@ -139,6 +161,7 @@ def _run(tmp_path, *, consumer_timeout: float, declared_dead: bool):
                     os.kill(pid, signal.SIGCONT)
                 b.join(120)
             assert not b.is_alive() and b_consumer
+            assert b_stats[0].regranted_tasks == 0  # b delivered nothing of a lease it lost
             assert a.wait(60) == 0, log.read_text()
         finally:
             for pid in pids:  # never leave a stopped process behind

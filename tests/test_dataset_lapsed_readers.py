@@ -17,14 +17,12 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 from collections import Counter
 
 import psutil
-from _dataset_helpers import subprocess_env, wait_gone
-from test_dataset_lapsed import RECORDS, TRAINER, _wait
+from _dataset_helpers import wait_gone
+from test_dataset_lapsed import RECORDS, TRAINER, start_trainer, trainer_b, wait_for_batches
 
 import shmloader
 
@@ -51,35 +49,19 @@ def test_the_others_pass_ends_while_a_trainer_is_stopped_and_its_readers_run_on(
     with shmloader.Master(
         source, records_per_task=10, epochs=1, seed=1, lease_timeout=1.0, consumer_timeout=3.0
     ) as master:
-        with open(log, "wb") as log_file:
-            a = subprocess.Popen(
-                [sys.executable, str(script), path, master.address, str(tmp_path), str(out)],
-                env=subprocess_env(),
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-            )
+        a = start_trainer(script, path, master.address, tmp_path, out, log)
         readers: list[int] = []
         try:
-            _wait(
-                "3 batches", lambda: len(out.read_text().splitlines()) >= 3 or a.poll() is not None
-            )
-            assert a.poll() is None, log.read_text()
+            wait_for_batches(a, out, log, 3)
             readers = [c.pid for c in psutil.Process(a.pid).children()]
             assert readers
             os.kill(a.pid, signal.SIGSTOP)  # the trainer only: its readers run on
             by_b: list[int] = []
             b_consumer: list[str] = []
-
-            def run_b() -> None:
-                with shmloader.SharedTaskDataset(
-                    source, num_readers=1, master=master.address, shm_budget="8MiB",
-                    shm_dir=str(tmp_path),
-                ) as b:  # fmt: skip
-                    b_consumer.append(b.runtime.consumer)
-                    for batch in shmloader.DataLoader(b, batch_size=8):
-                        by_b.extend(int.from_bytes(r, "little") for r in batch["record"])
-
-            b = threading.Thread(target=run_b)
+            b = threading.Thread(
+                target=trainer_b,
+                args=(source, master.address, tmp_path, by_b, b_consumer, []),
+            )
             b.start()
             b.join(90)
             # b's pass ended while a is still stopped and its readers still run.

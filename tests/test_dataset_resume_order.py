@@ -46,6 +46,16 @@ def uninterrupted(
     return runs
 
 
+def _first(dl: Any, stop: int) -> list[list[int]]:
+    """The ids of the loop's first ``stop`` batches, then ``break``."""
+    before = []
+    for batch in dl:
+        before.append(ids_of(batch))
+        if len(before) == stop:
+            break
+    return before
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize(("batch_size", "stop"), [(20, 1), (20, 3), (20, 5), (20, 9), (32, 3)])
 def test_a_resumed_epoch_delivers_the_uninterrupted_rest(
@@ -60,11 +70,7 @@ def test_a_resumed_epoch_delivers_the_uninterrupted_rest(
     whole = uninterrupted[batch_size]
     with dataset(directory, tmp_path / "a", **OPTIONS) as ds:
         dl = shmloader.DataLoader(ds, batch_size=batch_size, num_workers=num_workers)
-        before = []
-        for batch in dl:
-            before.append(ids_of(batch))
-            if len(before) == stop:
-                break
+        before = _first(dl, stop)
         state = dl.state_dict()
     assert before == whole[0][:stop]
     with dataset(directory, tmp_path / "b", **OPTIONS) as ds:
@@ -89,11 +95,7 @@ def test_a_pass_continued_after_break_delivers_the_uninterrupted_rest(
     whole = uninterrupted[batch_size]
     with dataset(directory, tmp_path / "shm", **OPTIONS) as ds:
         dl = shmloader.DataLoader(ds, batch_size=batch_size, num_workers=num_workers)
-        before = []
-        for batch in dl:
-            before.append(ids_of(batch))
-            if len(before) == stop:
-                break
+        before = _first(dl, stop)
         rest = [ids_of(b) for b in dl]
         following = [ids_of(b) for b in dl]
     assert before + rest == whole[0]
