@@ -87,12 +87,14 @@ class LeaveRequest(_message.Message):
     def __init__(self, consumer: _Optional[str] = ..., consumed: _Optional[_Iterable[_Union[HandBack, _Mapping]]] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("consumer", "max_tasks")
+    __slots__ = ("consumer", "max_tasks", "request_id")
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     MAX_TASKS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     consumer: str
     max_tasks: int
-    def __init__(self, consumer: _Optional[str] = ..., max_tasks: _Optional[int] = ...) -> None: ...
+    request_id: int
+    def __init__(self, consumer: _Optional[str] = ..., max_tasks: _Optional[int] = ..., request_id: _Optional[int] = ...) -> None: ...
 
 class TaskLease(_message.Message):
     __slots__ = ("lease_id", "task_id", "epoch", "seq", "path", "start", "stop", "attempt", "deadline", "consumed")

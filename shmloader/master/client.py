@@ -5,7 +5,7 @@ What it adds to plain stubs, so that readers and trainers need no gRPC code of t
 * a deadline (``timeout``) on every call, and retries with exponential backoff for up to
   ``retry_for`` seconds (default ``$SHMLOADER_MASTER_RETRY``, else 30) while the master is
   UNAVAILABLE or CANCELLED (restarting, not up yet, shutting down), and on
-  DEADLINE_EXCEEDED for calls safe to repeat;
+  DEADLINE_EXCEEDED for calls safe to repeat (Lease is, by its request id);
 * errors as ours: FAILED_PRECONDITION / NOT_FOUND of lease calls (renew, complete, fail)
   become :class:`LeaseError`, everything else :class:`MasterError`, with the master's words;
 * a master that restarted without its journal (or declared a consumer dead) answers
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -214,9 +215,16 @@ class MasterClient:
     # --------------------------------------------------------------------- leases
 
     def lease(self, consumer: str, max_tasks: int = 1) -> LeaseReply:
-        """Up to ``max_tasks`` leases; none when nothing is available right now."""
-        request = pb.LeaseRequest(consumer=consumer, max_tasks=max_tasks)
-        reply = self._call("Lease", request, False, consumer=consumer)
+        """Up to ``max_tasks`` leases; none when nothing is available right now.
+
+        Retried on a timeout like the idempotent calls: every try carries the same random
+        request id, and the master answers a repeat with the leases it granted for it rather
+        than new ones. (From ``secrets``: DataLoader workers seed ``random`` alike.) A master
+        older than the id ignores it, and a retry there may grant twice; the extra leases
+        lapse unread and count as failed attempts, as before."""
+        request_id = secrets.randbits(63)
+        request = pb.LeaseRequest(consumer=consumer, max_tasks=max_tasks, request_id=request_id)
+        reply = self._call("Lease", request, True, consumer=consumer)
         return LeaseReply([lease_from_msg(m) for m in reply.leases], reply.finished)
 
     def renew(self, lease_ids: Sequence[int]) -> dict[int, float]:

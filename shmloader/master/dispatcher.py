@@ -170,15 +170,23 @@ class Dispatcher:
             self.apply(update)
         self._run(now, ConsumerLeft(now, consumer, "left"))
 
-    def lease(self, consumer: str, max_tasks: int, now: float) -> list[Lease]:
+    def lease(
+        self, consumer: str, max_tasks: int, now: float, request: int | None = None
+    ) -> list[Lease]:
         """Up to ``max_tasks`` new leases for ``consumer``; empty when nothing is left for it now.
 
         Work of the oldest open epoch comes first, retries before fresh units. Epoch e+1 starts
         when a consumer finds nothing left for it in epoch e and no epoch older than e is open.
+        ``request`` names the call: a repeat of a recent one that was granted leases (a retry
+        whose first answer was lost) gets those still active again, and no new ones.
         """
         state = self._consumer(consumer)
         if isinstance(max_tasks, bool) or not isinstance(max_tasks, int) or max_tasks < 0:
             raise MasterError(f"max_tasks must be an int >= 0, got {max_tasks!r}")
+        before = None if request is None else state.granted_before(request)
+        if before is not None:
+            self._run(now, ConsumerHeartbeat(now, consumer))
+            return [self._leases[i] for i in before]
         queue = state.rank or 0
         granted: list[Lease] = []
         while len(granted) < max_tasks:
@@ -200,6 +208,7 @@ class Dispatcher:
                     unit=unit,
                     attempt=ep.failures.get(unit, 0) + 1,
                     deadline=now + self.config.lease_timeout,
+                    request=request,
                 )
             )
             granted.append(self._leases[lease_id])
@@ -383,6 +392,8 @@ class Dispatcher:
         )
         self._next_lease_id = u.lease_id + 1
         c.leases.add(u.lease_id)
+        if u.request is not None:
+            c.granted_for(u.request, u.lease_id)
         c.last_seen = u.now
         self._counters["granted"] += 1
 

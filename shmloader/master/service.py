@@ -183,7 +183,8 @@ class MasterService(pb_grpc.MasterServicer):
             raise _invalid(f"max_tasks must be in 0..{MAX_TASKS_PER_CALL}, got {n}")
         with self.lock:
             self._known(consumer)
-            leases = self.dispatcher.lease(consumer, n, time.time())
+            request_id = request.request_id if request.HasField("request_id") else None
+            leases = self.dispatcher.lease(consumer, n, time.time(), request_id)
             finished = self.dispatcher.finished
         return pb.LeaseReply(
             leases=[_convert.lease_to_msg(lease, self.seq(lease)) for lease in leases],

@@ -34,13 +34,39 @@ WHEREABOUTS = ("todo", "mine", "other", "done", "quarantined", "taken")
 _STATUS_NAMES = {TODO: "todo", DONE: "done", QUARANTINED: "quarantined"}
 
 
+# Lease request ids remembered per consumer. A trainer's readers all lease under its consumer
+# id, so the memo must outlast the calls of its other readers made while one retries.
+REQUEST_MEMORY = 64
+
+
 @dataclass
 class ConsumerState:
-    """What the dispatcher knows of a registered consumer."""
+    """What the dispatcher knows of a registered consumer.
+
+    ``requests``: the ids of its latest Lease calls (at most ``REQUEST_MEMORY``, oldest
+    first) and the leases granted for each: a retried call whose answer was lost gets those
+    again rather than new ones, which would lapse unread (orphans) and count as failed
+    attempts of their tasks."""
 
     rank: int | None
     last_seen: float
     leases: set[int] = field(default_factory=set)
+    requests: dict[int, list[int]] = field(default_factory=dict)
+
+    def granted_for(self, request: int, lease_id: int) -> None:
+        """Remember ``lease_id`` as granted for Lease call ``request``."""
+        ids = self.requests.get(request)
+        if ids is None:
+            ids = self.requests[request] = []
+            while len(self.requests) > REQUEST_MEMORY:
+                del self.requests[next(iter(self.requests))]
+        ids.append(lease_id)
+
+    def granted_before(self, request: int) -> list[int] | None:
+        """The leases granted for ``request`` that are still this consumer's (None: unknown
+        request, grant anew)."""
+        ids = self.requests.get(request)
+        return None if ids is None else [i for i in ids if i in self.leases]
 
 
 def schedule_key(table: TaskTable, config: DispatcherConfig) -> dict[str, Any]:
@@ -83,6 +109,13 @@ def _lease_state(lease: Lease) -> dict[str, Any]:
     }
 
 
+def _consumer_state(name: str, c: ConsumerState) -> dict[str, Any]:
+    out: dict[str, Any] = {"consumer": name, "rank": c.rank, "last_seen": c.last_seen}
+    if c.requests:  # as [id, lease ids] pairs, oldest first; absent, states dump as before
+        out["requests"] = [[r, list(ids)] for r, ids in c.requests.items()]
+    return out
+
+
 def dump_state(d: Dispatcher) -> dict[str, Any]:
     return {
         "format": STATE_FORMAT,
@@ -92,10 +125,7 @@ def dump_state(d: Dispatcher) -> dict[str, Any]:
         "epochs_started": d._epochs_started,
         "open_epochs": [ep.to_state() for ep in d._open.values()],
         "closed_epochs": [p.to_dict() for p in d._closed],
-        "consumers": [
-            {"consumer": name, "rank": c.rank, "last_seen": c.last_seen}
-            for name, c in sorted(d._consumers.items())
-        ],
+        "consumers": [_consumer_state(name, c) for name, c in sorted(d._consumers.items())],
         "leases": [_lease_state(x) for _, x in sorted(d._leases.items())],
         **d._ended.to_state(_lease_state),  # "lapsed", "gone", "handed"
         "counters": dict(d._counters),
@@ -122,7 +152,10 @@ def _load(d: Dispatcher, state: dict[str, Any]) -> None:
     d._epochs_started = int(state["epochs_started"])
     d._closed = [EpochProgress.from_dict(p) for p in state["closed_epochs"]]
     for c in state["consumers"]:
-        d._consumers[str(c["consumer"])] = ConsumerState(c["rank"], float(c["last_seen"]))
+        # States saved before Lease calls had ids have no "requests".
+        requests = {int(r): [int(i) for i in ids] for r, ids in c.get("requests", [])}
+        consumer = ConsumerState(c["rank"], float(c["last_seen"]), requests=requests)
+        d._consumers[str(c["consumer"])] = consumer
     leased: dict[int, list[int]] = {}
     for x in state["leases"]:
         leased.setdefault(int(x["epoch"]), []).append(int(x["unit"]))

@@ -86,12 +86,17 @@ class LeaseHandedBack(Update):
 
 @dataclass(frozen=True)
 class LeaseGranted(Update):
+    """``request``: the id of the Lease call it was granted for (None: the caller sent none,
+    or the record predates the field). Replaying these records rebuilds each consumer's memo of
+    recent request ids, so a retried call is answered alike after a restart."""
+
     lease_id: int
     consumer: str
     epoch: int
     unit: int
     attempt: int
     deadline: float
+    request: int | None = None
 
 
 @dataclass(frozen=True)
