@@ -33,6 +33,7 @@ from .updates import (
     LeaseHandedBack,
     LeaseRenewed,
     LeaseTaken,
+    MasterResumed,
     MasterStarted,
     Update,
     UpdateSink,
@@ -61,6 +62,7 @@ class Dispatcher:
         self.sink = sink
         self._handlers: dict[type[Update], Callable[[Any], None]] = {
             MasterStarted: self._on_master_started,
+            MasterResumed: self._on_master_resumed,
             EpochStarted: self._on_epoch_started,
             ConsumerRegistered: self._on_registered,
             ConsumerHeartbeat: self._on_heartbeat,
@@ -141,7 +143,17 @@ class Dispatcher:
         """Mark a (re)start on recovered state: see :class:`~.updates.MasterStarted`. Taken
         elastic leases are renewed for their full hold (``_hold``) from now, as journaled
         ``LeaseRenewed`` records: nobody could renew them while the master was down."""
-        self.apply(MasterStarted(now, self._incarnation + 1, now + self.config.lease_timeout))
+        self._fresh(MasterStarted(now, self._incarnation + 1, now + self.config.lease_timeout))
+
+    def resume(self, now: float, stopped_for: float) -> None:
+        """The master could not run for ``stopped_for`` seconds up to ``now`` (its timer saw
+        the gap): fresh deadlines as at :meth:`restart`, before ``expire`` judges a silence
+        that nobody could have broken. See :class:`~.updates.MasterResumed`."""
+        self._fresh(MasterResumed(now, now + self.config.lease_timeout, stopped_for))
+
+    def _fresh(self, update: MasterStarted | MasterResumed) -> None:
+        now = update.now
+        self.apply(update)
         for lease_id, lease in sorted(self._leases.items()):
             if self._kept(lease):
                 self.apply(LeaseRenewed(now, lease_id, now + self._hold(lease)))
@@ -331,12 +343,21 @@ class Dispatcher:
         self._emit(u)
         self._incarnation = u.incarnation
         self._next_lease_id = (u.incarnation << 32) + 1
+        self._grace(u.now, u.lease_deadline)
+
+    def _on_master_resumed(self, u: MasterResumed) -> None:
+        self._emit(u)
+        self._grace(u.now, u.lease_deadline)
+
+    def _grace(self, now: float, lease_deadline: float | None) -> None:
+        """Nobody could reach the master until ``now``: consumers count as seen then, and
+        active leases last at least to ``lease_deadline`` (None: old record, none extended)."""
         for c in self._consumers.values():
-            c.last_seen = max(c.last_seen, u.now)
-        if u.lease_deadline is not None:  # holders could not renew while the master was down
+            c.last_seen = max(c.last_seen, now)
+        if lease_deadline is not None:
             for lease_id, lease in self._leases.items():
-                if lease.deadline < u.lease_deadline:
-                    self._leases[lease_id] = replace(lease, deadline=u.lease_deadline)
+                if lease.deadline < lease_deadline:
+                    self._leases[lease_id] = replace(lease, deadline=lease_deadline)
 
     def _on_epoch_started(self, u: EpochStarted) -> None:
         if u.epoch != self._epochs_started:

@@ -184,13 +184,16 @@ class Master:
         log.info("shmloader master listening on %s", self.address)
 
     def _tick(self, service: MasterService, interval: float) -> None:
+        previous = time.time()
         while not self._stopping.wait(interval):
+            now = time.time()
             try:
-                service.expire()
+                tick(service, interval, previous, now)
             except Exception:
                 # The next tick tries again; a journal that cannot be written also fails the
                 # requests, which tell their callers.
                 log.exception("master: expiring leases failed")
+            previous = now
 
     def uses_grpc(self) -> bool:
         """Serving (started, not stopped): a process forked now cannot use gRPC (forked.py)."""
@@ -256,6 +259,33 @@ class Master:
     def __repr__(self) -> str:
         state = "stopped" if self._stopped else "serving" if self._server else "not started"
         return f"Master({self.address}, {len(self.plan)} shards, {state})"
+
+
+def stall_threshold(interval: float) -> float:
+    """How much later than due (``interval`` s after the last) a tick must run for the master to
+    count as having been stopped. ``4 * interval`` is at most the shortest timeout (the interval
+    is at most a quarter of each), so a silence judged across a longer gap would be mostly the
+    master's own; the 2-s floor keeps ordinary lateness of a thread on a busy host (scheduling,
+    a garbage collection, a request holding the lock) from counting. A false alarm only
+    postpones the expiry of a dead consumer by one timeout; a missed one declares live
+    consumers dead and hands their tasks out twice."""
+    return max(2.0, 4 * interval)
+
+
+def tick(service: MasterService, interval: float, previous: float, now: float) -> None:
+    """One run of the expiry timer at ``now`` (wall clock, the clock expiry judges silence by,
+    so a clock stepped forward also counts); ``previous``: when the last one ran. After a gap
+    the master could not have heard anyone in (process stopped, or starved of the GIL by the
+    trainer embedding it), everyone gets fresh deadlines first, as at a restart."""
+    stopped_for = now - previous
+    if stopped_for > stall_threshold(interval):
+        log.warning(
+            "the master was not running for %.1f s (process stopped or starved of the GIL): "
+            "leases and consumers get fresh deadlines",
+            stopped_for,
+        )
+        service.resume(now, stopped_for)
+    service.expire(now)
 
 
 def _plan_of(source_or_plan: Source | Sequence[Shard]) -> list[Shard]:

@@ -319,10 +319,16 @@ class MasterService(pb_grpc.MasterServicer):
 
     # ------------------------------------------------------------------- helpers
 
-    def expire(self) -> None:
+    def expire(self, now: float | None = None) -> None:
         """Take back expired leases and dead consumers' leases (the server's timer calls it)."""
         with self.lock:
-            self.dispatcher.expire(time.time())
+            self.dispatcher.expire(time.time() if now is None else now)
+
+    def resume(self, now: float, stopped_for: float) -> None:
+        """The master could not run for ``stopped_for`` s: fresh deadlines for everyone (the
+        server's timer calls it before ``expire``; see ``Dispatcher.resume``)."""
+        with self.lock:
+            self.dispatcher.resume(now, stopped_for)
 
     def seq(self, lease: DispatcherLease) -> int:
         """The lease's position in its queue of the epoch: stable across retries of the unit."""

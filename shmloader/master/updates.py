@@ -46,6 +46,17 @@ class MasterStarted(Update):
 
 
 @dataclass(frozen=True)
+class MasterResumed(Update):
+    """The master's expiry timer found it had not run for ``stopped_for`` seconds (the process
+    was stopped, or starved of the GIL by the trainer it is embedded in): nobody could reach
+    it either, so consumers and active leases get fresh deadlines as at a restart
+    (:class:`MasterStarted`), but the incarnation and lease ids stay."""
+
+    lease_deadline: float
+    stopped_for: float
+
+
+@dataclass(frozen=True)
 class EpochStarted(Update):
     epoch: int
 
@@ -142,6 +153,7 @@ _TYPES: dict[str, type[Update]] = {
     cls.__name__: cls
     for cls in (
         MasterStarted,
+        MasterResumed,
         EpochStarted,
         ConsumerRegistered,
         ConsumerHeartbeat,
