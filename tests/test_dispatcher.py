@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from _master_helpers import Recorder
 
 from shmloader.errors import ConfigError, CorruptRecordError, LeaseError, MasterError
 from shmloader.master import Dispatcher, DispatcherConfig, Lease
@@ -13,27 +14,12 @@ from shmloader.master.updates import (
     LeaseFailed,
     LeaseGranted,
     MasterStarted,
-    Update,
     decode_update,
     encode_update,
 )
 from shmloader.sources.base import Shard
 
 PLAN = [Shard("a", 10), Shard("b", 5), Shard("c", 0), Shard("d", 7)]  # rpt 4: 7 tasks, 22 recs
-
-
-class Recorder:
-    """An UpdateSink that keeps what it is given, like the journal but in memory."""
-
-    def __init__(self) -> None:
-        self.updates: list[Update] = []
-        self.commits = 0
-
-    def record(self, update: Update) -> None:
-        self.updates.append(update)
-
-    def commit(self, now: float) -> None:
-        self.commits += 1
 
 
 def make(**kw: object) -> Dispatcher:

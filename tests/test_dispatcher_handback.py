@@ -7,26 +7,16 @@ from pathlib import Path
 
 import grpc
 import pytest
+from _master_helpers import Recorder
 
 from shmloader._proto import master_pb2 as pb
 from shmloader.errors import ConfigError, MasterError
 from shmloader.master import Dispatcher, DispatcherConfig, Master, MasterClient
 from shmloader.master.journal import Journal
-from shmloader.master.updates import LeaseHandedBack, Update, decode_update, encode_update
+from shmloader.master.updates import LeaseHandedBack, decode_update, encode_update
 from shmloader.sources.base import Shard
 
 PLAN = [Shard("a", 10), Shard("b", 5), Shard("d", 7)]  # rpt 4: tasks a0..a2, b0..b1, d0..d1
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.updates: list[Update] = []
-
-    def record(self, update: Update) -> None:
-        self.updates.append(update)
-
-    def commit(self, now: float) -> None:
-        pass
 
 
 def make(**kw: object) -> Dispatcher:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from _master_helpers import Recorder
+
 from shmloader.master import Dispatcher, DispatcherConfig
 from shmloader.master.journal import Journal
 from shmloader.master.updates import (
@@ -108,19 +110,6 @@ def test_a_replay_and_a_restart_from_the_journal_keep_it(tmp_path: Path) -> None
     assert journal.dispatcher.progress().epochs[0].leased_units == 0
     assert journal.dispatcher.progress().counters["expired"] == 2
     journal.close()
-
-
-class Recorder:
-    """An UpdateSink keeping the records, as the journal would."""
-
-    def __init__(self) -> None:
-        self.updates: list[Update] = []
-
-    def record(self, update: Update) -> None:
-        self.updates.append(update)
-
-    def commit(self, now: float) -> None:
-        pass
 
 
 def test_the_longer_deadlines_come_from_the_records_whatever_the_timeouts_on_replay() -> None:

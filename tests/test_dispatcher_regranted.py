@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from _master_helpers import Recorder
 
 from shmloader.errors import LeaseError, NotActive
 from shmloader.master import Dispatcher, DispatcherConfig
@@ -85,16 +86,6 @@ def test_a_holder_declared_dead_or_gone_learns_who_got_its_task() -> None:
 
 
 def test_replay_and_state_dict_keep_who_got_it_and_old_states_load() -> None:
-    class Recorder:
-        def __init__(self) -> None:
-            self.updates: list = []
-
-        def record(self, update: object) -> None:
-            self.updates.append(update)
-
-        def commit(self, now: float) -> None:
-            pass
-
     d = make()
     d.sink = sink = Recorder()
     old, new = stall_and_hand_over(d)

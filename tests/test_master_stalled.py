@@ -8,12 +8,13 @@ import logging
 from pathlib import Path
 
 import pytest
+from _master_helpers import Recorder
 
 from shmloader.master import Dispatcher, DispatcherConfig
 from shmloader.master.journal import Journal
 from shmloader.master.server import stall_threshold, tick
 from shmloader.master.service import MasterService
-from shmloader.master.updates import MasterResumed, Update, decode_update, encode_update
+from shmloader.master.updates import MasterResumed, decode_update, encode_update
 from shmloader.sources.base import Shard
 
 PLAN = [Shard("a", 10), Shard("b", 5), Shard("d", 7)]
@@ -28,19 +29,6 @@ def config(lease_timeout: float = 2.0, consumer_timeout: float = 10.0) -> Dispat
         consumer_timeout=consumer_timeout,
         max_retries=1,
     )
-
-
-class Recorder:
-    """An UpdateSink keeping the records, as the journal would."""
-
-    def __init__(self) -> None:
-        self.updates: list[Update] = []
-
-    def record(self, update: Update) -> None:
-        self.updates.append(update)
-
-    def commit(self, now: float) -> None:
-        pass
 
 
 def _stall(d: Dispatcher) -> tuple[int, int]:
