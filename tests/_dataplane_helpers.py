@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+import pyarrow as pa
+
 from shmloader.dataset.ledger import LedgerReader, ledger_dir
 from shmloader.dataset.plane import DataPlane
 from shmloader.dataset.sampler import TaskSampler
@@ -86,3 +89,25 @@ def trainer(
     )
     sampler = TaskSampler(lambda: plane, shuffle=shuffle, seed=seed, window=window)
     return store, plane, sampler
+
+
+def announce(store, plane, lease, confirmed: float | None = None) -> str:
+    """What a reader does with a lease: write the task's segment, announce it (``confirmed``:
+    when the reader last knew the lease active); returns the segment's name."""
+    first = OFFSETS[lease.task.path] + lease.task.start
+    ids = np.arange(first, first + lease.task.num_records, dtype=np.int64)
+    info = store.handle().write(pa.record_batch({"id": ids}))
+    plane.announce(
+        epoch=lease.epoch,
+        seq=lease.unit,  # elastic mode: one queue, seq == unit
+        task_id=lease.task.task_id,
+        lease_id=lease.lease_id,
+        segment=info.name,
+        num_rows=info.num_rows,
+        start=lease.task.start,
+        stop=lease.task.stop,
+        consumed=lease.consumed,  # handed back by a trainer that left
+        path=lease.task.path,
+        confirmed=confirmed,
+    )
+    return info.name

@@ -11,34 +11,13 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-import pyarrow as pa
-from _dataplane_helpers import OFFSETS, SHARDS, trainer
+from _dataplane_helpers import SHARDS, announce, trainer
 
 from shmloader.master.dispatcher import Dispatcher
 from shmloader.master.progress import DispatcherConfig
 from shmloader.reader.messages import lease_clock
 
 LEASE = 10.0
-
-
-def announce(store, plane, lease, confirmed: float) -> str:
-    first = OFFSETS[lease.task.path] + lease.task.start
-    ids = np.arange(first, first + lease.task.num_records, dtype=np.int64)
-    info = store.handle().write(pa.record_batch({"id": ids}))
-    plane.announce(
-        epoch=lease.epoch,
-        seq=lease.unit,
-        task_id=lease.task.task_id,
-        lease_id=lease.lease_id,
-        segment=info.name,
-        num_rows=info.num_rows,
-        start=lease.task.start,
-        stop=lease.task.stop,
-        path=lease.task.path,
-        confirmed=confirmed,
-    )
-    return info.name
 
 
 def test_after_a_stall_only_ready_tasks_still_leased_here_are_delivered(tmp_path):

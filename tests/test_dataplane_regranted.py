@@ -13,8 +13,8 @@ import itertools
 import logging
 import time
 
-from _dataplane_helpers import trainer
-from test_dataplane_shared import announce, dispatcher
+from _dataplane_helpers import announce, trainer
+from test_dataplane_shared import dispatcher
 
 from shmloader.dataset.worker import Gatherer
 

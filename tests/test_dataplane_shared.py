@@ -9,9 +9,7 @@ import itertools
 import threading
 import time
 
-import numpy as np
-import pyarrow as pa
-from _dataplane_helpers import OFFSETS, SHARDS, TOTAL, trainer
+from _dataplane_helpers import OFFSETS, SHARDS, TOTAL, announce, trainer
 
 from shmloader.dataset.worker import Gatherer
 from shmloader.master.dispatcher import Dispatcher
@@ -20,25 +18,6 @@ from shmloader.master.progress import DispatcherConfig
 
 def dispatcher(epochs: int) -> Dispatcher:
     return Dispatcher(SHARDS, DispatcherConfig(records_per_task=8, epochs=epochs, seed=3))
-
-
-def announce(store, plane, lease) -> None:
-    """What a reader does with a lease: write the task's segment, announce it."""
-    first = OFFSETS[lease.task.path] + lease.task.start
-    ids = np.arange(first, first + lease.task.num_records, dtype=np.int64)
-    info = store.handle().write(pa.record_batch({"id": ids}))
-    plane.announce(
-        epoch=lease.epoch,
-        seq=lease.unit,  # elastic mode: one queue, seq == unit
-        task_id=lease.task.task_id,
-        lease_id=lease.lease_id,
-        segment=info.name,
-        num_rows=info.num_rows,
-        start=lease.task.start,
-        stop=lease.task.stop,
-        consumed=lease.consumed,  # handed back by a trainer that left
-        path=lease.task.path,
-    )
 
 
 def consume(store, plane, sampler) -> list[int]:
