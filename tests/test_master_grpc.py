@@ -309,6 +309,26 @@ def test_client_registers_again_after_a_restart_without_journal() -> None:
             second.stop()
 
 
+def test_a_client_speaking_for_another_process_s_consumer_registers_it_again(
+    master: Master,
+) -> None:
+    """A reader calls for its trainer's consumer: when the master forgot it (here: it left;
+    in a run, declared dead after a stall), the reader's Lease must not fail before the
+    trainer's heartbeat registers it again."""
+    with (
+        MasterClient(master.address, timeout=5, retry_for=1) as trainer,
+        MasterClient(master.address, timeout=5, retry_for=1) as reader,
+        MasterClient(master.address, timeout=5, retry_for=1) as stranger,
+    ):
+        trainer.register("t")
+        reader.speak_for("t")
+        trainer.leave("t")
+        with pytest.raises(MasterError, match="not registered"):
+            stranger.lease("t", 1)
+        assert len(reader.lease("t", 1).leases) == 1
+        assert "t" in {c.consumer for c in master.progress().consumers}
+
+
 def test_expired_lease_is_handed_out_again_with_the_same_seq() -> None:
     with _master(lease_timeout=0.5, consumer_timeout=30) as m, MasterClient(m.address) as c:
         c.register("slow")

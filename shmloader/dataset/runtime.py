@@ -222,6 +222,7 @@ class Runtime:
             allowed_paths=self._allowed,
             lease_timeout=self.lease_timeout,
             token=config.token,
+            rank=config.rank,
             skip_tasks=config.skip_tasks,
         )
 

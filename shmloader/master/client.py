@@ -190,6 +190,17 @@ class MasterClient:
             self._infos[consumer] = info
         return info
 
+    def speak_for(self, consumer: str, rank: int | None = None) -> None:
+        """Calls for ``consumer``, registered by another process (a trainer, for its readers),
+        register it again, as :meth:`register` would have, if the master forgot it meanwhile
+        (declared dead after a stall, restarted without a journal). Registers nothing now.
+
+        Without it such a call fails in the window before the registering process's own
+        heartbeat registers again: after a SIGSTOPped trainer and its readers go on, a reader's
+        ``Lease`` comes first and failed the run."""
+        with self._lock:
+            self._ranks.setdefault(consumer, rank)
+
     def heartbeat(self, consumer: str) -> None:
         """A sign of life for a consumer that may send nothing else for a while: one silent
         past ``consumer_timeout`` is declared dead and loses its leases. If the master forgot

@@ -56,6 +56,7 @@ class ReaderConfig:
     allowed_paths: frozenset[str]
     lease_timeout: float
     token: str | None = None
+    rank: int | None = None  # the consumer's (DDP), to register it again if the master forgot it
     idle_poll: float = 0.05
     lease_ahead: int = 4  # tasks asked for per lease call
     # (epoch, seq) consumed before a resume: announced empty, not read again
@@ -162,6 +163,7 @@ class Reader:
         self.conn = conn
         self.parent = parent
         self.client = MasterClient(config.master_address, token=config.token)
+        self.client.speak_for(config.consumer, config.rank)
         self._renewer = _Renewer(self.client, config.lease_timeout / 3, self._trainer_silent)
         self._stop = False
         self._queue: list[Any] = []  # leases held and not served yet
