@@ -120,9 +120,11 @@ def test_misuse_is_named(tmp_path):
     ):
         next(iter(shmloader.DataLoader(ds, batch_size=8)))
     with shmloader.SharedTaskDataset(source, **options) as ds:
-        for size in (0, None, 2.5):
+        for size in (0, 2.5):
             with pytest.raises(shmloader.ConfigError, match="batch_size must be a positive int"):
                 shmloader.DataLoader(ds, batch_size=size)
+        with pytest.raises(shmloader.ConfigError, match=r"batch_size=None.*use batch_size=1"):
+            shmloader.DataLoader(ds, batch_size=None)
         with pytest.raises(shmloader.ConfigError, match="batch_size"):
             ds.batch_sampler(-1)
         ds.start()

@@ -14,7 +14,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from shmloader.errors import CorruptRecordError, SchemaMismatchError, TruncatedRecordError
+from shmloader.errors import (
+    CorruptRecordError,
+    DataError,
+    SchemaMismatchError,
+    TruncatedRecordError,
+)
 from shmloader.formats.index import sidecar_path
 from shmloader.sources import column_to_numpy
 from shmloader.sources.webdataset import WebDatasetSource
@@ -159,6 +164,17 @@ def test_damaged_and_truncated_archives(tmp_path: Path) -> None:
     cut.write_bytes(bytes(raw[: 512 * 9 + 100]))
     with pytest.raises(TruncatedRecordError):
         WebDatasetSource(str(cut)).plan()
+
+
+@pytest.mark.parametrize(("ending", "name"), [("gz", "gzip"), ("bz2", "bzip2"), ("xz", "xz")])
+def test_a_compressed_shard_is_named_as_such(tmp_path: Path, ending: str, name: str) -> None:
+    """Read as a tar, a .tar.gz failed with "checksum", as if the archive were damaged."""
+    p = tmp_path / f"s.tar.{ending}"
+    with tarfile.open(p, f"w:{ending}") as tar:
+        add(tar, "shard/000000.cls", b"1")
+    with pytest.raises(DataError, match=f"a {name}-compressed stream") as info:
+        WebDatasetSource(str(p)).plan()
+    assert info.value.path == str(p) and "Decompress it" in str(info.value)
 
 
 def test_index_reuse_staleness_and_pickling(tmp_path: Path) -> None:

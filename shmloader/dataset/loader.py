@@ -64,6 +64,11 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     ) -> None:
         if not isinstance(dataset, SharedTaskDataset):
             raise ConfigError("shmloader.DataLoader takes a SharedTaskDataset")
+        if batch_size is None:  # torch's "one sample per step, no collate" mode
+            raise ConfigError(
+                "shmloader.DataLoader gathers whole batches and does not take batch_size=None; "
+                "for one row per step use batch_size=1 (each column then has a batch axis of 1)"
+            )
         for name in ("sampler", "batch_sampler", "shuffle", "collate_fn"):
             if kwargs.get(name) not in (None, False):
                 raise ConfigError(f"shmloader.DataLoader sets {name} itself; do not pass it")

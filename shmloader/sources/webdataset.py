@@ -63,6 +63,7 @@ class WebDatasetSource(IndexedSource):
         size = stamp(path).size
         with open_random(path) as f:
             read = _BlockReader(f, path)
+            _refuse_compressed(read(0, min(size, 8)), path)
             starts = [start for _, start, _ in samples(walk(read, path, 0, size))]
         return np.array([*starts, size], dtype=np.uint64)
 
@@ -98,6 +99,29 @@ class WebDatasetSource(IndexedSource):
         batch = self.to_batch(path, raws, where, skipped)
         skipped.sort(key=lambda s: s.index)
         return ReadResult(batch, tuple(skipped))
+
+
+# Magic numbers of compressed streams: a compressed shard has no random access to samples.
+_COMPRESSED = {
+    b"\x1f\x8b": ("gzip", "gunzip"),
+    b"BZh": ("bzip2", "bunzip2"),
+    b"\xfd7zXZ\x00": ("xz", "unxz"),
+    b"\x28\xb5\x2f\xfd": ("zstd", "unzstd"),
+}
+
+
+def _refuse_compressed(head: bytes, path: str) -> None:
+    """A ``.tar.gz`` shard would fail as a damaged tar header ("checksum"), which sends the
+    user looking for corruption; say what it is and what to do instead."""
+    for magic, (name, tool) in _COMPRESSED.items():
+        if head.startswith(magic):
+            raise DataError(
+                f"a {name}-compressed stream, not a tar archive: WebDatasetSource reads "
+                f"uncompressed .tar shards (a task seeks to its samples). Decompress it "
+                f"(`{tool}`) or write the shards uncompressed",
+                path=path,
+                offset=0,
+            )
 
 
 class _BlockReader:
