@@ -141,8 +141,9 @@ class Dispatcher:
 
     def restart(self, now: float) -> None:
         """Mark a (re)start on recovered state: see :class:`~.updates.MasterStarted`. Taken
-        elastic leases are renewed for their full hold (``_hold``) from now, as journaled
-        ``LeaseRenewed`` records: nobody could renew them while the master was down."""
+        elastic leases are renewed for their full hold (``DispatcherConfig.hold``) from now,
+        as journaled ``LeaseRenewed`` records: nobody could renew them while the master was
+        down."""
         self._fresh(MasterStarted(now, self._incarnation + 1, now + self.config.lease_timeout))
 
     def resume(self, now: float, stopped_for: float) -> None:
@@ -155,8 +156,8 @@ class Dispatcher:
         now = update.now
         self.apply(update)
         for lease_id, lease in sorted(self._leases.items()):
-            if self._kept(lease):
-                self.apply(LeaseRenewed(now, lease_id, now + self._hold(lease)))
+            if lease.kept:
+                self.apply(LeaseRenewed(now, lease_id, now + self.config.hold(lease)))
         self._commit(now)
 
     def register(self, consumer: str, now: float, rank: int | None = None) -> None:
@@ -231,16 +232,17 @@ class Dispatcher:
 
     def renew(self, lease_id: int, now: float) -> Lease:
         """Extend an active lease to ``now + lease_timeout`` (a taken elastic lease: ``now +
-        max(lease_timeout, consumer_timeout)``, see ``_hold``); returns the renewed lease."""
+        max(lease_timeout, consumer_timeout)``, see ``DispatcherConfig.hold``); returns the
+        renewed lease."""
         lease = self.get_lease(lease_id)
-        self._run(now, LeaseRenewed(now, lease_id, now + self._hold(lease)))
+        self._run(now, LeaseRenewed(now, lease_id, now + self.config.hold(lease)))
         return self._leases[lease_id]
 
     def mark_taken(self, lease_ids: Sequence[int], now: float) -> dict[int, str]:
         """The holders' trainers took these leases' tasks into their samplers: a trainer
         sharing the epoch stops waiting for them (see :meth:`whereabouts`). Leases no longer
         active are returned with why; the others are marked and, in elastic mode, renewed for
-        the longer hold of a taken lease (``_hold``)."""
+        the longer hold of a taken lease (``DispatcherConfig.hold``)."""
         problems: dict[int, str] = {}
         for lease_id in lease_ids:
             lease = self._leases.get(lease_id)
@@ -249,8 +251,8 @@ class Dispatcher:
             elif not lease.taken:
                 self.apply(LeaseTaken(now, lease_id))
                 taken = self._leases[lease_id]
-                if self._kept(taken):
-                    self.apply(LeaseRenewed(now, lease_id, now + self._hold(taken)))
+                if taken.kept:
+                    self.apply(LeaseRenewed(now, lease_id, now + self.config.hold(taken)))
         self._commit(now)
         return problems
 
@@ -273,7 +275,8 @@ class Dispatcher:
         """Take back leases past their deadline and leases of consumers silent for longer than
         ``consumer_timeout``; both count as failed attempts (a task that kills its reader must
         end up quarantined, not loop forever). Call it periodically. A taken elastic lease's
-        deadline is later (``_hold``); replays apply the journaled records, never decide."""
+        deadline is later (``DispatcherConfig.hold``); replays apply the journaled records,
+        never decide."""
         applied: list[Update] = []
         for name, c in sorted(self._consumers.items()):
             if now - c.last_seen > self.config.consumer_timeout:
@@ -297,23 +300,6 @@ class Dispatcher:
                 )
         self._commit(now)
         return applied
-
-    @staticmethod
-    def _kept(lease: Lease) -> bool:
-        """Elastic, and taken: its rows are in its trainer's shared memory, so a trainer that
-        stalled past ``lease_timeout`` still delivers them; letting it lapse then would make
-        them come twice (docs/master.md). It is kept for the longer ``_hold``."""
-        return lease.taken and lease.rank is None
-
-    def _hold(self, lease: Lease) -> float:
-        """How long a renewal keeps ``lease``: ``lease_timeout``, or for a ``_kept`` one
-        ``max(lease_timeout, consumer_timeout)``. Bounded by the lease's own renewals (only
-        its trainer's maintenance thread renews a taken lease), not by the consumer's other
-        calls: a trainer whose main process is stuck while its readers still call the master
-        under its consumer id must not keep its taken tasks for ever."""
-        if self._kept(lease):
-            return max(self.config.lease_timeout, self.config.consumer_timeout)
-        return self.config.lease_timeout
 
     def _take_back(self, applied: list[Update], lease_id: int, why: str, now: float) -> None:
         exhausted = self._exhausted(self._leases[lease_id])

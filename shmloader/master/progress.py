@@ -66,6 +66,16 @@ class DispatcherConfig:
         if not isinstance(self.shuffle, bool):
             raise ConfigError(f"shuffle must be True or False, got {self.shuffle!r}")
 
+    def hold(self, lease: Lease) -> float:
+        """How long a renewal keeps ``lease``: ``lease_timeout``, or for a ``kept`` one
+        ``max(lease_timeout, consumer_timeout)``. Bounded by the lease's own renewals (only
+        its trainer's maintenance thread renews a taken lease), not by the consumer's other
+        calls: a trainer whose main process is stuck while its readers still call the master
+        under its consumer id must not keep its taken tasks for ever."""
+        if lease.kept:
+            return max(self.lease_timeout, self.consumer_timeout)
+        return self.lease_timeout
+
     def check_rank(self, consumer: str, rank: int | None) -> None:
         """MasterError unless ``consumer`` is a usable id and ``rank`` fits the mode."""
         if not isinstance(consumer, str) or not consumer:
@@ -136,6 +146,13 @@ class Lease:
     taken: bool = False
     # Records of the unit that earlier holders consumed before they left: to be skipped.
     consumed: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def kept(self) -> bool:
+        """Elastic, and taken: its rows are in its trainer's shared memory, so a trainer that
+        stalled past ``lease_timeout`` still delivers them; letting it lapse then would make
+        them come twice (docs/master.md). It is kept for the longer ``DispatcherConfig.hold``."""
+        return self.taken and self.rank is None
 
 
 @dataclass(frozen=True)

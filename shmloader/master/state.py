@@ -251,12 +251,12 @@ def left_records(d: Dispatcher, epoch: int) -> list[int] | None:
 def _in_hand(d: Dispatcher, lease: Lease, now: float | None) -> bool:
     """Taken, and renewed within ``lease_timeout``. A taken lease not renewed for longer may
     be its trainer's (stalled or dead) to the end of its hold, up to ``consumer_timeout``
-    (``Dispatcher._hold``): "other", which trainers wait for at the end of a pass, as for a
+    (``DispatcherConfig.hold``): "other", which trainers wait for at the end of a pass, as for a
     task not taken, else the others could end their last pass before it comes back and its
     rows would be lost. Its deadline is its last renewal plus its hold, so no clock is kept."""
     if not lease.taken or now is None:
         return lease.taken
-    renewed_at = lease.deadline - d._hold(lease)
+    renewed_at = lease.deadline - d.config.hold(lease)
     return now - renewed_at <= d.config.lease_timeout
 
 
