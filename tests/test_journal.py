@@ -151,6 +151,25 @@ def test_missing_records_are_detected(tmp_path: Path) -> None:
         _open(tmp_path)
 
 
+def test_a_deleted_newest_segment_is_an_error_not_a_silent_rewind(tmp_path: Path) -> None:
+    """It used to look like a clean compaction: the snapshot's older state came back, and the
+    tasks completed since went out again."""
+    with _open(tmp_path, snapshot_every=3) as j:
+        _drive(j.dispatcher)
+        _drive(j.dispatcher, 5.0)
+    (segment,) = _files(tmp_path, "journal-")
+    (snapshot,) = _files(tmp_path, "snapshot-")
+    assert segment[len("journal-") : -4] == snapshot[len("snapshot-") : -5] != "0" * 20
+    os.unlink(tmp_path / segment)
+    with pytest.raises(CorruptRecordError, match=f"{segment} is missing") as info:
+        _open(tmp_path)
+    assert info.value.path == str(tmp_path / segment)
+    # The way out the message gives: an empty segment starts from the snapshot.
+    (tmp_path / segment).write_bytes(b"")
+    with _open(tmp_path) as j:
+        assert j.recovery is not None and j.recovery.snapshot_seq == int(segment[8:-4])
+
+
 def test_the_journal_refuses_another_schedule(tmp_path: Path) -> None:
     _open(tmp_path).close()
     other = DispatcherConfig(records_per_task=5, epochs=2)

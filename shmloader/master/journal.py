@@ -276,6 +276,7 @@ class Journal:
         expected = snapshot_seq or 0
         replayed, torn_path, torn_bytes = 0, None, 0
         segments = self._listing(_SEGMENT)
+        self._check_segment_follows(snapshot_seq, segments)
         for i, (_, name) in enumerate(segments):
             path = self._file(name)
             with open(path, "rb") as f:
@@ -291,6 +292,26 @@ class Journal:
                 offset += len(payload) + 16
         self.seq = expected
         return Recovery(snapshot_seq, replayed, expected, torn_path, torn_bytes, tuple(skipped))
+
+    def _check_segment_follows(
+        self, snapshot_seq: int | None, segments: list[tuple[int, str]]
+    ) -> None:
+        """CorruptRecordError if the segment a snapshot started is gone. ``_rotate`` creates
+        ``journal-<seq>.log`` right after ``snapshot-<seq>.json`` and deletes older segments
+        only after that, so one of them is always there; without this check a deleted newest
+        segment looked like a clean compaction, and its updates (tasks completed since) were
+        silently undone: handed out again, so delivered twice. Snapshot 0 is the exception
+        (the very first start may stop before its first segment, with nothing to lose)."""
+        if not snapshot_seq or any(seq <= snapshot_seq for seq, _ in segments):
+            return
+        name = f"journal-{snapshot_seq:020d}.log"
+        raise CorruptRecordError(
+            f"{name} is missing: the updates after snapshot {snapshot_seq} (leases, tasks "
+            "completed since) are lost, and starting from the snapshot would hand out again "
+            "what was delivered. Restore the file; to start from the snapshot anyway, create "
+            "it empty",
+            path=self._file(name),
+        )
 
     def _replay(
         self, payload: bytes, expected: int, path: str, offset: int, skipped: list[str]
