@@ -115,6 +115,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._start_epoch = 0
         self._resume: dict[int, list[tuple[int, int]]] | None = None
         self._resumed_records = 0  # of _start_epoch, consumed before a resume (state.py)
+        self._loaded: dict[int, list[tuple[int, int]]] | None = None  # its ranges (state.py)
         self._finished = False  # a state saved after the last epoch was loaded (state.py)
         self._runtime: Runtime | None = None
         self._sampler: TaskSampler | None = None
@@ -182,6 +183,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             skip_tasks=frozenset(self._skip_tasks),
             start_epoch=self._start_epoch,
             resume=self._resume,
+            loaded=self._loaded,
             # Two windows: the block the sampler takes next and the one after it.
             ready_ahead=2 * self.shuffle_window,
         )

@@ -47,6 +47,7 @@ class DataPlane:
         exclude: Callable[[int, int], np.ndarray | None] | None = None,
         start_epoch: int = 0,
         prior: Ranges | None = None,
+        done_before: frozenset[tuple[int, int]] = frozenset(),
         consumer: str | None = None,  # this trainer's consumer id at the master
         lease_timeout: float | None = None,  # the master's: check ready tasks' leases
     ) -> None:
@@ -74,6 +75,10 @@ class DataPlane:
         self._start_epoch = start_epoch
         # Records of ``start_epoch`` consumed before a resume (not scheduled again here).
         self._prior: Ranges = dict(prior or {})
+        # Tasks a loaded state consumed whole: done at a standalone master, not elsewhere.
+        self._done_before = done_before
+        for epoch, seq in done_before:
+            self._epoch(epoch).completed.add(seq)
         # Records a loaded state consumed, by epoch, of tasks not admitted yet (pass_rows).
         self._before: dict[int, int] = {}
         self._announced: set[tuple[int, int]] = set()
@@ -200,7 +205,7 @@ class DataPlane:
         """Those of ``seqs`` (tasks the sampler waits for) that the master says will not come
         here (awaited.py): then this trainer shares epochs."""
         gone = self.awaited.elsewhere(epoch, seqs)
-        if gone:
+        if any((epoch, s) not in self._done_before for s in gone):
             with self._lock:
                 self.shares_epochs = True
         return gone

@@ -70,6 +70,9 @@ class RuntimeConfig:
     start_epoch: int
     # A resume with another world size: consumed ranges of ``start_epoch`` (see state.py).
     resume: dict[int, list[tuple[int, int]]] | None = None
+    # A resume with the same world: the loaded state's consumed ranges of ``start_epoch``,
+    # kept in this trainer's checkpoints (tasks in ``skip_tasks`` may never come here again).
+    loaded: dict[int, list[tuple[int, int]]] | None = None
     # Readers lease no new task while this many are ready and not taken up by the sampler
     # (unless it waits for one): see shm/hints.py.
     ready_ahead: int = 16
@@ -136,7 +139,8 @@ class Runtime:
                 blocked=lambda: hints.writer_blocked(handle.path),
                 exclude=lambda epoch, task: config.exclude.get((epoch, task)),
                 start_epoch=start,
-                prior=config.resume if start == config.start_epoch else None,
+                prior=(config.resume or config.loaded) if start == config.start_epoch else None,
+                done_before=config.skip_tasks if start == config.start_epoch else frozenset(),
                 consumer=self.consumer,
                 lease_timeout=self.lease_timeout if self._elastic else None,
             )
@@ -202,7 +206,7 @@ class Runtime:
         whole = sum(shard.num_records for shard in config.source.plan())
         if ops.epoch_records(config.start_epoch) >= whole:
             return config
-        return dataclasses.replace(config, skip_tasks=frozenset(), exclude={})
+        return dataclasses.replace(config, skip_tasks=frozenset(), exclude={}, loaded=None)
 
     def _first_unfinished_epoch(self) -> int:
         """The oldest epoch the master has not finished (the next to start if none is open):

@@ -142,9 +142,10 @@ def restore_state(ds: SharedTaskDataset, state: dict[str, Any]) -> None:
         }
         # Still in the master's schedule, left out as their tasks are admitted: len() must not
         # count them (DataPlane.resumed_before). States of old versions: the partial rows.
+        ds._loaded = _consumed(state) if "consumed" in state else None
         ds._resumed_records = (
-            count(_consumed(state))
-            if "consumed" in state
+            count(ds._loaded)
+            if ds._loaded is not None
             else sum(len(rows) for rows in ds._exclude.values())
         )
         _past_the_end(ds)
@@ -161,7 +162,7 @@ def restore_state(ds: SharedTaskDataset, state: dict[str, Any]) -> None:
         )
     consumed = _consumed(state)
     total = sum(s.num_records for s in ds.source.plan())
-    ds._skip_tasks, ds._exclude, ds._resumed_records = set(), {}, 0
+    ds._skip_tasks, ds._exclude, ds._resumed_records, ds._loaded = set(), {}, 0, None
     if count(consumed) >= total:  # the epoch was wholly consumed: the next one starts fresh
         ds._start_epoch, ds._resume = epoch + 1, None
     else:
@@ -182,7 +183,7 @@ def _past_the_end(ds: SharedTaskDataset) -> None:
     spans = zip(table.start.tolist(), table.stop.tolist(), strict=True)
     ds._start_epoch, ds._finished = ds.epochs - 1, True
     ds._resume = {task: [(a, b)] for task, (a, b) in enumerate(spans)}
-    ds._skip_tasks, ds._exclude, ds._resumed_records = set(), {}, 0
+    ds._skip_tasks, ds._exclude, ds._resumed_records, ds._loaded = set(), {}, 0, None
 
 
 _WORLD = ("world_size", "rank")

@@ -1,0 +1,90 @@
+"""Checkpoints of a trainer of a standalone master that crashes (SIGKILL right after saving
+its state), is restarted from that state, crashes again and is restarted again, within one
+epoch. The master keeps its own position; the trainer's states say which rows of the tasks
+it had partly consumed reached the loop. The second state must say so too: the tasks the
+first state consumed whole are done at the master, and that is not another trainer's doing
+(it was taken for elastic sharing, and the state then held no rows: tasks partly consumed
+came again whole, rows delivered before the save a second time)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from _dataset_helpers import Trainer, source, write_dataset
+
+import shmloader
+
+SIZES = [300, 200, 160]  # 33 tasks of 20
+BATCH = 32
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
+    directory = tmp_path_factory.mktemp("data")
+    return directory, write_dataset(directory, SIZES)
+
+
+def _forgotten(master: shmloader.Master, timeout: float = 30.0) -> None:
+    """Wait until the master has dropped every consumer (a killed trainer's lapsed), so its
+    tasks are handed out again rather than counted as a live trainer's."""
+    deadline = time.monotonic() + timeout
+    while master.progress().consumers:
+        assert time.monotonic() < deadline, master.progress().consumers
+        time.sleep(0.1)
+
+
+def _crash_after_saving(trainer: Trainer) -> list[int]:
+    """The rows the trainer's loop received before it saved its state, then SIGKILL."""
+    trainer.wait_for("stopped")
+    trainer.proc.kill()
+    trainer.proc.wait()
+    return trainer.ids(0)
+
+
+def test_a_trainer_resumed_twice_against_a_standalone_master_delivers_each_row_once(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    directory, expected = data
+    with shmloader.Master(
+        source(directory),
+        records_per_task=20,
+        epochs=1,
+        seed=7,
+        lease_timeout=2.0,
+        consumer_timeout=2.0,
+    ) as master:
+        common = {
+            "data": str(directory),
+            "shm_dir": str(tmp_path / "shm"),
+            "dataset": {"records_per_task": 20, "shuffle_window": 4, "master": master.address},
+            "batch_size": BATCH,
+            "then": "wait",
+        }
+        first_state, second_state = tmp_path / "first.json", tmp_path / "second.json"
+        first = Trainer(tmp_path, "first", **common, stop_at=[0, 5], save_state=str(first_state))
+        before = _crash_after_saving(first)
+        _forgotten(master)
+        second = Trainer(
+            tmp_path,
+            "second",
+            **common,
+            load_state=str(first_state),
+            stop_at=[0, 4],
+            save_state=str(second_state),
+        )
+        between = _crash_after_saving(second)
+        _forgotten(master)
+        saved = json.loads(second_state.read_text())
+        third = Trainer(tmp_path, "third", **common, load_state=str(second_state), passes=1)
+        assert third.finish() == 0, third.output()
+        third.wait_for("done")
+    assert len(before) == 5 * BATCH and len(between) == 4 * BATCH
+    delivered = Counter(before + between + third.ids(0))
+    assert [i for i, n in delivered.items() if n > 1] == []
+    assert delivered == Counter(expected)
+    assert saved.get("position") != "master", saved
+    assert saved["partial_seqs"], saved  # rows of partly consumed tasks, left out
