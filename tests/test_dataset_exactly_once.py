@@ -218,8 +218,10 @@ def test_an_order_that_the_budget_made_depend_on_timing_is_warned_about(
     with caplog.at_level(logging.WARNING, logger=sampler_log):
         with dataset(directory, tmp_path / "small", shm_budget=3 * one) as ds:
             assert_once(one_pass(make_loader(ds, "shmloader")), expected)
-        warned = [r for r in caplog.records if r.name == sampler_log]
-        assert len(warned) == 1 and "depends on timing" in warned[0].getMessage()
+        # Once, however often it happens. (Starved with nothing ready, the sampler may also
+        # hand out a short batch, and say that in a warning of its own: timing decides.)
+        said = [r.getMessage() for r in caplog.records if r.name == sampler_log]
+        assert len([m for m in said if "depends on timing" in m]) == 1, said
         caplog.clear()
         with dataset(directory, tmp_path / "ample") as ds:
             assert_once(one_pass(make_loader(ds, "shmloader")), expected)
