@@ -282,13 +282,16 @@ def test_a_reader_long_on_one_task_is_warned_of(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A decode that never returns kept its lease renewed, silently, for ever; here a task of
-    # 400 records at 2 ms each stands for it, against a threshold of 0.3 s.
+    # 600 records at 2 ms each stands for it, against a threshold of 0.3 s. Readers are looked
+    # at every 0.02 s, not every second: the task's time past the threshold (under a second)
+    # could fall between two looks, and did on a loaded machine.
     monkeypatch.setattr("shmloader.dataset.maintenance.STALL_SECONDS", 0.3)
+    monkeypatch.setattr("shmloader.dataset.maintenance.STALL_CHECK_SECONDS", 0.02)
     directory = tmp_path / "data"
-    expected = write_dataset(directory, [400])
+    expected = write_dataset(directory, [600])
     with (
         caplog.at_level("WARNING", logger="shmloader.dataset.runtime"),
-        dataset(directory, tmp_path / "shm", records_per_task=400, num_readers=1, slow=True) as ds,
+        dataset(directory, tmp_path / "shm", records_per_task=600, num_readers=1, slow=True) as ds,
     ):
         got = [i for b in shmloader.DataLoader(ds, batch_size=50) for i in ids_of(b)]
         pid = ds.stats().readers[0].pid

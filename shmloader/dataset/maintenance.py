@@ -34,6 +34,7 @@ from .plane import DataPlane
 log = logging.getLogger("shmloader.dataset.runtime")
 POLL_SECONDS = 0.005
 STALL_SECONDS = 300.0  # on one task this long, not waiting for room: warned of
+STALL_CHECK_SECONDS = 1.0  # how often readers are looked at for that (a listdir at most)
 ALIVE_EVERY = 0.25  # seconds between the trainer's signs of life to its readers (hints.py)
 
 
@@ -151,7 +152,7 @@ class Maintenance:
         read is allowed), so nothing else would ever say so."""
         if now < self._next_stall_check:
             return
-        self._next_stall_check = now + 1.0
+        self._next_stall_check = now + STALL_CHECK_SECONDS
         writing: set[int] | None = None  # pids with room reserved: decoding blocks, writing
         for info in self.pool.readers:
             began = info.started_at
