@@ -25,22 +25,41 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
     return directory, write_dataset(directory, SIZES)
 
 
-def kill_a_reader_inside_a_lease(ds: Any, index: int) -> tuple[int, int]:
-    """SIGKILL reader ``index`` while it holds a lease it has not announced; returns
-    (pid, lease id). The reader is stopped first, so what it said is relayed before we look."""
+def relayed(ds: Any, index: int, pid: int) -> None:
+    """Once reader ``index`` (``pid``) is stopped: until the pool's thread has read all it
+    sent, and a moment more to apply the last of it. A fixed pause alone is a race: with the
+    pool's thread starved (a loaded machine) it would still show a lease whose Ready it has
+    not read, and the reader killed would hold nothing unannounced."""
+    proc = ds.runtime.pool._procs.get(index)
+    deadline = time.monotonic() + 30  # a bound: the pool's thread reads within milliseconds
+    while proc is not None and proc.popen.pid == pid and time.monotonic() < deadline:
+        try:
+            if not proc.conn.poll():
+                break
+        except OSError:  # the pool found the reader gone and closed its pipe
+            break
+        time.sleep(0.01)
+    time.sleep(0.1)
+
+
+def catch_a_reader_inside_a_lease(ds: Any, index: int, patience: float) -> tuple[int, int] | None:
+    """Stop reader ``index`` while it holds a lease it has not announced; returns (pid, lease
+    id) with the reader left stopped, or None if it was not seen inside one for ``patience``
+    seconds (readers held back by the shuffle window sit idle while the loop takes nothing).
+    What it said before it stopped is relayed before we look (:func:`relayed`)."""
     info = ds.runtime.pool.readers[index]
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + patience
+    while True:
         pid = info.pid
         os.kill(pid, signal.SIGSTOP)
-        time.sleep(0.1)  # the pool relays anything the reader sent before it stopped
+        relayed(ds, index, pid)
         lease = info.current_lease
         if lease is not None and info.pid == pid:
-            os.kill(pid, signal.SIGKILL)
             return pid, lease
         os.kill(pid, signal.SIGCONT)
+        if time.monotonic() >= deadline:
+            return None
         time.sleep(0.02)
-    raise AssertionError(f"reader {index} was never seen inside a lease")
 
 
 def plant_unsealed_segment(ds: Any, pid: int) -> Path:
@@ -63,13 +82,17 @@ def test_sigkilled_readers_are_restarted_and_nothing_is_lost_or_doubled(
         killed: list[tuple[int, int]] = []
         planted: list[Path] = []
         got: list[int] = []
-        for i, batch in enumerate(dl):
+        for batch in dl:
             got += ids_of(batch)
-            if i in (0, 1):  # each reader once, early (later they may have read everything)
-                index = len(killed)
-                pid = ds.runtime.pool.readers[index].pid
-                planted.append(plant_unsealed_segment(ds, pid))
-                killed.append(kill_a_reader_inside_a_lease(ds, index))
+            # Each reader once, early (later they may have read everything): tried for a
+            # second at each batch until caught, as the first batch alone raced the readers.
+            if len(killed) < 2:
+                caught = catch_a_reader_inside_a_lease(ds, len(killed), patience=1.0)
+                if caught is not None:
+                    planted.append(plant_unsealed_segment(ds, caught[0]))
+                    os.kill(caught[0], signal.SIGKILL)
+                    killed.append(caught)
+        assert len(killed) == 2, "the readers were never caught inside a lease"
         assert Counter(got) == Counter(expected)
         # The next epoch is whole too (restarted readers serve it). Their liveness is checked
         # at its first batch: once the last epoch is done they leave on their own.
@@ -177,18 +200,23 @@ def test_a_reader_killed_after_sealing_but_before_announcing_leaves_no_segment(
     src = source(directory)
     one = ipc_file_size(src.read(src.plan()[0], 0, 100))
     # Room for two segments: both readers then wait for budget after saying which segment
-    # they will seal, which leaves time to catch one there.
+    # they will seal, which leaves time to catch one there. One seen writing one of the first
+    # two may have announced it by the time it stops: then it goes on and is caught again.
     with dataset(directory, tmp_path, shm_budget=2 * one + 1024) as ds:
         ds.start()
         info = ds.runtime.pool.readers[0]
-        deadline = time.monotonic() + 20
-        while info.sealing is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        pid, orphan = info.pid, info.sealing
-        assert orphan is not None, "reader 0 was never seen writing a segment"
-        os.kill(pid, signal.SIGSTOP)
-        time.sleep(0.1)
-        assert info.sealing == orphan and info.pid == pid
+        deadline = time.monotonic() + 60
+        while True:
+            assert time.monotonic() < deadline, "reader 0 was never caught writing a segment"
+            while info.sealing is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            pid, orphan = info.pid, info.sealing
+            assert orphan is not None, "reader 0 was never seen writing a segment"
+            os.kill(pid, signal.SIGSTOP)
+            relayed(ds, 0, pid)
+            if info.sealing == orphan and info.pid == pid:
+                break
+            os.kill(pid, signal.SIGCONT)
         # Exactly what a reader killed between its seal and its Ready leaves behind.
         batch = pa.record_batch({"id": pa.array([-1])})
         path = os.path.join(ds.runtime.store.path, orphan)
@@ -216,12 +244,16 @@ def test_a_killed_reader_in_a_tiny_budget_does_not_stall_later_epochs(
     with dataset(directory, tmp_path, shm_budget=3 * one, epochs=None) as ds:
         dl = shmloader.DataLoader(ds, batch_size=50)
         ds.start()
+        caught = None
         for epoch in range(3):
             got: list[int] = []
             for i, batch in enumerate(dl):
                 got += ids_of(batch)
-                if epoch == 0 and i == 1:
-                    kill_a_reader_inside_a_lease(ds, 0)
+                if epoch == 0 and i >= 1 and caught is None:
+                    caught = catch_a_reader_inside_a_lease(ds, 0, patience=1.0)
+                    if caught is not None:
+                        os.kill(caught[0], signal.SIGKILL)
+            assert caught is not None, "reader 0 was never caught inside a lease"
             assert sorted(got) == expected, f"epoch {epoch}"
         assert ds.stats().readers[0].restarts == 1
 
@@ -391,9 +423,10 @@ def test_a_master_gone_for_good_is_one_error_and_a_prompt_close(
 ) -> None:
     """Readers that give up on the master tell the trainer, which raises from the sampler;
     they are not restarted and print no traceback, and close() does not wait ``retry_for``
-    again for each call it makes (it took 4 such waits and a reader's stop timeout before)."""
+    again for each call it makes (it took 4 such waits and a reader's stop timeout before).
+    The bound is just under one such wait, not a measurement: a loaded machine closes slowly."""
     directory, _ = data
-    monkeypatch.setenv("SHMLOADER_MASTER_RETRY", "6")  # readers inherit it
+    monkeypatch.setenv("SHMLOADER_MASTER_RETRY", "10")  # readers inherit it
     with shmloader.Master(source(directory), records_per_task=20, epochs=None) as master:
         ds = dataset(directory, tmp_path, master=master.address, epochs=None, shm_budget="1MiB")
         loader = shmloader.DataLoader(ds, batch_size=16)
@@ -407,7 +440,7 @@ def test_a_master_gone_for_good_is_one_error_and_a_prompt_close(
         began = time.monotonic()
         ds.close()
         closing = time.monotonic() - began
-    assert closing < 4.0
+    assert closing < 9.0
     assert all(r.restarts == 0 for r in readers)
     assert "Traceback" not in capfd.readouterr().err
 
@@ -418,7 +451,7 @@ def test_ctrl_c_with_the_master_unreachable_exits_at_once(
     """The job is going down: close() tries each call to the master once, where it waited
     ``retry_for`` for the completions and again for the leave (a minute by default)."""
     directory, _ = data
-    monkeypatch.setenv("SHMLOADER_MASTER_RETRY", "20")
+    monkeypatch.setenv("SHMLOADER_MASTER_RETRY", "60")  # a bound, not a measurement, below
     with shmloader.Master(source(directory), records_per_task=20, epochs=None) as master:
         ds = dataset(directory, tmp_path, master=master.address, epochs=None)
         loader = shmloader.DataLoader(ds, batch_size=16)
@@ -427,5 +460,5 @@ def test_ctrl_c_with_the_master_unreachable_exits_at_once(
             master.stop(grace=None)
             began = time.monotonic()
             raise KeyboardInterrupt
-    assert time.monotonic() - began < 10.0
+    assert time.monotonic() - began < 40.0
     assert not shm_entries(tmp_path)
