@@ -165,10 +165,11 @@ source = shmloader.RecordFileSource(sys.argv[1])
 ds = shmloader.SharedTaskDataset(source, num_readers=1, master=sys.argv[2], shm_budget="8MiB",
                                  shm_dir=sys.argv[3])
 with open(sys.argv[4], "a") as out:
-    for batch in shmloader.DataLoader(ds, batch_size=8):
+    for n, batch in enumerate(shmloader.DataLoader(ds, batch_size=8), 1):
         out.write(" ".join(str(int.from_bytes(r, "little")) for r in batch["record"]) + "\\n")
         out.flush()
-        time.sleep(0.2)  # a slow trainer: killed while it holds tasks
+        if n == 3:  # killed here, mid-epoch, while it holds tasks
+            time.sleep(600)
 """
 
 
@@ -237,9 +238,13 @@ def test_readers_do_not_lease_far_ahead_of_the_sampler(tmp_path, source):
             shuffle_window=1,  # at most 2 tasks ready ahead
         ) as ds:
             ds.start()
-            time.sleep(1.5)  # the sampler takes nothing meanwhile
+            ahead = os.path.join(ds.runtime.handle.path, "ahead")
+            give_up = time.monotonic() + 60  # the reader starts in well under a second
+            while not os.path.exists(ahead):  # the sampler takes nothing meanwhile
+                assert time.monotonic() < give_up, "the readers were never held back"
+                time.sleep(0.05)
+            time.sleep(1.5)  # for a lease call under way when the flag rose
             (epoch,) = master.progress().epochs
-            assert os.path.exists(os.path.join(ds.runtime.handle.path, "ahead"))
             # 2 ready, plus what the reader held when the flag rose: the rest of a lease call
             # of 4, and another call if the trainer's thread was slow to raise the flag after
             # the announcement that filled it, and a task leased to give way. Without the
