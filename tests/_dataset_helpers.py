@@ -137,8 +137,9 @@ class Trainer:
         text = self.out.read_text()
         return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
 
-    def wait_for(self, key: str, timeout: float = 30.0) -> dict[str, Any]:
-        """The first line with ``key``; fails if the process exits or times out first."""
+    def wait_for(self, key: str, timeout: float = 120.0) -> dict[str, Any]:
+        """The first line with ``key``; fails if the process exits or times out first (a bound
+        for a loaded machine, where starting torch and the readers takes many seconds)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for line in self.lines():
@@ -164,8 +165,9 @@ class Trainer:
         return [i for line in self.lines() if line.get("pass") == pass_ for i in line["ids"]]
 
 
-def wait_gone(pids: Iterable[int], timeout: float = 10.0) -> list[int]:
-    """Wait for processes to end; returns those still running after ``timeout``."""
+def wait_gone(pids: Iterable[int], timeout: float = 60.0) -> list[int]:
+    """Wait for processes to end; returns those still running after ``timeout`` (a bound, not
+    a measurement: they end within a second or so unless something is wrong)."""
     deadline = time.monotonic() + timeout
     left = list(pids)
     while left and time.monotonic() < deadline:

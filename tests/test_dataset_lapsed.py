@@ -120,7 +120,9 @@ def _run(tmp_path, *, consumer_timeout: float, declared_dead: bool):
         records_per_task=10,
         epochs=1,
         seed=1,
-        lease_timeout=1.0,
+        # Not under the master's 2-s stall floor (server.stall_threshold): a pause of this
+        # process (master and trainer b) of 1-2 s would expire b's leases too.
+        lease_timeout=2.0,
         consumer_timeout=consumer_timeout,
     ) as master:
         a = start_trainer(script, path, master.address, tmp_path, out, log)
@@ -153,7 +155,11 @@ def _run(tmp_path, *, consumer_timeout: float, declared_dead: bool):
             try:
                 # b delivers all it can get. It waits at the end of its pass for the tasks a
                 # has in hand (a is silent: it may be dead), so a goes on while b waits.
-                _wait("b to take what a does not hold", lambda: _b_has_all(master, b_consumer))
+                _wait(
+                    "b to take what a does not hold",
+                    lambda: _b_has_all(master, b_consumer),
+                    timeout=120.0,
+                )
                 stall = time.monotonic() - stopped
                 assert (stall > consumer_timeout) == declared_dead, stall  # the case it tests
             finally:
@@ -180,7 +186,10 @@ def _run(tmp_path, *, consumer_timeout: float, declared_dead: bool):
 
 
 def test_a_trainer_stalled_for_less_than_consumer_timeout_delivers_every_row_once(tmp_path):
-    by_a, by_b, counted, about, log = _run(tmp_path, consumer_timeout=60.0, declared_dead=False)
+    # consumer_timeout: well past the stall, which lasts until b has started and taken the
+    # rest (_run waits up to 120 s for that). The whole test took 10 s here, 34 s with CPU
+    # hogs beside it: 60 s left too little room on a loaded machine.
+    by_a, by_b, counted, about, log = _run(tmp_path, consumer_timeout=180.0, declared_dead=False)
     counts = Counter(by_a + by_b)
     # Measured before taken leases were kept: ~190 of 240 rows came twice.
     assert set(counts) == set(range(RECORDS)), log  # no loss

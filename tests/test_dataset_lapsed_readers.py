@@ -46,8 +46,9 @@ def test_the_others_pass_ends_while_a_trainer_is_stopped_and_its_readers_run_on(
     script.write_text(TRAINER.replace('shm_budget="8MiB"', f'shm_budget="{BUDGET}"'))
     out, log = tmp_path / "a.jsonl", tmp_path / "a.log"
     out.touch()
+    # lease_timeout: not under the master's 2-s stall floor (see test_dataset_lapsed).
     with shmloader.Master(
-        source, records_per_task=10, epochs=1, seed=1, lease_timeout=1.0, consumer_timeout=3.0
+        source, records_per_task=10, epochs=1, seed=1, lease_timeout=2.0, consumer_timeout=3.0
     ) as master:
         a = start_trainer(script, path, master.address, tmp_path, out, log)
         readers: list[int] = []

@@ -69,7 +69,10 @@ def procs() -> Iterator[list[subprocess.Popen[str]]]:
 
 def test_killed_client_leases_are_handed_out_again(procs: list[subprocess.Popen[str]]) -> None:
     plan = [Shard("a", 20), Shard("b", 12)]
-    with Master(plan, records_per_task=4, lease_timeout=1, consumer_timeout=1) as m:
+    # The victim's leases come back by their deadline. No timeout under the master's 2-s stall
+    # floor (server.stall_threshold): a pause of this process (master and survivor) of 1-2 s
+    # would expire the survivor's lease too, and "expired" would be 4.
+    with Master(plan, records_per_task=4, lease_timeout=2, consumer_timeout=30) as m:
         victim = _spawn("-c", VICTIM, m.address)
         procs.append(victim)
         held = {tuple(x) for x in json.loads(_first_line(victim))}
