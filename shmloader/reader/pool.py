@@ -36,6 +36,9 @@ class ReaderInfo:
     index: int
     pid: int = 0
     restarts: int = 0
+    # Deaths since the slot last read a task: the pool gives up on a crash loop, not on a long
+    # job's occasional deaths (counting all of them, it gave up at the 11th of the run).
+    deaths_in_a_row: int = 0
     tasks: int = 0
     records: int = 0
     bytes: int = 0
@@ -56,7 +59,11 @@ class _Proc:
 
 
 class ReaderPool:
-    """Runs ``num_readers`` readers; ``on_message(info, message)`` is called on its thread."""
+    """Runs ``num_readers`` readers; ``on_message(info, message)`` is called on its thread.
+
+    A reader that dies is started again; ``max_restarts`` deaths of one slot in a row, with no
+    task read in between, end the pool with an error (a crash loop, not bad luck).
+    """
 
     def __init__(
         self,
@@ -225,6 +232,7 @@ class ReaderPool:
         elif isinstance(message, Ready):
             info.current_lease = info.started_at = None
             info.sealing = None
+            info.deaths_in_a_row = 0
             info.tasks += 1
             info.records += message.num_rows
             info.bytes += message.nbytes
@@ -255,11 +263,13 @@ class ReaderPool:
             return
         if self._on_death is not None:
             self._on_death(info, code)
-        if info.restarts >= self._max_restarts:
+        if info.deaths_in_a_row >= self._max_restarts:
             raise ShmloaderError(
-                f"reader {index} died {info.restarts + 1} times (last exit code {code}); "
-                "giving up — see the readers' error output above"
+                f"reader {index} died {info.deaths_in_a_row + 1} times in a row without "
+                f"reading a task (last exit code {code}); giving up — see the readers' error "
+                "output above"
             )
+        info.deaths_in_a_row += 1
         info.restarts += 1
         self._spawn(info)
 
