@@ -280,22 +280,11 @@ class DataPlane:
         """
         if poll:
             self.poll()
-        parts = []
-        ranks = []
-        older = 0
         with self._lock:
             # Older epochs too: a stray task of one (see ``take_strays``) is delivered in a
             # later pass, and may be left unconsumed by it.
-            slots = [(e, s) for e, st in self._epochs.items() if e <= epoch for s in st.slots]
-            for e, slot in slots:
-                state = self._slots.get(slot)
-                if state is None:
-                    continue
-                rows = state.unconsumed(self._complete_on_delivery)
-                if len(rows):
-                    parts.append(encode_indices(slot, rows))
-                    ranks.append(state.ranks_of(rows))
-                    older += len(rows) if e < epoch else 0
+            on_delivery = self._complete_on_delivery
+            rows, older = known.unconsumed_in_order(self._epochs, self._slots, epoch, on_delivery)
             shared = self.shares_epochs
         if older and not shared:
             # One trainer has no strays: its last pass ran to the end without these rows.
@@ -308,9 +297,7 @@ class DataPlane:
                 "shmloader.DataLoader",
                 older,
             )
-        if not parts:
-            return np.empty(0, dtype=np.int64)
-        return np.concatenate(parts)[np.argsort(np.concatenate(ranks), kind="stable")]
+        return rows
 
     def rest_of_last_pass(self, epoch: int, *, poll: bool = True) -> np.ndarray:
         """Rows of the epoch before ``epoch`` that its pass handed out but the loop never

@@ -10,7 +10,7 @@ from typing import Protocol
 import numpy as np
 
 from .consumed import Ranges, row_records, to_ranges, union
-from .gather import split_indices
+from .gather import encode_indices, split_indices
 from .ready import ReadyTask
 
 # Whereabouts (Dispatcher.whereabouts) of a task the sampler waits for that may still come. A
@@ -158,6 +158,27 @@ def unconsumed_rows(
     """Rows of tasks of epochs up to ``last`` admitted and not consumed yet."""
     held = (slots.get(s) for e, st in epochs.items() if e <= last for s in st.slots)
     return sum(len(state.unconsumed(on_delivery)) for state in held if state is not None)
+
+
+def unconsumed_in_order(
+    epochs: Mapping[int, EpochState], slots: Mapping[int, SlotState], last: int, on_delivery: bool
+) -> tuple[np.ndarray, int]:
+    """Rows of tasks of epochs up to ``last`` admitted and not consumed yet, as sample indices
+    in the order the sampler handed them out (``rank_rows``), and how many of them are of
+    epochs before ``last``."""
+    parts, ranks, older = [], [], 0
+    for e, slot in [(e, s) for e, st in epochs.items() if e <= last for s in st.slots]:
+        state = slots.get(slot)
+        if state is None:
+            continue
+        rows = state.unconsumed(on_delivery)
+        if len(rows):
+            parts.append(encode_indices(slot, rows))
+            ranks.append(state.ranks_of(rows))
+            older += len(rows) if e < last else 0
+    if not parts:
+        return np.empty(0, dtype=np.int64), older
+    return np.concatenate(parts)[np.argsort(np.concatenate(ranks), kind="stable")], older
 
 
 def epoch_consumed(
