@@ -329,6 +329,22 @@ def test_a_client_speaking_for_another_process_s_consumer_registers_it_again(
         assert "t" in {c.consumer for c in master.progress().consumers}
 
 
+def test_progress_since_an_epoch_leaves_out_the_finished_ones_before_it() -> None:
+    """A trainer polls progress every few seconds; a long job's finished epochs made every
+    reply longer (0.24 s to build and read at 20,000 of them)."""
+    with _master(epochs=5) as m, MasterClient(m.address) as c:
+        c.register("c")
+        while c.progress().epochs_finished < 3:
+            for lease in c.lease("c", NUM_TASKS).leases:
+                c.complete(lease.lease_id)
+        whole = c.progress()
+        assert [e.epoch for e in whole.epochs][:3] == [0, 1, 2]
+        since = c.progress(since_epoch=2)
+        assert [e.epoch for e in since.epochs] == [e.epoch for e in whole.epochs][2:]
+        assert since.epochs_finished == whole.epochs_finished and since.counters == whole.counters
+        assert c.progress(since_epoch=0) == whole
+
+
 def test_expired_lease_is_handed_out_again_with_the_same_seq() -> None:
     with _master(lease_timeout=0.5, consumer_timeout=30) as m, MasterClient(m.address) as c:
         c.register("slow")

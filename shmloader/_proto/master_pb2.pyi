@@ -26,6 +26,12 @@ class Empty(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ProgressRequest(_message.Message):
+    __slots__ = ("since_epoch",)
+    SINCE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    since_epoch: int
+    def __init__(self, since_epoch: _Optional[int] = ...) -> None: ...
+
 class RegisterRequest(_message.Message):
     __slots__ = ("consumer", "rank")
     CONSUMER_FIELD_NUMBER: _ClassVar[int]

@@ -91,7 +91,7 @@ class MasterStub:
                 _registered_method=True)
         self.Progress = channel.unary_unary(
                 '/shmloader.master.Master/Progress',
-                request_serializer=shmloader_dot_proto_dot_master__pb2.Empty.SerializeToString,
+                request_serializer=shmloader_dot_proto_dot_master__pb2.ProgressRequest.SerializeToString,
                 response_deserializer=shmloader_dot_proto_dot_master__pb2.ProgressReply.FromString,
                 _registered_method=True)
 
@@ -236,7 +236,7 @@ def add_MasterServicer_to_server(servicer, server):
             ),
             'Progress': grpc.unary_unary_rpc_method_handler(
                     servicer.Progress,
-                    request_deserializer=shmloader_dot_proto_dot_master__pb2.Empty.FromString,
+                    request_deserializer=shmloader_dot_proto_dot_master__pb2.ProgressRequest.FromString,
                     response_serializer=shmloader_dot_proto_dot_master__pb2.ProgressReply.SerializeToString,
             ),
     }
@@ -562,7 +562,7 @@ class Master:
             request,
             target,
             '/shmloader.master.Master/Progress',
-            shmloader_dot_proto_dot_master__pb2.Empty.SerializeToString,
+            shmloader_dot_proto_dot_master__pb2.ProgressRequest.SerializeToString,
             shmloader_dot_proto_dot_master__pb2.ProgressReply.FromString,
             options,
             channel_credentials,

@@ -85,6 +85,7 @@ class Maintenance:
     _thread: threading.Thread | None = field(default=None, init=False)
     _next_stall_check: float = field(default=0.0, init=False)
     _next_alive: float = field(default=0.0, init=False)
+    _since_epoch: int = field(default=0, init=False)  # the oldest open at the last look
     # reader index -> when last warned of
     _stall_warned: dict[int, float] = field(default_factory=dict, init=False)
 
@@ -141,10 +142,15 @@ class Maintenance:
     def _check_master(self) -> None:
         """What the master's progress says, asked every renewal interval: a task quarantined
         by lease expiry (its reader died every time, so no Failed message came) would leave
-        the sampler waiting for ever; epochs the master finished need nothing kept here."""
-        progress = self.client.progress()
+        the sampler waiting for ever; epochs the master finished need nothing kept here.
+
+        Asked for the epochs from the oldest one open at the last look: an epoch that
+        finished since (with a task quarantined, say) is among them, and a long job's
+        thousands of finished epochs are not read again every few seconds."""
+        progress = self.client.progress(since_epoch=self._since_epoch)
         fail_if_quarantined(self.plane, progress)
-        self.plane.forget_finished(first_unfinished(progress))
+        self._since_epoch = first_unfinished(progress)
+        self.plane.forget_finished(self._since_epoch)
 
     def _warn_of_stalls(self, now: float) -> None:
         """A reader on one task for ``STALL_SECONDS`` that has not come to write it is likely

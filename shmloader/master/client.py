@@ -298,10 +298,15 @@ class MasterClient:
         reply = self._call("Whereabouts", request, True, consumer=consumer)
         return [pb.Whereabouts.Name(w).lower() for w in reply.whereabouts]
 
-    def progress(self) -> Progress:
+    def progress(self, since_epoch: int = 0) -> Progress:
         """The job as the master sees it, every trainer included (what ``shmloader stats``
-        prints); a trainer's own counts are in ``SharedTaskDataset.stats()``."""
-        return progress_from_msg(self._call("Progress", pb.Empty(), True))
+        prints); a trainer's own counts are in ``SharedTaskDataset.stats()``.
+
+        ``since_epoch``: finished epochs before it are left out of ``epochs`` (the counts stay
+        whole), for a caller that polls: the reply of a job with 20,000 finished epochs took
+        about 0.24 s to build and read. A master older than the argument sends every epoch."""
+        request = pb.ProgressRequest(since_epoch=since_epoch)
+        return progress_from_msg(self._call("Progress", request, True))
 
     # ------------------------------------------------------------------ heartbeat
 

@@ -125,9 +125,10 @@ class Dispatcher:
         self._consumer(consumer)
         return _state.whereabouts(self, consumer, epoch, units, now)
 
-    def progress(self) -> Progress:
-        """Per-epoch counts, quarantined and dropped work, consumers and their leases."""
-        return _state.progress(self)
+    def progress(self, since_epoch: int = 0) -> Progress:
+        """Per-epoch counts, quarantined and dropped work, consumers and their leases; finished
+        epochs before ``since_epoch`` are left out of ``epochs`` (not of the counts)."""
+        return _state.progress(self, since_epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue after a restart, as JSON-ready dicts and lists."""

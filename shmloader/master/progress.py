@@ -214,7 +214,8 @@ class ConsumerProgress:
 
 @dataclass(frozen=True)
 class Progress:
-    """Where the whole job stands; ``epochs`` holds every started epoch, oldest first.
+    """Where the whole job stands; ``epochs`` holds every started epoch, oldest first (but
+    finished ones before the ``since_epoch`` a caller asked from).
 
     ``finished`` is true once the configured number of epochs have all finished (never for
     ``epochs=None``). Quarantined and dropped records are listed per epoch, never hidden.

@@ -312,9 +312,9 @@ class MasterService(pb_grpc.MasterServicer):
         return epoch
 
     @_rpc
-    def Progress(self, request: pb.Empty, context: Any) -> pb.ProgressReply:
+    def Progress(self, request: pb.ProgressRequest, context: Any) -> pb.ProgressReply:
         with self.lock:
-            progress = self.dispatcher.progress()
+            progress = self.dispatcher.progress(int(request.since_epoch))
         return _convert.progress_to_msg(progress)
 
     # ------------------------------------------------------------------- helpers

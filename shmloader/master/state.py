@@ -185,8 +185,9 @@ def _lease(d: Dispatcher, x: dict[str, Any]) -> Lease:
     return replace(lease, taken=True) if x.get("taken", False) else lease
 
 
-def progress(d: Dispatcher) -> Progress:
-    epochs = [*d._closed, *(ep.progress(d.table) for ep in d._open.values())]
+def progress(d: Dispatcher, since_epoch: int = 0) -> Progress:
+    closed = d._closed if since_epoch <= 0 else [p for p in d._closed if p.epoch >= since_epoch]
+    epochs = [*closed, *(ep.progress(d.table) for ep in d._open.values())]
     consumers = tuple(
         ConsumerProgress(
             consumer=name,
