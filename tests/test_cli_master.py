@@ -68,6 +68,30 @@ _TGKILL = {"x86_64": 234, "aarch64": 131}.get(platform.machine())
 
 
 @pytest.mark.skipif(sys.platform != "linux" or _TGKILL is None, reason="needs Linux tgkill")
+def test_the_last_words_of_a_long_job_name_the_last_epochs_and_every_loss() -> None:
+    """A master of 20,000 short epochs printed a line for each when it stopped."""
+    from shmloader.cli.master import summary
+    from shmloader.master import Dispatcher, DispatcherConfig
+    from shmloader.sources.base import Shard
+
+    d = Dispatcher(
+        [Shard("a", 4)], DispatcherConfig(records_per_task=2, epochs=None, max_retries=0)
+    )
+    d.register("c", 0.0)
+    for epoch in range(10):
+        for n, lease in enumerate(d.lease("c", 2, 0.0)):
+            if epoch == 4 and n == 0:
+                d.fail(lease.lease_id, "bad bytes", 0.0)  # quarantined: lost for epoch 4
+            else:
+                d.complete(lease.lease_id, 0.0)
+    d.lease("c", 1, 0.0)  # epoch 10 open
+    text = summary(d.progress())
+    shown = [line.split()[1] for line in text.splitlines() if line.startswith("  epoch ")]
+    assert shown == ["4", "8", "9", "10"], text
+    assert "quarantined task 0" in text and "bad bytes" in text
+    assert "(7 more finished epoch(s), every record of each done)" in text
+
+
 def test_stops_when_sigint_lands_on_a_grpc_thread(records: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "shmloader", "master", str(records / "*.tfrecord")]

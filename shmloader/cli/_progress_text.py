@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..master.progress import EpochProgress, Progress
 
 
@@ -19,6 +21,17 @@ def epoch_lines(e: EpochProgress) -> list[str]:
         for q in e.quarantined
     )
     return lines
+
+
+def worth_showing(epochs: Sequence[EpochProgress], last: int = 3) -> list[EpochProgress]:
+    """The last ``last`` epochs, and every other one that is open or lost or dropped records:
+    a job of 20,000 short epochs printed a line for each when its master stopped."""
+    first_of_last = len(epochs) - last
+    return [
+        e
+        for i, e in enumerate(epochs)
+        if i >= first_of_last or not e.finished or e.quarantined_records or e.dropped_records
+    ]
 
 
 def counter_line(p: Progress) -> str:

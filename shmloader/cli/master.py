@@ -20,7 +20,7 @@ from ..errors import ConfigError, ShmloaderError
 from ..master.progress import Progress
 from ..master.server import LOOPBACK_HOSTS, Master
 from ..sources.factory import source_for_paths
-from ._progress_text import counter_line, epoch_lines
+from ._progress_text import counter_line, epoch_lines, worth_showing
 
 TOKEN_ENV = "SHMLOADER_TOKEN"
 
@@ -158,7 +158,12 @@ def summary(p: Progress) -> str:
         f"stopped: {p.epochs_finished} of {planned} epoch(s) finished, {p.num_tasks} tasks, "
         f"{p.total_records} records per epoch"
     ]
-    for e in p.epochs:
+    shown = worth_showing(p.epochs)
+    for e in shown:
         lines.extend(epoch_lines(e))
+    if len(shown) < len(p.epochs):
+        lines.append(
+            f"  ({len(p.epochs) - len(shown)} more finished epoch(s), every record of each done)"
+        )
     lines.append(counter_line(p))
     return "\n".join(lines)
