@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _dataset_helpers import Trainer, ids_of, shm_entries, source, wait_gone, write_dataset
@@ -22,6 +24,7 @@ import shmloader
 
 AT, FINISH = 3, 4  # SIGTERM comes during the step after batch AT; FINISH batches end it
 BATCH = 10  # = records per task: each batch after the signal needs a task read anew
+TASKS = 20  # of the data: 200 records
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +103,56 @@ def test_a_preempted_trainer_hands_back_what_it_consumed_at_exit(
         progress = master.progress()
         assert progress.finished and not progress.quarantined
     assert shm_entries(shm_dir) == []
+
+
+def test_readers_do_not_register_again_a_trainer_that_left_on_sigterm(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    """The SIGTERM hook leaves the master while the readers still run (they die with the
+    trainer, a moment later). A reader's next Lease finds the consumer unknown: registering it
+    again (as it must after a stall, MasterClient.speak_for) made a ghost of the leaving
+    trainer that leased tasks nobody would read, each lapsing only after lease_timeout as a
+    failed attempt (in SIGTERMed trainer processes: 1 in 2 left such a ghost, with up to 323
+    leases). The hook is called here as the signal would call it, in a live process."""
+    directory, _ = data
+    (tmp_path / "shm").mkdir()
+    with shmloader.Master(
+        source(directory), records_per_task=BATCH, epochs=1, consumer_timeout=60.0
+    ) as master:
+        ds = shmloader.SharedTaskDataset(
+            source(directory),
+            num_readers=2,
+            master=master.address,
+            records_per_task=BATCH,
+            shuffle_window=64,  # readers are never held back: they poll the master when idle
+            shm_dir=str(tmp_path / "shm"),
+        )
+        try:
+            ds.start()
+            runtime = ds.runtime
+            pool = runtime.pool
+            assert pool is not None
+            leased = _waiter("the readers to lease every task")
+            while master.progress().counters["granted"] < TASKS:
+                leased()
+            runtime._on_sigterm()
+            assert [c.consumer for c in master.progress().consumers] == []
+            lost = _waiter("the readers to hear the master forgot their trainer")
+            while not all(info.master_lost for info in pool.readers):
+                consumers = [c.consumer for c in master.progress().consumers]
+                assert consumers == [], f"a reader registered the trainer that left: {consumers}"
+                lost()
+        finally:
+            ds.close()
+    assert shm_entries(tmp_path / "shm") == []
+
+
+def _waiter(what: str, timeout: float = 60.0) -> Any:
+    """A step of a wait for ``what``: sleeps a little, fails once ``timeout`` is past."""
+    give_up = time.monotonic() + timeout
+
+    def step() -> None:
+        assert time.monotonic() < give_up, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+    return step

@@ -193,6 +193,10 @@ class Runtime:
         if self.embedded is None:  # an embedded master stops next: nobody to tell
             elastic = getattr(self, "_elastic", False)
             handed = plane.hand_back() if plane is not None and elastic else None
+            handle = getattr(self, "handle", None)
+            if handle is not None:  # first: readers still running must not register us again
+                with contextlib.suppress(FileNotFoundError):  # the store is gone: so are they
+                    hints.set_left(handle.path)
             with contextlib.suppress(MasterError):
                 self.client.leave(self.consumer, handed)
 

@@ -161,6 +161,7 @@ class MasterClient:
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._ranks: dict[str, int | None] = {}  # consumers registered through this client
+        self._may_register: dict[str, Callable[[], bool]] = {}  # speak_for's guards
         self._infos: dict[str, ConsumerInfo] = {}
         self._heartbeats: dict[str, tuple[threading.Thread, threading.Event]] = {}
         forked.track(self)
@@ -190,16 +191,29 @@ class MasterClient:
             self._infos[consumer] = info
         return info
 
-    def speak_for(self, consumer: str, rank: int | None = None) -> None:
+    def speak_for(
+        self,
+        consumer: str,
+        rank: int | None = None,
+        *,
+        may_register: Callable[[], bool] | None = None,
+    ) -> None:
         """Calls for ``consumer``, registered by another process (a trainer, for its readers),
         register it again, as :meth:`register` would have, if the master forgot it meanwhile
         (declared dead after a stall, restarted without a journal). Registers nothing now.
 
         Without it such a call fails in the window before the registering process's own
         heartbeat registers again: after a SIGSTOPped trainer and its readers go on, a reader's
-        ``Lease`` comes first and failed the run."""
+        ``Lease`` comes first and failed the run.
+
+        ``may_register()`` is asked first, each time: False where the other process has left
+        the master on purpose (a trainer closing, or on SIGTERM, while its readers still
+        run), and the call then fails as it would without ``speak_for``: registered again,
+        the consumer would be a ghost, holding leases nobody reads until they lapse."""
         with self._lock:
             self._ranks.setdefault(consumer, rank)
+            if may_register is not None:
+                self._may_register[consumer] = may_register
 
     def heartbeat(self, consumer: str) -> None:
         """A sign of life for a consumer that may send nothing else for a while: one silent
@@ -217,6 +231,7 @@ class MasterClient:
         with self._lock:
             self._ranks.pop(consumer, None)
             self._infos.pop(consumer, None)
+            self._may_register.pop(consumer, None)
         try:
             self._invoke("Leave", leave_to_msg(consumer, consumed), idempotent=True)
         except grpc.RpcError as exc:
@@ -402,7 +417,8 @@ class MasterClient:
             with self._lock:
                 known = consumer in self._ranks
                 rank = self._ranks.get(consumer)
-            if not known:
+                may_register = self._may_register.get(consumer)
+            if not known or (may_register is not None and not may_register()):
                 raise self._error(method, exc, lease) from exc
             log.info("master forgot consumer %r; registering it again", consumer)
         self.register(consumer, rank)

@@ -163,7 +163,11 @@ class Reader:
         self.conn = conn
         self.parent = parent
         self.client = MasterClient(config.master_address, token=config.token)
-        self.client.speak_for(config.consumer, config.rank)
+        # Not once the trainer has left (closing, SIGTERM): see hints.joined.
+        store_path = config.store.path
+        self.client.speak_for(
+            config.consumer, config.rank, may_register=lambda: hints.joined(store_path)
+        )
         self._renewer = _Renewer(self.client, config.lease_timeout / 3, self._trainer_silent)
         self._stop = False
         self._queue: list[Any] = []  # leases held and not served yet

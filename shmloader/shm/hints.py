@@ -23,6 +23,11 @@ one poll.
   sharing the epoch get the tasks, instead of waiting for them as long as the stall lasts.
   No file (a consumer that never said): alive.
 
+- ``left``: present once the consumer left its master (``Runtime._leave_master``: a close, or
+  SIGTERM while the readers still run). A reader whose call then finds the consumer unknown
+  must not register it again (``MasterClient.speak_for``): that made a ghost of a trainer that
+  had left, holding leases that lapsed only after ``lease_timeout``, as failed attempts.
+
 And one that writers tell the consumer:
 
 - ``blocked.<pid>-<start>``: present while writer ``pid`` waits for room for a segment the
@@ -46,6 +51,7 @@ AHEAD_NAME = "ahead"
 LARGEST_NAME = "largest"
 BLOCKED_PREFIX = "blocked."
 ALIVE_NAME = "alive"
+LEFT_NAME = "left"
 
 
 def _replace(path: str, text: str) -> None:
@@ -132,3 +138,16 @@ def silent_for(folder: str) -> float:
     except (FileNotFoundError, ValueError):
         return 0.0
     return max(0.0, time.monotonic() - said)
+
+
+def set_left(folder: str) -> None:
+    """Before the consumer's ``leave``: see :func:`joined`."""
+    _flag(os.path.join(folder, LEFT_NAME), True)
+
+
+def joined(folder: str) -> bool:
+    """Whether the consumer may still be registered again on its behalf: it has not left its
+    master, and its store is still there. ``left`` is looked at first: it goes only with the
+    store's folder, so one found missing either was not set yet (the consumer had not left
+    when the master answered) or the folder is gone (it was closing)."""
+    return not os.path.exists(os.path.join(folder, LEFT_NAME)) and os.path.isdir(folder)
