@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from _dataset_helpers import Trainer, dataset, write_dataset
+from _dataset_helpers import Trainer, dataset, ids_of, write_dataset
 
 import shmloader
 
@@ -140,3 +140,63 @@ def test_state_is_checked_against_the_dataset(tmp_path: Path, data: tuple[Path, 
     same = dataset(directory, tmp_path / "c", epochs=1)
     with same, pytest.raises(shmloader.ConfigError, match="format"):
         shmloader.DataLoader(same, batch_size=50).load_state_dict({"format": 99})
+
+
+def _first_batches(directory: Path, shm: Path, n: int) -> tuple[list[int], dict]:
+    """The rows of a run's first ``n`` batches of 32, and its state after them."""
+    with dataset(directory, shm, epochs=2, shuffle_window=4) as ds:
+        dl = shmloader.DataLoader(ds, batch_size=32)
+        got: list[int] = []
+        for i, batch in enumerate(dl):
+            got += ids_of(batch)
+            if i + 1 == n:
+                return got, dl.state_dict()
+    raise AssertionError("the epoch ended early")
+
+
+def test_a_state_saved_right_after_a_resume_still_leaves_out_what_was_consumed(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    """A resumed run that saves before its loop took up the tasks the loaded state had
+    consumed part of (at the start of an epoch's loop, say) must save those rows too: they
+    were missing, and a second resume delivered them again (with an embedded master: 20 of
+    160 rows twice in the reproducer, one task's worth; before done_before, all 160)."""
+    directory, expected = data
+    before, state = _first_batches(directory, tmp_path / "a", 5)
+    assert state["partial_seqs"], state  # the case: tasks consumed in part
+    with dataset(directory, tmp_path / "b", epochs=2, shuffle_window=4) as ds:
+        dl = shmloader.DataLoader(ds, batch_size=32)
+        dl.load_state_dict(state)
+        ds.start()
+        again = dl.state_dict()  # nothing admitted yet
+    assert again["partial_seqs"] == state["partial_seqs"]
+    assert again["completed_seqs"] == state["completed_seqs"]
+    with dataset(directory, tmp_path / "c", epochs=2, shuffle_window=4) as ds:
+        dl = shmloader.DataLoader(ds, batch_size=32)
+        dl.load_state_dict(again)
+        rest = [r for batch in dl for r in ids_of(batch)]
+    assert Counter(before + rest) == Counter(expected)
+
+
+def test_the_last_state_loaded_is_the_one_that_counts(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    """A state saved after the last epoch, then a mid-epoch one, loaded into one loader: the
+    first one's "finished" and its every-record-consumed schedule stayed, and the resumed
+    epoch delivered every row (1155) instead of the rest."""
+    directory, expected = data
+    before, mid = _first_batches(directory, tmp_path / "a", 5)
+    with dataset(directory, tmp_path / "b", epochs=2, shuffle_window=4) as ds:
+        dl = shmloader.DataLoader(ds, batch_size=32)
+        for _ in range(2):
+            for _ in dl:
+                pass
+        end = dl.state_dict()
+    with dataset(directory, tmp_path / "c", epochs=2, shuffle_window=4) as ds:
+        dl = shmloader.DataLoader(ds, batch_size=32)
+        dl.load_state_dict(end)
+        dl.load_state_dict(mid)
+        rest = [r for batch in dl for r in ids_of(batch)]
+        then = [r for batch in dl for r in ids_of(batch)]
+    assert Counter(before + rest) == Counter(expected)
+    assert Counter(then) == Counter(expected)

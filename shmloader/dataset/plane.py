@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -48,6 +48,7 @@ class DataPlane:
         start_epoch: int = 0,
         prior: Ranges | None = None,
         done_before: frozenset[tuple[int, int]] = frozenset(),
+        partial_before: Mapping[int, np.ndarray] | None = None,  # seq -> rows, start_epoch's
         consumer: str | None = None,  # this trainer's consumer id at the master
         lease_timeout: float | None = None,  # the master's: check ready tasks' leases
     ) -> None:
@@ -79,6 +80,8 @@ class DataPlane:
         self._done_before = done_before
         for epoch, seq in done_before:
             self._epoch(epoch).completed.add(seq)
+        # Rows it consumed of tasks it consumed part of: in checkpoints until admitted.
+        self._partial_before = dict(partial_before or {})
         # Records a loaded state consumed, by epoch, of tasks not admitted yet (pass_rows).
         self._before: dict[int, int] = {}
         self._announced: set[tuple[int, int]] = set()
@@ -470,9 +473,11 @@ class DataPlane:
                 (e for e, st in self._epochs.items() if len(st.completed) < self._tasks(e)),
                 default=self._iter_epoch,
             )
-            prior = self._prior if epoch == self._start_epoch else {}
+            resumed = epoch == self._start_epoch
+            prior = self._prior if resumed else {}
             st, on_delivery = self._epoch(epoch), self._complete_on_delivery
-            return epoch, *known.epoch_consumed(st, self._slots, prior, on_delivery)
+            pending = self._partial_before if resumed else {}
+            return epoch, *known.epoch_consumed(st, self._slots, prior, on_delivery, pending)
 
     def hand_back(self) -> dict[int, list[tuple[int, int]]]:
         """Lease id -> records consumed, of tasks the sampler took and the loop consumed part

@@ -182,12 +182,22 @@ def unconsumed_in_order(
 
 
 def epoch_consumed(
-    st: EpochState, slots: Mapping[int, SlotState], prior: Ranges, on_delivery: bool
+    st: EpochState,
+    slots: Mapping[int, SlotState],
+    prior: Ranges,
+    on_delivery: bool,
+    pending: Mapping[int, np.ndarray] | None = None,
 ) -> tuple[list[int], dict[int, list[int]], Ranges]:
     """What a checkpoint stores of an epoch: its consumed task positions, the consumed rows of
     its partly consumed tasks by position, and all it consumed as record ranges by task id
-    (with ``prior``: records consumed before a resume)."""
-    partial: dict[int, list[int]] = {}
+    (with ``prior``: records consumed before a resume). ``pending``: rows a loaded state
+    consumed of tasks (by position) not admitted yet, which a state saved before they are
+    must still leave out (they came again, whole, after a second resume)."""
+    partial: dict[int, list[int]] = {
+        seq: sorted(int(r) for r in rows)
+        for seq, rows in (pending or {}).items()
+        if seq not in st.admitted and len(rows)
+    }
     ranges: list[Ranges] = [prior]
     ranges.extend({t: [(a, b)]} for t, a, b in st.consumed)
     for state, rows in partly_consumed(map(slots.get, st.slots), on_delivery):

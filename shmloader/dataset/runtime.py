@@ -141,6 +141,11 @@ class Runtime:
                 start_epoch=start,
                 prior=(config.resume or config.loaded) if start == config.start_epoch else None,
                 done_before=config.skip_tasks if start == config.start_epoch else frozenset(),
+                partial_before={
+                    seq: rows
+                    for (epoch, seq), rows in config.exclude.items()
+                    if epoch == start == config.start_epoch
+                },
                 consumer=self.consumer,
                 lease_timeout=self.lease_timeout if self._elastic else None,
             )

@@ -122,6 +122,7 @@ def restore_state(ds: SharedTaskDataset, state: dict[str, Any]) -> None:
     diffs = [k for k in mine if k not in _WORLD and mine[k] != theirs.get(k)]
     if diffs:
         raise ConfigError(f"the state was saved for another dataset; differing: {diffs}")
+    _forget_loaded(ds)
     if state.get("position") == "master":
         if ds.master is None:
             raise ConfigError(
@@ -162,12 +163,19 @@ def restore_state(ds: SharedTaskDataset, state: dict[str, Any]) -> None:
         )
     consumed = _consumed(state)
     total = sum(s.num_records for s in ds.source.plan())
-    ds._skip_tasks, ds._exclude, ds._resumed_records, ds._loaded = set(), {}, 0, None
     if count(consumed) >= total:  # the epoch was wholly consumed: the next one starts fresh
         ds._start_epoch, ds._resume = epoch + 1, None
     else:
         ds._start_epoch, ds._resume = epoch, consumed
     _past_the_end(ds)
+
+
+def _forget_loaded(ds: SharedTaskDataset) -> None:
+    """What a state loaded before set, as if none had been: the last one loaded counts. A
+    state saved after the last epoch, then a mid-epoch one, left ``_finished`` and its
+    every-record-consumed ``resume``: the mid-epoch resume delivered the wrong rows."""
+    ds._start_epoch, ds._resume, ds._finished = 0, None, False
+    ds._skip_tasks, ds._exclude, ds._resumed_records, ds._loaded = set(), {}, 0, None
 
 
 def _past_the_end(ds: SharedTaskDataset) -> None:
