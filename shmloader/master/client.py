@@ -45,6 +45,7 @@ from ._convert import (
     progress_from_msg,
     register_from_msg,
 )
+from .address import check_address
 from .handback import HandBack
 from .progress import Progress
 from .service import MAX_ERROR_CHARS, REASON_KEY, UNKNOWN_CONSUMER
@@ -76,30 +77,6 @@ class RenewError(LeaseError):
         self.renewed = renewed
         self.not_active = not_active
         super().__init__("; ".join(not_active.values()))
-
-
-_GRPC_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:")
-
-
-def check_address(address: object) -> None:
-    """ConfigError unless ``address`` is ``host:port`` (an IPv6 host in brackets) or a gRPC
-    target with a scheme (``dns:///h:p``, ``ipv4:h:p``, ``unix:path``). Without this, gRPC
-    takes ``"10.0.0.5"`` for port 443, ``"::1:7070"`` for a host name and ``":99999"`` for
-    port 34463, and the mistake surfaces only as "unreachable", ``retry_for`` seconds later."""
-    what = "address must be 'host:port' ('[v6addr]:port' for IPv6)"
-    if not isinstance(address, str) or not address:
-        raise ConfigError(f"{what}, got {address!r}")
-    if address.startswith(_GRPC_SCHEMES):
-        return
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or host != host.strip() or not port.isdigit():
-        raise ConfigError(f"{what}, got {address!r}")
-    if "/" in host or " " in host:
-        raise ConfigError(f"{what} (no scheme or path), got {address!r}")
-    if not 1 <= int(port) <= 65535:
-        raise ConfigError(f"{what} with a port in 1..65535, got {address!r}")
-    if ":" in host and not (host.startswith("[") and host.endswith("]")):
-        raise ConfigError(f"{what}: put an IPv6 address in brackets, got {address!r}")
 
 
 _RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
