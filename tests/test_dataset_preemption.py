@@ -147,6 +147,40 @@ def test_readers_do_not_register_again_a_trainer_that_left_on_sigterm(
     assert shm_entries(tmp_path / "shm") == []
 
 
+def test_sigterm_leaves_the_master_even_while_the_loop_holds_the_plane_s_lock(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    """The signal interrupts the main thread anywhere, also inside the plane's lock, which
+    the leave (completions, hand-back) then waits for until the process dies: the consumer
+    and its leases stayed at the master until consumer_timeout (in about half the SIGTERMs
+    of a tight loop). Now it leaves without them. The hook is called as the signal would
+    call it, with the lock held by the calling (main) thread."""
+    directory, _ = data
+    (tmp_path / "shm").mkdir()
+    with shmloader.Master(
+        source(directory), records_per_task=BATCH, epochs=1, consumer_timeout=60.0
+    ) as master:
+        ds = shmloader.SharedTaskDataset(
+            source(directory),
+            num_readers=1,
+            master=master.address,
+            records_per_task=BATCH,
+            shm_dir=str(tmp_path / "shm"),
+        )
+        try:
+            ds.start()
+            runtime = ds.runtime
+            leased = _waiter("the reader to lease")
+            while not master.progress().counters["granted"]:
+                leased()
+            with runtime.plane._lock:  # as if the signal came inside the plane's code
+                runtime._on_sigterm()
+                assert [c.consumer for c in master.progress().consumers] == []
+        finally:
+            ds.close()
+    assert shm_entries(tmp_path / "shm") == []
+
+
 def _waiter(what: str, timeout: float = 60.0) -> Any:
     """A step of a wait for ``what``: sleeps a little, fails once ``timeout`` is past."""
     give_up = time.monotonic() + timeout

@@ -44,6 +44,9 @@ from .rejoin import check_whole_share
 log = logging.getLogger(__name__)
 SKIPPED_KEPT = 10_000  # reports of skipped records kept for a look (Runtime.skipped)
 SIGTERM_LEAVE_SECONDS = 3.0  # how long SIGTERM waits for the master to hear we leave
+# Of those, how long the whole leave (completions, hand-back) may wait for the plane's locks
+# before the consumer just leaves: the interrupted main thread may hold them till it dies.
+SIGTERM_LOCKED_SECONDS = 2.0
 LOST_STOP_SECONDS = 1.0  # readers' time to stop once the master is lost: they hold nothing
 
 
@@ -173,8 +176,13 @@ class Runtime:
         """SIGTERM (a preempted trainer) that will kill the process: leave the master as
         close() would, so that what the loop consumed is not delivered again, from a thread
         joined for at most ``SIGTERM_LEAVE_SECONDS`` (a second SIGTERM ends the wait): the
-        interrupted main thread may hold the plane's locks. Not called where the application
-        handles SIGTERM itself (shm/lifecycle.py): its exit path calls close()."""
+        interrupted main thread may hold the plane's locks. Then, after
+        ``SIGTERM_LOCKED_SECONDS``, the consumer just leaves, without its completions and
+        hand-back: its leases go back at once, not after ``consumer_timeout`` (a helper saw the
+        leave miss the master in about half the SIGTERMs of a tight training loop, and the
+        readers kept leasing meanwhile). What the loop consumed of those tasks may then come
+        again, as it would after the timeout. Not called where the application handles
+        SIGTERM itself (shm/lifecycle.py): its exit path calls close()."""
         # A forked DataLoader worker inherits the hook (torch may SIGTERM its workers): the
         # trainer's plane and client are not its own to use.
         if self._closed or self.client is None or os.getpid() != self._pid:
@@ -183,7 +191,22 @@ class Runtime:
         leaving = threading.Thread(target=self._leave_master, name="shmloader-sigterm")
         leaving.daemon = True
         leaving.start()
-        leaving.join(SIGTERM_LEAVE_SECONDS)
+        leaving.join(SIGTERM_LOCKED_SECONDS)
+        if leaving.is_alive() and self.embedded is None:  # stuck on a lock the main thread holds
+            just = threading.Thread(target=self._just_leave, name="shmloader-sigterm-leave")
+            just.daemon = True
+            just.start()
+            just.join(SIGTERM_LEAVE_SECONDS - SIGTERM_LOCKED_SECONDS)
+
+    def _just_leave(self, handed: dict[int, list[tuple[int, int]]] | None = None) -> None:
+        """Leave (handing back ``handed``); first tell the readers, which may still run (they
+        die with us), not to register this consumer again (shm/hints.py "left")."""
+        handle = getattr(self, "handle", None)
+        if handle is not None:
+            with contextlib.suppress(FileNotFoundError):  # the store is gone: so are they
+                hints.set_left(handle.path)
+        with contextlib.suppress(MasterError):
+            self.client.leave(self.consumer, handed)
 
     def _leave_master(self) -> None:
         """Complete what the loop consumed since the last tick, then (standalone master)
@@ -197,13 +220,7 @@ class Runtime:
                 self.client.stop_retrying()  # gone: leave and the rest get one try each
         if self.embedded is None:  # an embedded master stops next: nobody to tell
             elastic = getattr(self, "_elastic", False)
-            handed = plane.hand_back() if plane is not None and elastic else None
-            handle = getattr(self, "handle", None)
-            if handle is not None:  # first: readers still running must not register us again
-                with contextlib.suppress(FileNotFoundError):  # the store is gone: so are they
-                    hints.set_left(handle.path)
-            with contextlib.suppress(MasterError):
-                self.client.leave(self.consumer, handed)
+            self._just_leave(plane.hand_back() if plane is not None and elastic else None)
 
     def _unless_resumed(self, config: RuntimeConfig, info: Any, ops: MasterOps) -> RuntimeConfig:
         """A loaded state's positions, unless the standalone master was started from that
