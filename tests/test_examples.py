@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,9 @@ def test_elastic_trainers_share_epochs_and_survive_a_kill() -> None:
     out = run_example(
         sys.executable, "elastic.py", "--trainers", "3", "--records", "12000", "--kill"
     )
-    assert "killed trainer 0 after" in out
+    # Trainer 0 starts first and is usually the one; on a loaded machine it once delivered
+    # nothing before the others took every task, and was never killed.
+    assert re.search(r"killed trainer \d after", out), out
     assert "12,000 records x 2 epochs: 0 records short" in out
     assert "master: 2 of 2 epochs finished" in out
 
