@@ -192,6 +192,24 @@ def test_one_rank_state_alone_is_refused_by_another_world(
         shmloader.DataLoader(ds, batch_size=BATCH).load_state_dict(states[0])
 
 
+def test_a_resumed_jobs_rank_state_names_merge_states_for_the_same_world(
+    tmp_path: Path,
+    data: tuple[Path, list[int]],
+    stopped: tuple[list[dict[str, Any]], list[int]],
+) -> None:
+    # A job resumed from a merged state saves per-rank states whose positions are in its
+    # shortened schedule ("resumed"). Loading one into the same rank of the same world was
+    # refused with "to resume with another number of trainers", though the number is the same.
+    directory, _ = data
+    states, _ = stopped
+    resumed = {**states[1], "resumed": True}
+    address = "127.0.0.1:1"  # never reached: the state is refused before the dataset starts
+    ds = dataset(directory, tmp_path / "r1", master=address, rank=1, world_size=2, seed=SEED)
+    with ds, pytest.raises(ConfigError, match="resumed epoch 0 from merged") as refused:
+        shmloader.DataLoader(ds, batch_size=BATCH).load_state_dict(resumed)
+    assert "another number of trainers" not in str(refused.value)
+
+
 def _units(schedule: Any) -> list[list[tuple[int, int, int]]]:
     return [
         [

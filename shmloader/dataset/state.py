@@ -157,6 +157,14 @@ def restore_state(ds: SharedTaskDataset, state: dict[str, Any]) -> None:
             f"resume with world_size={theirs.get('world_size')}, rank={theirs.get('rank')}"
         )
     if (theirs.get("world_size") or 1) > 1 and not state.get("merged"):
+        if all(mine[k] == theirs.get(k) for k in _WORLD):  # a resumed job's rank (above)
+            raise ConfigError(
+                f"this state is rank {theirs.get('rank')}'s of {theirs.get('world_size')} of a "
+                f"job that resumed epoch {epoch} from merged record ranges: its positions are "
+                "in that job's shortened schedule, which one rank's state cannot rebuild. Load "
+                "shmloader.merge_states(every rank's state) into every rank (a standalone "
+                "master: start a fresh one from the merged state, --resume)"
+            )
         raise ConfigError(
             f"this state is rank {theirs.get('rank')}'s of {theirs.get('world_size')}: to resume "
             "with another number of trainers, load shmloader.merge_states(every rank's state)"
