@@ -84,3 +84,33 @@ class DroppingSource(RecordFileSource):
         if start <= self.DROP_AT < stop:
             return ReadResult(result.batch.slice(0, stop - start - 1), result.skipped)
         return result
+
+
+class RetypingSource(RecordFileSource):
+    """A source of the user's own whose task holding record ``RETYPE_AT`` gives its columns
+    another form than every other task: ``change`` "dtype" makes ``x`` float64 (float32
+    elsewhere), "shape" makes it a (2,) tensor, "columns" adds a column. Readers deliver such a
+    task as it is; the trainer must refuse it, naming it, rather than hand out batches of
+    another dtype or shape."""
+
+    RETYPE_AT = 250
+
+    def __init__(self, *args: Any, change: str = "dtype", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.change = change
+
+    def _read(self, shard: Shard, start: int, stop: int) -> ReadResult:
+        result = super()._read(shard, start, stop)
+        if not start <= self.RETYPE_AT < stop:
+            return result
+        batch = result.batch
+        ids = batch.column("id")
+        x = batch.column("x").to_numpy()
+        if self.change == "dtype":
+            other = pa.record_batch({"id": ids, "x": x.astype(np.float64)})
+        elif self.change == "shape":
+            pairs = pa.FixedSizeListArray.from_arrays(np.repeat(x, 2), 2)
+            other = pa.record_batch({"id": ids, "x": pairs})
+        else:
+            other = pa.record_batch({"id": ids, "x": x, "extra": x})
+        return ReadResult(other, result.skipped)

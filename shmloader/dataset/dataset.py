@@ -186,6 +186,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             loaded=self._loaded,
             # Two windows: the block the sampler takes next and the one after it.
             ready_ahead=2 * self.shuffle_window,
+            columns=None if self._columns is None else tuple(self._columns),
         )
 
     def sampler(self) -> TaskSampler:

@@ -34,6 +34,7 @@ from ..shm.budget import reap_dead_writers
 from ..shm.store import SegmentStore
 from ..sources.base import SkippedRecord, Source
 from . import at_exit
+from .forms import FormCheck
 from .launcher import Rendezvous
 from .ledger import LedgerReader, ledger_dir
 from .maintenance import Maintenance, fail_if_quarantined, first_unfinished
@@ -79,6 +80,8 @@ class RuntimeConfig:
     # Readers lease no new task while this many are ready and not taken up by the sampler
     # (unless it waits for one): see shm/hints.py.
     ready_ahead: int = 16
+    # columns= of the batches: only their forms must agree between tasks (forms.py).
+    columns: tuple[str, ...] | None = None
 
 
 def _nothing() -> None:
@@ -96,6 +99,7 @@ class Runtime:
         self.skipped: deque[SkippedRecord] = deque(maxlen=SKIPPED_KEPT)
         self.failures: list[Failed] = []
         self._largest_segment = 0
+        self._forms = FormCheck(config.columns)
         self._closed = False
         self._maintenance: Maintenance | None = None
         self._ahead = False  # the store's ``ahead`` hint as last set
@@ -301,6 +305,10 @@ class Runtime:
     # -- reader messages (pool thread) ---------------------------------------------------
     def _on_message(self, info: ReaderInfo, message: Message) -> None:
         if isinstance(message, Ready):
+            mismatch = self._forms.check(message)
+            if mismatch is not None:  # raised in the loop; none of the task's rows goes out
+                self.plane.ready.fail(mismatch)
+                return
             if message.nbytes > self._largest_segment:
                 self._largest_segment = message.nbytes
                 with contextlib.suppress(FileNotFoundError):  # the store is closing

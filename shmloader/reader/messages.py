@@ -63,6 +63,9 @@ class Ready:
     # When (lease_clock) the reader last asked for or renewed the lease with success: the
     # master kept it until at least then + lease_timeout. None: not known.
     confirmed: float | None = None
+    # What each column becomes in a batch (``(name, gather_form)``): the trainer checks that
+    # every task's columns gather alike (dataset/forms.py). Empty: not known.
+    forms: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,4 +93,13 @@ class MasterLost:
     error: str
 
 
-Message = Started | Sealing | Ready | Failed | Finished | MasterLost
+@dataclass(frozen=True)
+class Unusable:
+    """The reader could not unpickle its configuration (a source or decode function it cannot
+    import by name): it exits, and the trainer raises ``error`` at once as a ``ConfigError``
+    rather than restart readers into the same failure until the pool gives up."""
+
+    error: str
+
+
+Message = Started | Sealing | Ready | Failed | Finished | MasterLost | Unusable

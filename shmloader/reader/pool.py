@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from ..errors import ShmloaderError
-from .messages import Failed, Finished, MasterLost, Message, Ready, Sealing, Started
+from ..errors import ConfigError, ShmloaderError
+from .messages import Failed, Finished, MasterLost, Message, Ready, Sealing, Started, Unusable
 from .process import ReaderConfig
 
 STOP_SECONDS = 5.0  # how long readers get to stop on their own before they are killed
@@ -245,6 +245,9 @@ class ReaderPool:
             info.finished = True
         elif isinstance(message, MasterLost):
             info.master_lost = message.error
+        elif isinstance(message, Unusable):
+            info.finished = True  # not restarted: every new reader would fail the same way
+            raise ConfigError(f"reader {info.index}: {message.error}")
         self._on_message(info, message)
 
     def _reader_gone(self, index: int) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 from ..errors import ConfigError, DataError, LeaseError, MasterError, StoreClosedError
 from ..shm import hints
 from ..shm.names import new_segment_name
+from ..sources._tensor_types import schema_forms
 from ..sources.base import Shard, SkippedRecord, Source
 from .heap import keep_freed_memory
 from .messages import (
@@ -35,6 +36,7 @@ from .messages import (
     Ready,
     Sealing,
     Started,
+    Unusable,
     lease_clock,
     task_key,
 )
@@ -306,7 +308,8 @@ class Reader:
             return True
         if info is None:  # stopped, or gave way, while waiting for budget; nothing written
             return not gave_way
-        self._announce(lease, began, info.name, info.num_rows, info.nbytes, result.skipped)
+        forms = schema_forms(result.content.schema)
+        self._announce(lease, began, info.name, info.num_rows, info.nbytes, result.skipped, forms)
         return True
 
     def _announce(
@@ -317,6 +320,7 @@ class Reader:
         num_rows: int,
         nbytes: int,
         skipped: tuple[SkippedRecord, ...],
+        forms: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self.conn.send(
             Ready(
@@ -334,6 +338,7 @@ class Reader:
                 skipped=skipped,
                 consumed=tuple(lease.consumed),
                 confirmed=self._renewer.confirmed(lease.lease_id),
+                forms=forms,
             )
         )
 
@@ -367,8 +372,17 @@ def _load_config(prep: dict[str, Any], blob: bytes) -> ReaderConfig:
     except (AttributeError, ModuleNotFoundError, ImportError):
         import multiprocessing.spawn
 
-        multiprocessing.spawn.prepare(prep)
-        config = pickle.loads(blob)
+        try:
+            multiprocessing.spawn.prepare(prep)
+            config = pickle.loads(blob)
+        except Exception as exc:  # anything the script raises, or its file not found
+            raise ConfigError(
+                f"a reader cannot load the source: {type(exc).__name__}: {exc}. Readers are "
+                "separate processes and import the source's class and decode functions by "
+                "name: define them at the top level of a module they can import, not in a "
+                "script run from stdin or python -c, a notebook, or under "
+                "'if __name__ == \"__main__\":' (docs/sources.md)"
+            ) from exc
         return config
 
 
@@ -394,7 +408,11 @@ def main(argv: list[str] | None = None) -> int:
         if first == "stop":  # stopped before it was configured (the trainer failed to start)
             return 0
         prep, blob = first
-        config = _load_config(prep, blob)
+        try:
+            config = _load_config(prep, blob)
+        except ConfigError as exc:
+            conn.send(Unusable(str(exc)))  # the trainer raises it; a traceback here adds nothing
+            return 1
         # Everything imported so far lives as long as the reader: keep the garbage collector's
         # full passes off it. A task makes thousands of short-lived objects (one payload view
         # per record), and each full pass walked every module object too: 4% of a reader's

@@ -98,3 +98,33 @@ def _null_position(array: pa.Array) -> int | None:
     bits = np.unpackbits(np.frombuffer(validity, np.uint8), bitorder="little")
     valid = bits[array.offset : array.offset + len(array)]
     return int(np.flatnonzero(valid == 0)[0])
+
+
+def gather_form(typ: pa.DataType) -> str:
+    """What a column of type ``typ`` becomes in a batch, in words (docs/dataset.md,
+    "Batches"). Types with the same words gather alike (``string`` and ``large_string``);
+    a batch cannot draw rows from segments whose words for a column differ, and a batch drawn
+    from one of them alone would silently differ from the next: readers send these words
+    with every segment, and the trainer compares them (dataset/forms.py)."""
+    form = tensor_form(typ)
+    if form is not None:
+        value, shape = form
+        name = _dtype_name(value)
+        return f"{name} tensor of row shape {shape}" if shape else f"{name} scalar"
+    if is_number_list(typ):
+        return f"list of 1-D {_dtype_name(typ.value_type)} tensors"
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        return "list of str"
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
+        return "list of bytes"
+    return f"list of Python values of {str(typ).replace('large_', '')}"
+
+
+def schema_forms(schema: pa.Schema) -> tuple[tuple[str, str], ...]:
+    """``(name, gather_form)`` of every column of ``schema``, in its order."""
+    return tuple((field.name, gather_form(field.type)) for field in schema)
+
+
+def _dtype_name(typ: pa.DataType) -> str:
+    """numpy's name of a number type (``float64``, not Arrow's ``double``): what a user wrote."""
+    return np.dtype(typ.to_pandas_dtype()).name

@@ -1,0 +1,125 @@
+"""Sources of the user's own, as docs/sources.md describes them, under real readers.
+
+Two ways such a source used to go wrong without a word or with a confusing one:
+
+* a task whose columns have another dtype, row shape or set of columns than the others
+  (float32 in one task, float64 in the next): batches drawn from one segment came out with
+  another dtype or shape than the batch before, and a batch mixing segments raised "column 'x'
+  changes type or shape between segments", naming no task. Now the trainer refuses the task
+  when it arrives, naming it, the first task, the column and both forms.
+* a source class defined where readers cannot import it (a script fed through stdin or
+  ``python -c``, a notebook, under ``if __name__ == "__main__":``): every reader died on
+  unpickling and was restarted until the pool gave up ("reader 0 died 11 times in a row"),
+  with two tracebacks per death. Now the first reader that cannot load it says why, and the
+  loop raises ``ConfigError`` at once.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from _dataset_helpers import REPO_ROOT, subprocess_env, write_dataset
+from _decoders import SCHEMA, RetypingSource, decode
+
+import shmloader
+from shmloader.errors import DataError
+
+
+def _run(tmp_path: Path, change: str, num_workers: int, **kwargs: object) -> list[int]:
+    """Every id the loop received from a RetypingSource over 2 files of 300 records, with one
+    segment per batch (shuffle off, batch size = task size): nothing mixes segments. One
+    reader, so tasks arrive in plan order and task 0 is the one the others are held to."""
+    write_dataset(tmp_path / "data", [300, 300])
+    (tmp_path / "shm").mkdir()
+    src = RetypingSource(
+        str(tmp_path / "data" / "*.tfrecord"), decode=decode, schema=SCHEMA, change=change
+    )
+    ids: list[int] = []
+    with shmloader.SharedTaskDataset(
+        src,
+        num_readers=1,
+        records_per_task=100,
+        shuffle=False,
+        epochs=1,
+        shm_dir=str(tmp_path / "shm"),
+        **kwargs,  # type: ignore[arg-type]
+    ) as ds:
+        for batch in shmloader.DataLoader(ds, batch_size=100, num_workers=num_workers):
+            assert batch["x"].dtype == batch["id"].new_zeros(0).float().dtype
+            assert batch["x"].shape == (100,)
+            ids.extend(batch["id"].tolist())
+    return ids
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("change", "num_workers", "found"),
+    [
+        ("dtype", 0, "gives column 'x' as float64 scalar, but task 0 .* as float32 scalar"),
+        ("shape", 2, r"column 'x' as float32 tensor of row shape \(2,\), but .* float32 scalar"),
+        ("columns", 0, "has the columns id, x, extra, but task 0 .* has id, x"),
+    ],
+)
+def test_a_task_whose_columns_differ_is_refused_naming_it(
+    tmp_path: Path, change: str, num_workers: int, found: str
+) -> None:
+    with pytest.raises(DataError, match=found) as info:
+        _run(tmp_path, change, num_workers)
+    message = str(info.value)
+    assert "part-00000.tfrecord: task 2 (epoch 0, records [200, 300))" in message
+    assert "part-00000.tfrecord, records [0, 100))" in message  # the task that set the form
+
+
+@pytest.mark.timeout(120)
+def test_columns_left_out_of_batches_may_differ(tmp_path: Path) -> None:
+    """Only the columns batches hold must agree: columns= leaves the extra one out."""
+    assert sorted(_run(tmp_path, "columns", 0, columns=["id", "x"])) == list(range(600))
+
+
+SCRIPT = """
+import numpy as np, pyarrow as pa, shmloader
+from shmloader.sources.base import ReadResult, Shard
+
+class MySource:
+    def __init__(self, n):
+        self.n = n
+    def plan(self):
+        return [Shard("ids", self.n)]
+    def read_result(self, shard, start, stop):
+        return ReadResult(pa.record_batch({"id": np.arange(start, stop)}))
+    def read(self, shard, start, stop):
+        return self.read_result(shard, start, stop).batch
+
+with shmloader.SharedTaskDataset(MySource(40), num_readers=2, records_per_task=10, epochs=1,
+                                 shm_dir=SHM_DIR) as ds:
+    try:
+        for batch in shmloader.DataLoader(ds, batch_size=8):
+            pass
+    except shmloader.ShmloaderError as exc:
+        print("RAISED", type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_source_readers_cannot_import_is_a_config_error_at_once(tmp_path: Path) -> None:
+    """A source class defined in a script read from stdin: readers cannot import it."""
+    (tmp_path / "shm").mkdir()
+    script = f"SHM_DIR = {str(tmp_path / 'shm')!r}\n" + textwrap.dedent(SCRIPT)
+    done = subprocess.run(
+        [sys.executable, "-"],
+        input=script,
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        timeout=100,
+        check=True,
+    )
+    assert "RAISED ConfigError reader" in done.stdout, done.stdout + done.stderr
+    assert "a reader cannot load the source: FileNotFoundError" in done.stdout
+    assert "define them at the top level of a module" in done.stdout
+    assert "died" not in done.stdout + done.stderr  # no reader was restarted into it
