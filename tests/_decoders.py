@@ -91,7 +91,8 @@ class RetypingSource(RecordFileSource):
     another form than every other task: ``change`` "dtype" makes ``x`` float64 (float32
     elsewhere), "shape" makes it a (2,) tensor, "columns" adds a column. Readers deliver such a
     task as it is; the trainer must refuse it, naming it, rather than hand out batches of
-    another dtype or shape."""
+    another dtype or shape. "fails": reading that task raises a ValueError of the source's
+    own (the loop's error must say where it was raised)."""
 
     RETYPE_AT = 250
 
@@ -103,6 +104,8 @@ class RetypingSource(RecordFileSource):
         result = super()._read(shard, start, stop)
         if not start <= self.RETYPE_AT < stop:
             return result
+        if self.change == "fails":
+            raise ValueError("this task cannot be read")
         batch = result.batch
         ids = batch.column("id")
         x = batch.column("x").to_numpy()

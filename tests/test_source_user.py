@@ -12,6 +12,9 @@ Two ways such a source used to go wrong without a word or with a confusing one:
   unpickling and was restarted until the pool gave up ("reader 0 died 11 times in a row"),
   with two tracebacks per death. Now the first reader that cannot load it says why, and the
   loop raises ``ConfigError`` at once.
+* a read() or decode of the user's own that raises: the loop's error gave the exception's type
+  and text only (its traceback stays in the reader), so ``IndexError: list index out of
+  range`` said nothing of where. Now it says where it was raised in the user's code.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from _dataset_helpers import REPO_ROOT, subprocess_env, write_dataset
 from _decoders import SCHEMA, RetypingSource, decode
 
 import shmloader
-from shmloader.errors import DataError
+from shmloader.errors import DataError, TaskQuarantinedError
 
 
 def _run(tmp_path: Path, change: str, num_workers: int, **kwargs: object) -> list[int]:
@@ -72,6 +75,41 @@ def test_a_task_whose_columns_differ_is_refused_naming_it(
     message = str(info.value)
     assert "part-00000.tfrecord: task 2 (epoch 0, records [200, 300))" in message
     assert "part-00000.tfrecord, records [0, 100))" in message  # the task that set the form
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["read", "decode"])
+def test_a_failing_read_or_decode_says_where_it_raised(tmp_path: Path, where: str) -> None:
+    """The task fails on every retry; the quarantine error names the line of the user's code
+    (a read() of a source of the user's own, a decode function chained in a DecodeError)."""
+    helpers = str(Path(__file__).with_name("_decoders.py"))
+    if where == "read":
+        expected = f"ValueError: this task cannot be read (raised at {helpers}:"
+        with pytest.raises(TaskQuarantinedError, match=r"records 200\.\.300") as info:
+            _run(tmp_path, "fails", 0, max_retries=1)
+        assert ", in _read)" in str(info.value)
+    else:
+        write_dataset(tmp_path / "data", [300], poison=[120])
+        (tmp_path / "shm").mkdir()
+        src = shmloader.RecordFileSource(
+            str(tmp_path / "data" / "*.tfrecord"), decode=decode, schema=SCHEMA
+        )
+        expected = f"poison record 120 (raised at {helpers}:"
+        with (
+            pytest.raises(TaskQuarantinedError, match=r"records 100\.\.200") as info,
+            shmloader.SharedTaskDataset(
+                src,
+                num_readers=1,
+                records_per_task=100,
+                epochs=1,
+                max_retries=1,
+                shm_dir=str(tmp_path / "shm"),
+            ) as ds,
+        ):
+            for _batch in shmloader.DataLoader(ds, batch_size=50):
+                pass
+        assert ", in decode)" in str(info.value)
+    assert expected in str(info.value)
 
 
 @pytest.mark.timeout(120)

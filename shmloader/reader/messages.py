@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import os
+import sysconfig
 import time
+import traceback
 from dataclasses import dataclass
 
+from ..errors import ShmloaderError
 from ..sources.base import SkippedRecord
+
+# Where code that is not the user's lies: frames there are passed over when saying where an
+# error was raised (the standard library, installed packages, shmloader itself).
+_NOT_USERS = tuple(
+    {
+        os.path.join(os.path.realpath(p), "")
+        for key in ("stdlib", "platstdlib", "purelib", "platlib")
+        if (p := sysconfig.get_paths().get(key))
+    }
+    | {os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "")}
+)
 
 
 def lease_clock() -> float:
@@ -66,6 +81,26 @@ class Ready:
     # What each column becomes in a batch (``(name, gather_form)``): the trainer checks that
     # every task's columns gather alike (dataset/forms.py). Empty: not known.
     forms: tuple[tuple[str, str], ...] = ()
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Failed.error``: the exception's type and text and, for one that is not shmloader's
+    (or one of ours chained to one that is not, as a ``DecodeError`` is to what decode
+    raised), where that was raised. It crosses into the trainer as text, without its
+    traceback, and a read() or decode of the user's own failing with ``IndexError: list
+    index out of range`` said nothing of where. The place is the innermost frame in the
+    user's code (not the standard library, an installed package or shmloader), else the
+    innermost frame."""
+    text = f"{type(exc).__name__}: {exc}"
+    cause: BaseException | None = exc
+    while isinstance(cause, ShmloaderError):  # e.g. a DecodeError chained to decode's error
+        cause = cause.__cause__
+    frames = traceback.extract_tb(cause.__traceback__) if cause is not None else []
+    if not frames:
+        return text
+    users = [f for f in frames if not os.path.realpath(f.filename).startswith(_NOT_USERS)]
+    frame = (users or frames)[-1]
+    return f"{text} (raised at {frame.filename}:{frame.lineno}, in {frame.name})"
 
 
 @dataclass(frozen=True)

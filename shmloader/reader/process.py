@@ -37,6 +37,7 @@ from .messages import (
     Sealing,
     Started,
     Unusable,
+    describe_error,
     lease_clock,
     task_key,
 )
@@ -302,7 +303,7 @@ class Reader:
         except StoreClosedError:
             raise
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            error = describe_error(exc)
             self.client.fail(lease.lease_id, error)
             self.conn.send(Failed(lease.lease_id, lease.epoch, lease.task_id, lease.path, error))
             return True
