@@ -57,6 +57,13 @@ def test_negative_record_count_names_the_shard() -> None:
         TaskTable([Shard("ok", 1), Shard("bad", -2)], 4)
 
 
+def test_a_path_planned_twice_is_refused() -> None:
+    """A plan of the user's own listing one file twice delivered its records twice an epoch
+    (each shard's tasks read the same path); it is refused, naming both shards."""
+    with pytest.raises(ConfigError, match="plan shards 0 and 2 are both a: its records"):
+        TaskTable([Shard("a", 30), Shard("b", 5), Shard("a", 30)], 10)
+
+
 def test_task_order_is_pinned_per_seed_and_epoch() -> None:
     # PCG64 + SeedSequence([seed, epoch]) is specified by numpy: these values hold everywhere.
     assert task_order(8, seed=7, epoch=1, shuffle=True).tolist() == [6, 3, 1, 0, 2, 4, 7, 5]

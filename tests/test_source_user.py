@@ -29,7 +29,7 @@ from _dataset_helpers import REPO_ROOT, subprocess_env, write_dataset
 from _decoders import SCHEMA, RetypingSource, decode
 
 import shmloader
-from shmloader.errors import DataError, TaskQuarantinedError
+from shmloader.errors import ConfigError, DataError, TaskQuarantinedError
 
 
 def _run(tmp_path: Path, change: str, num_workers: int, **kwargs: object) -> list[int]:
@@ -161,3 +161,18 @@ def test_a_source_readers_cannot_import_is_a_config_error_at_once(tmp_path: Path
     assert "a reader cannot load the source: FileNotFoundError" in done.stdout
     assert "define them at the top level of a module" in done.stdout
     assert "died" not in done.stdout + done.stderr  # no reader was restarted into it
+
+
+class _ReadOnly:
+    """plan() and read() but no read_result(): not the whole protocol."""
+
+    def plan(self) -> list[object]:
+        return []
+
+    def read(self, shard: object, start: int, stop: int) -> None:
+        return None
+
+
+def test_a_source_lacking_a_method_is_told_which(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"got _ReadOnly, which has no read_result\(\)"):
+        shmloader.SharedTaskDataset(_ReadOnly(), shm_dir=str(tmp_path))  # type: ignore[arg-type]

@@ -71,8 +71,12 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         shm_dir: str | None = None,
         columns: Sequence[str] | None = None,
     ) -> None:
-        if not hasattr(source, "plan") or not hasattr(source, "read_result"):
-            raise ConfigError(f"source must be a shmloader source, got {type(source).__name__}")
+        lacks = [m for m in ("plan", "read_result") if not callable(getattr(source, m, None))]
+        if lacks:
+            raise ConfigError(
+                f"source must be a shmloader source, got {type(source).__name__}, which has no "
+                f"{' and no '.join(f'{m}()' for m in lacks)} (the protocol: docs/sources.md)"
+            )
         if num_readers < 1:
             raise ConfigError(f"num_readers must be at least 1, got {num_readers}")
         if master_host is not None and not master_host.strip():

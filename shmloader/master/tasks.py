@@ -41,6 +41,21 @@ class Task:
         return self.stop - self.start
 
 
+def _refuse_repeated_paths(paths: list[str]) -> None:
+    """ConfigError if a path is planned twice: a task names a path and a record range of it,
+    so two shards of one path read the same records, and each would reach the loop twice per
+    epoch. The built-in sources list each file once; a plan of the user's own might not."""
+    first: dict[str, int] = {}
+    for i, path in enumerate(paths):
+        j = first.setdefault(path, i)
+        if j != i:
+            raise ConfigError(
+                f"plan shards {j} and {i} are both {path}: its records would be delivered "
+                "twice in every epoch; a plan must list each path once (a task reads records "
+                "[start, stop) of its shard's path)"
+            )
+
+
 class TaskTable:
     """All tasks of a plan: task ``i`` is row ``i`` of ``shard``/``start``/``stop``.
 
@@ -62,6 +77,7 @@ class TaskTable:
                 f"plan shard {bad} ({self.paths[bad]}) has a negative record count "
                 f"{int(counts[bad])}"
             )
+        _refuse_repeated_paths(self.paths)
         self.shard_records = counts
         per_shard = -(-counts // records_per_task)  # ceil; 0 for empty shards
         total = int(per_shard.sum())
