@@ -24,12 +24,16 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from _dataset_helpers import REPO_ROOT, subprocess_env, write_dataset
 from _decoders import SCHEMA, RetypingSource, decode
 
 import shmloader
 from shmloader.errors import ConfigError, DataError, TaskQuarantinedError
+from shmloader.sources._tensor_types import forms_agree, gather_form
 
 
 def _run(tmp_path: Path, change: str, num_workers: int, **kwargs: object) -> list[int]:
@@ -176,3 +180,35 @@ class _ReadOnly:
 def test_a_source_lacking_a_method_is_told_which(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"got _ReadOnly, which has no read_result\(\)"):
         shmloader.SharedTaskDataset(_ReadOnly(), shm_dir=str(tmp_path))  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(120)
+def test_forms_that_gather_alike_agree(tmp_path: Path) -> None:
+    """Parquet files whose string column is plain in one, all nulls (type null) in another
+    and dictionary-encoded in a third gather alike (lists of str and None): no task is
+    refused. A null column against a tensor column does not agree."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (tmp_path / "shm").mkdir()
+    strings = pa.array([f"s{i}" for i in range(40, 60)])
+    pq.write_table(
+        pa.table({"id": np.arange(20), "s": [f"s{i}" for i in range(20)]}), data / "a.parquet"
+    )
+    pq.write_table(pa.table({"id": np.arange(20, 40), "s": pa.nulls(20)}), data / "b.parquet")
+    pq.write_table(
+        pa.table({"id": np.arange(40, 60), "s": strings.dictionary_encode()}), data / "c.parquet"
+    )
+    got: dict[int, object] = {}
+    with shmloader.SharedTaskDataset(
+        shmloader.ParquetSource(str(data / "*.parquet")),
+        num_readers=2,
+        records_per_task=10,
+        epochs=1,
+        shm_dir=str(tmp_path / "shm"),
+    ) as ds:
+        for batch in shmloader.DataLoader(ds, batch_size=7):
+            got.update(zip(batch["id"].tolist(), batch["s"], strict=True))
+    assert got == {i: None if 20 <= i < 40 else f"s{i}" for i in range(60)}
+    assert gather_form(pa.dictionary(pa.int32(), pa.string())) == gather_form(pa.large_string())
+    assert not forms_agree(gather_form(pa.null()), gather_form(pa.float32()))
+    assert forms_agree(gather_form(pa.null()), gather_form(pa.list_(pa.float32())))

@@ -78,9 +78,9 @@ class Ready:
     # When (lease_clock) the reader last asked for or renewed the lease with success: the
     # master kept it until at least then + lease_timeout. None: not known.
     confirmed: float | None = None
-    # What each column becomes in a batch (``(name, gather_form)``): the trainer checks that
+    # What each column becomes in a batch (``(name, *gather_form)``): the trainer checks that
     # every task's columns gather alike (dataset/forms.py). Empty: not known.
-    forms: tuple[tuple[str, str], ...] = ()
+    forms: tuple[tuple[str, bool, str], ...] = ()
 
 
 def describe_error(exc: BaseException) -> str:

@@ -321,7 +321,7 @@ class Reader:
         num_rows: int,
         nbytes: int,
         skipped: tuple[SkippedRecord, ...],
-        forms: tuple[tuple[str, str], ...] = (),
+        forms: tuple[tuple[str, bool, str], ...] = (),
     ) -> None:
         self.conn.send(
             Ready(

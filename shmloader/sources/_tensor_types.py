@@ -100,29 +100,46 @@ def _null_position(array: pa.Array) -> int | None:
     return int(np.flatnonzero(valid == 0)[0])
 
 
-def gather_form(typ: pa.DataType) -> str:
-    """What a column of type ``typ`` becomes in a batch, in words (docs/dataset.md,
-    "Batches"). Types with the same words gather alike (``string`` and ``large_string``);
-    a batch cannot draw rows from segments whose words for a column differ, and a batch drawn
-    from one of them alone would silently differ from the next: readers send these words
-    with every segment, and the trainer compares them (dataset/forms.py)."""
+NULLS = "nulls"  # a column of Arrow type null (e.g. only nulls in a Parquet file): None rows
+
+
+def gather_form(typ: pa.DataType) -> tuple[bool, str]:
+    """``(tensor, words)``: whether a column of type ``typ`` becomes one tensor in a batch,
+    and what it becomes, in words (docs/dataset.md, "Batches"). Types with the same words
+    gather alike (``string`` and ``large_string``, a dictionary of strings and strings); a
+    batch cannot draw rows from segments whose forms for a column differ, and a batch drawn
+    from one of them alone would silently differ from the next: readers send these forms
+    with every segment, and the trainer compares them (dataset/forms.py). A column of type
+    null agrees with any form that is not a tensor (``forms_agree``)."""
     form = tensor_form(typ)
     if form is not None:
         value, shape = form
         name = _dtype_name(value)
-        return f"{name} tensor of row shape {shape}" if shape else f"{name} scalar"
+        return True, f"{name} tensor of row shape {shape}" if shape else f"{name} scalar"
+    if pa.types.is_null(typ):
+        return False, NULLS
+    if pa.types.is_dictionary(typ) and tensor_form(typ.value_type) is None:
+        return gather_form(typ.value_type)  # gathered as its values' Python objects
     if is_number_list(typ):
-        return f"list of 1-D {_dtype_name(typ.value_type)} tensors"
+        return False, f"list of 1-D {_dtype_name(typ.value_type)} tensors"
     if pa.types.is_string(typ) or pa.types.is_large_string(typ):
-        return "list of str"
+        return False, "list of str"
     if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
-        return "list of bytes"
-    return f"list of Python values of {str(typ).replace('large_', '')}"
+        return False, "list of bytes"
+    return False, f"list of Python values of {str(typ).replace('large_', '')}"
 
 
-def schema_forms(schema: pa.Schema) -> tuple[tuple[str, str], ...]:
-    """``(name, gather_form)`` of every column of ``schema``, in its order."""
-    return tuple((field.name, gather_form(field.type)) for field in schema)
+def schema_forms(schema: pa.Schema) -> tuple[tuple[str, bool, str], ...]:
+    """``(name, *gather_form)`` of every column of ``schema``, in its order."""
+    return tuple((field.name, *gather_form(field.type)) for field in schema)
+
+
+def forms_agree(a: tuple[bool, str], b: tuple[bool, str]) -> bool:
+    """Whether columns of these forms can share a batch: equal, or one is all nulls (type
+    null) and the other is not a tensor (its rows are ``None`` in the batch's list)."""
+    if a == b:
+        return True
+    return (a[1] == NULLS and not b[0]) or (b[1] == NULLS and not a[0])
 
 
 def _dtype_name(typ: pa.DataType) -> str:
