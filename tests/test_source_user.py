@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _dataset_helpers import REPO_ROOT, subprocess_env, write_dataset
+from _dataset_helpers import REPO_ROOT, shm_entries, subprocess_env, write_dataset
 from _decoders import SCHEMA, RetypingSource, decode
 
 import shmloader
@@ -79,6 +79,7 @@ def test_a_task_whose_columns_differ_is_refused_naming_it(
     message = str(info.value)
     assert "part-00000.tfrecord: task 2 (epoch 0, records [200, 300))" in message
     assert "part-00000.tfrecord, records [0, 100))" in message  # the task that set the form
+    assert shm_entries(tmp_path / "shm") == []  # the refused task's segment went with the store
 
 
 @pytest.mark.timeout(120)
@@ -165,6 +166,7 @@ def test_a_source_readers_cannot_import_is_a_config_error_at_once(tmp_path: Path
     assert "a reader cannot load the source: FileNotFoundError" in done.stdout
     assert "define them at the top level of a module" in done.stdout
     assert "died" not in done.stdout + done.stderr  # no reader was restarted into it
+    assert shm_entries(tmp_path / "shm") == []
 
 
 class _ReadOnly:
