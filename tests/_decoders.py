@@ -92,7 +92,9 @@ class RetypingSource(RecordFileSource):
     elsewhere), "shape" makes it a (2,) tensor, "columns" adds a column. Readers deliver such a
     task as it is; the trainer must refuse it, naming it, rather than hand out batches of
     another dtype or shape. "fails": reading that task raises a ValueError of the source's
-    own (the loop's error must say where it was raised)."""
+    own (the loop's error must say where it was raised). "unwrapped" returns its batch
+    instead of a ReadResult, "table" a ReadResult of a pyarrow.Table: mistakes that failed
+    with an AttributeError about shmloader's internals."""
 
     RETYPE_AT = 250
 
@@ -106,6 +108,10 @@ class RetypingSource(RecordFileSource):
             return result
         if self.change == "fails":
             raise ValueError("this task cannot be read")
+        if self.change == "unwrapped":  # the batch itself, not a ReadResult
+            return result.batch  # type: ignore[return-value]
+        if self.change == "table":
+            return ReadResult(pa.Table.from_batches([result.batch]))  # type: ignore[arg-type]
         batch = result.batch
         ids = batch.column("id")
         x = batch.column("x").to_numpy()

@@ -12,6 +12,9 @@ Two ways such a source used to go wrong without a word or with a confusing one:
   unpickling and was restarted until the pool gave up ("reader 0 died 11 times in a row"),
   with two tracebacks per death. Now the first reader that cannot load it says why, and the
   loop raises ``ConfigError`` at once.
+* read_result() returning a RecordBatch instead of a ReadResult, or a ReadResult of a Table:
+  "AttributeError: 'pyarrow.lib.RecordBatch' object has no attribute 'content'" (or
+  'builder'), about shmloader's internals. Now each says what was returned and what to return.
 * a read() or decode of the user's own that raises: the loop's error gave the exception's type
   and text only (its traceback stays in the reader), so ``IndexError: list index out of
   range`` said nothing of where. Now it says where it was raised in the user's code.
@@ -214,3 +217,26 @@ def test_forms_that_gather_alike_agree(tmp_path: Path) -> None:
     assert gather_form(pa.dictionary(pa.int32(), pa.string())) == gather_form(pa.large_string())
     assert not forms_agree(gather_form(pa.null()), gather_form(pa.float32()))
     assert forms_agree(gather_form(pa.null()), gather_form(pa.list_(pa.float32())))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("change", "found"),
+    [
+        (
+            "unwrapped",
+            "RetypingSource.read_result returned RecordBatch, not a shmloader.sources."
+            r"ReadResult: return ReadResult\(batch, skipped\)$",
+        ),
+        (
+            "table",
+            "ReadResult takes one pyarrow.RecordBatch, got pyarrow.lib.Table: make one "
+            r"RecordBatch of the rows .*_decoders.py:\d+, in _read\)$",
+        ),
+    ],
+)
+def test_a_read_result_of_the_wrong_type_says_what_to_return(
+    tmp_path: Path, change: str, found: str
+) -> None:
+    with pytest.raises(TaskQuarantinedError, match=found):
+        _run(tmp_path, change, 0, max_retries=1)

@@ -27,7 +27,7 @@ from ..errors import ConfigError, DataError, LeaseError, MasterError, StoreClose
 from ..shm import hints
 from ..shm.names import new_segment_name
 from ..sources._tensor_types import schema_forms
-from ..sources.base import Shard, SkippedRecord, Source
+from ..sources.base import ReadResult, Shard, SkippedRecord, Source
 from .heap import keep_freed_memory
 from .messages import (
     Failed,
@@ -287,6 +287,12 @@ class Reader:
                 return True
             shard = Shard(lease.path, lease.stop)
             result = self.config.source.read_result(shard, lease.start, lease.stop)
+            if not isinstance(result, ReadResult):  # else an AttributeError about "content"
+                raise ConfigError(
+                    f"{type(self.config.source).__name__}.read_result returned "
+                    f"{type(result).__name__}, not a shmloader.sources.ReadResult: return "
+                    "ReadResult(batch, skipped)"
+                )
             name = new_segment_name()
             self.conn.send(Sealing(lease.lease_id, name))
             store = self.config.store

@@ -60,6 +60,8 @@ class ReadResult:
         batch: pa.RecordBatch | FixedColumns | StreamedColumns,
         skipped: tuple[SkippedRecord, ...] = (),
     ) -> None:
+        if not isinstance(batch, (pa.RecordBatch, StreamedColumns)):
+            _refuse_content(batch)
         self._content = batch
         self._stream = batch if isinstance(batch, StreamedColumns) else None
         if self._stream is not None and skipped:
@@ -94,6 +96,19 @@ class ReadResult:
 
     def __repr__(self) -> str:
         return f"ReadResult({self.batch.num_rows} rows, skipped={self.skipped!r})"
+
+
+def _refuse_content(batch: object) -> None:
+    """TypeError unless ``batch`` is FixedColumns: a source of the user's own handing a Table
+    or a dict failed later, in the reader, with an AttributeError about ``builder``."""
+    from .columns import FixedColumns  # imported here: columns imports this module
+
+    if not isinstance(batch, FixedColumns):
+        raise TypeError(
+            f"ReadResult takes one pyarrow.RecordBatch, got {type(batch).__module__}."
+            f"{type(batch).__qualname__}: make one RecordBatch of the rows (e.g. "
+            "pa.RecordBatch.from_pydict(columns))"
+        )
 
 
 @runtime_checkable
