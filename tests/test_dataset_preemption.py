@@ -9,11 +9,13 @@ readers, a real standalone master over gRPC, real files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,36 +116,21 @@ def test_readers_do_not_register_again_a_trainer_that_left_on_sigterm(
     trainer that leased tasks nobody would read, each lapsing only after lease_timeout as a
     failed attempt (in SIGTERMed trainer processes: 1 in 2 left such a ghost, with up to 323
     leases). The hook is called here as the signal would call it, in a live process."""
-    directory, _ = data
-    (tmp_path / "shm").mkdir()
-    with shmloader.Master(
-        source(directory), records_per_task=BATCH, epochs=1, consumer_timeout=60.0
-    ) as master:
-        ds = shmloader.SharedTaskDataset(
-            source(directory),
-            num_readers=2,
-            master=master.address,
-            records_per_task=BATCH,
-            shuffle_window=64,  # readers are never held back: they poll the master when idle
-            shm_dir=str(tmp_path / "shm"),
-        )
-        try:
-            ds.start()
-            runtime = ds.runtime
-            pool = runtime.pool
-            assert pool is not None
-            leased = _waiter("the readers to lease every task")
-            while master.progress().counters["granted"] < TASKS:
-                leased()
-            runtime._on_sigterm()
-            assert [c.consumer for c in master.progress().consumers] == []
-            lost = _waiter("the readers to hear the master forgot their trainer")
-            while not all(info.master_lost for info in pool.readers):
-                consumers = [c.consumer for c in master.progress().consumers]
-                assert consumers == [], f"a reader registered the trainer that left: {consumers}"
-                lost()
-        finally:
-            ds.close()
+    # shuffle_window: readers are never held back, so they poll the master when idle.
+    with _trainer_of_a_standalone_master(data[0], tmp_path, 2, shuffle_window=64) as (master, ds):
+        runtime = ds.runtime
+        pool = runtime.pool
+        assert pool is not None
+        leased = _waiter("the readers to lease every task")
+        while master.progress().counters["granted"] < TASKS:
+            leased()
+        runtime._on_sigterm()
+        assert [c.consumer for c in master.progress().consumers] == []
+        lost = _waiter("the readers to hear the master forgot their trainer")
+        while not all(info.master_lost for info in pool.readers):
+            consumers = [c.consumer for c in master.progress().consumers]
+            assert consumers == [], f"a reader registered the trainer that left: {consumers}"
+            lost()
     assert shm_entries(tmp_path / "shm") == []
 
 
@@ -155,30 +142,40 @@ def test_sigterm_leaves_the_master_even_while_the_loop_holds_the_plane_s_lock(
     and its leases stayed at the master until consumer_timeout (in about half the SIGTERMs
     of a tight loop). Now it leaves without them. The hook is called as the signal would
     call it, with the lock held by the calling (main) thread."""
-    directory, _ = data
+    with _trainer_of_a_standalone_master(data[0], tmp_path, 1) as (master, ds):
+        runtime = ds.runtime
+        leased = _waiter("the reader to lease")
+        while not master.progress().counters["granted"]:
+            leased()
+        with runtime.plane._lock:  # as if the signal came inside the plane's code
+            runtime._on_sigterm()
+            assert [c.consumer for c in master.progress().consumers] == []
+    assert shm_entries(tmp_path / "shm") == []
+
+
+@contextlib.contextmanager
+def _trainer_of_a_standalone_master(
+    directory: Path, tmp_path: Path, num_readers: int, **options: Any
+) -> Iterator[tuple[shmloader.Master, shmloader.SharedTaskDataset]]:
+    """A started dataset (its shared memory under tmp_path/shm) of a master in this process
+    that does not time its consumer out during the test; closed after."""
     (tmp_path / "shm").mkdir()
     with shmloader.Master(
         source(directory), records_per_task=BATCH, epochs=1, consumer_timeout=60.0
     ) as master:
         ds = shmloader.SharedTaskDataset(
             source(directory),
-            num_readers=1,
+            num_readers=num_readers,
             master=master.address,
             records_per_task=BATCH,
             shm_dir=str(tmp_path / "shm"),
+            **options,
         )
         try:
             ds.start()
-            runtime = ds.runtime
-            leased = _waiter("the reader to lease")
-            while not master.progress().counters["granted"]:
-                leased()
-            with runtime.plane._lock:  # as if the signal came inside the plane's code
-                runtime._on_sigterm()
-                assert [c.consumer for c in master.progress().consumers] == []
+            yield master, ds
         finally:
             ds.close()
-    assert shm_entries(tmp_path / "shm") == []
 
 
 def _waiter(what: str, timeout: float = 60.0) -> Any:
