@@ -22,6 +22,7 @@ Two ways such a source used to go wrong without a word or with a confusing one:
 
 from __future__ import annotations
 
+import datetime
 import subprocess
 import sys
 import textwrap
@@ -217,6 +218,55 @@ def test_forms_that_gather_alike_agree(tmp_path: Path) -> None:
     assert gather_form(pa.dictionary(pa.int32(), pa.string())) == gather_form(pa.large_string())
     assert not forms_agree(gather_form(pa.null()), gather_form(pa.float32()))
     assert forms_agree(gather_form(pa.null()), gather_form(pa.list_(pa.float32())))
+
+
+@pytest.mark.timeout(120)
+def test_python_value_columns_of_two_arrow_types_agree(tmp_path: Path) -> None:
+    """Two Parquet files of one dataset written differently: timestamps in ms and in us (with
+    a time zone), lists whose items may or may not be null, structs likewise. The plan check
+    accepts them and each such column is a list of Python values in a batch; the form check
+    refused the second file's first task mid-epoch ('gives column 't' as list of Python values
+    of timestamp[us, tz=UTC], but ...'). All 40 rows now come, with their values."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (tmp_path / "shm").mkdir()
+    field_a = pa.field("a", pa.int64())
+    for name, first, unit, tz, item in (("a", 0, "ms", None, True), ("b", 20, "us", "UTC", False)):
+        ids = np.arange(first, first + 20)
+        pq.write_table(
+            pa.table(
+                {
+                    "id": ids,
+                    "t": pa.array(ids * 1000, pa.timestamp("ms")).cast(pa.timestamp(unit, tz)),
+                    "tags": pa.array(
+                        [[f"t{i}"] for i in ids], pa.list_(pa.field("item", pa.string(), item))
+                    ),
+                    "s": pa.array(
+                        [{"a": i} for i in ids], pa.struct([field_a.with_nullable(item)])
+                    ),
+                }
+            ),
+            data / f"{name}.parquet",
+        )
+    got: dict[int, tuple[object, ...]] = {}
+    with shmloader.SharedTaskDataset(
+        shmloader.ParquetSource(str(data / "*.parquet")),
+        num_readers=2,
+        records_per_task=10,
+        epochs=1,
+        shm_dir=str(tmp_path / "shm"),
+    ) as ds:
+        for batch in shmloader.DataLoader(ds, batch_size=7):
+            rows = zip(batch["t"], batch["tags"], batch["s"], strict=True)
+            got.update(zip(batch["id"].tolist(), rows, strict=True))
+    assert sorted(got) == list(range(40))
+    assert all(tags == [f"t{i}"] and s == {"a": i} for i, (_t, tags, s) in got.items())
+    epoch = datetime.datetime(1970, 1, 1)
+    assert all(
+        t.replace(tzinfo=None) == epoch + datetime.timedelta(seconds=i)
+        for i, (t, _tags, _s) in got.items()
+    )
+    assert shm_entries(tmp_path / "shm") == []
 
 
 @pytest.mark.timeout(120)

@@ -101,6 +101,8 @@ def _null_position(array: pa.Array) -> int | None:
 
 
 NULLS = "nulls"  # a column of Arrow type null (e.g. only nulls in a Parquet file): None rows
+# The words of every column gathered by ``to_pylist``, followed by " of <its Arrow type>".
+PYTHON_VALUES = "list of Python values"
 
 
 def gather_form(typ: pa.DataType) -> tuple[bool, str]:
@@ -126,7 +128,7 @@ def gather_form(typ: pa.DataType) -> tuple[bool, str]:
         return False, "list of str"
     if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
         return False, "list of bytes"
-    return False, f"list of Python values of {str(typ).replace('large_', '')}"
+    return False, f"{PYTHON_VALUES} of {str(typ).replace('large_', '')}"
 
 
 def schema_forms(schema: pa.Schema) -> tuple[tuple[str, bool, str], ...]:
@@ -136,8 +138,16 @@ def schema_forms(schema: pa.Schema) -> tuple[tuple[str, bool, str], ...]:
 
 def forms_agree(a: tuple[bool, str], b: tuple[bool, str]) -> bool:
     """Whether columns of these forms can share a batch: equal, or one is all nulls (type
-    null) and the other is not a tensor (its rows are ``None`` in the batch's list)."""
+    null) and the other is not a tensor (its rows are ``None`` in the batch's list), or both
+    are lists of Python values: ``timestamp[ms]`` and ``timestamp[us]`` (or with a time
+    zone), ``date32`` and ``date64``, decimals of two precisions, ``list<element: string>``
+    and ``list<item: string not null>`` all give the rows' Python values, and the plan check
+    of the Parquet and Arrow sources (``_tabular.SchemaCheck``) lets such files share a
+    source: refusing them here failed the loop mid-epoch, at the first task of the second
+    file, on data that gathered before."""
     if a == b:
+        return True
+    if a[1].startswith(PYTHON_VALUES) and b[1].startswith(PYTHON_VALUES):
         return True
     return (a[1] == NULLS and not b[0]) or (b[1] == NULLS and not a[0])
 
