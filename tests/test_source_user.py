@@ -25,8 +25,10 @@ from __future__ import annotations
 import datetime
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +38,8 @@ from _dataset_helpers import REPO_ROOT, shm_entries, subprocess_env, write_datas
 from _decoders import SCHEMA, RetypingSource, decode
 
 import shmloader
-from shmloader.errors import ConfigError, DataError, TaskQuarantinedError
+from shmloader.errors import ConfigError, DataError, DecodeError, TaskQuarantinedError
+from shmloader.reader.messages import describe_error
 from shmloader.sources._tensor_types import forms_agree, gather_form
 
 
@@ -119,6 +122,27 @@ def test_a_failing_read_or_decode_says_where_it_raised(tmp_path: Path, where: st
                 pass
         assert ", in decode)" in str(info.value)
     assert expected in str(info.value)
+
+
+def test_a_decode_installed_as_a_package_is_named_where_it_was_called(tmp_path: Path) -> None:
+    """A decode function of the user's own that lies in site-packages (their package, pip
+    installed) and fails inside json: no frame is the user's by path, and the error named
+    json/decoder.py's line ('raised at .../json/decoder.py:353, in raw_decode'). It now names
+    the function shmloader called. The function is compiled under a site-packages file name,
+    and read_result runs in this process: describe_error is what a reader sends."""
+    site = sysconfig.get_paths()["purelib"]
+    code = "import json\n\ndef decode(payload):\n    return json.loads(payload)\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(code, f"{site}/users_package/decoders.py", "exec"), namespace)
+    write_dataset(tmp_path / "data", [3])
+    src = shmloader.RecordFileSource(
+        str(tmp_path / "data" / "*.tfrecord"), decode=namespace["decode"], schema=SCHEMA
+    )
+    shard = src.plan()[0]
+    with pytest.raises(DecodeError) as info:
+        src.read_result(shard, 0, 3)
+    described = describe_error(info.value)
+    assert described.endswith(f"(raised at {site}/users_package/decoders.py:4, in decode)")
 
 
 @pytest.mark.timeout(120)

@@ -13,13 +13,14 @@ from ..sources.base import SkippedRecord
 
 # Where code that is not the user's lies: frames there are passed over when saying where an
 # error was raised (the standard library, installed packages, shmloader itself).
+_SHMLOADER = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "")
 _NOT_USERS = tuple(
     {
         os.path.join(os.path.realpath(p), "")
         for key in ("stdlib", "platstdlib", "purelib", "platlib")
         if (p := sysconfig.get_paths().get(key))
     }
-    | {os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "")}
+    | {_SHMLOADER}
 )
 
 
@@ -89,8 +90,10 @@ def describe_error(exc: BaseException) -> str:
     raised), where that was raised. It crosses into the trainer as text, without its
     traceback, and a read() or decode of the user's own failing with ``IndexError: list
     index out of range`` said nothing of where. The place is the innermost frame in the
-    user's code (not the standard library, an installed package or shmloader), else the
-    innermost frame."""
+    user's code (not the standard library, an installed package or shmloader); else, for the
+    user's code installed as a package, the outermost frame outside shmloader (the function
+    shmloader called: the innermost could be a line of ``json/decoder.py`` the user's
+    decode called); else the innermost frame."""
     text = f"{type(exc).__name__}: {exc}"
     cause: BaseException | None = exc
     while isinstance(cause, ShmloaderError):  # e.g. a DecodeError chained to decode's error
@@ -99,7 +102,8 @@ def describe_error(exc: BaseException) -> str:
     if not frames:
         return text
     users = [f for f in frames if not os.path.realpath(f.filename).startswith(_NOT_USERS)]
-    frame = (users or frames)[-1]
+    foreign = [f for f in frames if not os.path.realpath(f.filename).startswith(_SHMLOADER)]
+    frame = users[-1] if users else foreign[0] if foreign else frames[-1]
     return f"{text} (raised at {frame.filename}:{frame.lineno}, in {frame.name})"
 
 
