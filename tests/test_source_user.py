@@ -23,6 +23,7 @@ Two ways such a source used to go wrong without a word or with a confusing one:
 from __future__ import annotations
 
 import datetime
+import os
 import subprocess
 import sys
 import sysconfig
@@ -149,6 +150,57 @@ def test_a_decode_installed_as_a_package_is_named_where_it_was_called(tmp_path: 
 def test_columns_left_out_of_batches_may_differ(tmp_path: Path) -> None:
     """Only the columns batches hold must agree: columns= leaves the extra one out."""
     assert sorted(_run(tmp_path, "columns", 0, columns=["id", "x"])) == list(range(600))
+
+
+FLAKY_MODULE = """
+import os
+from _decoders import decode as _decode
+
+# Every reader process that imports this module leaves its pid here; the first one's imports
+# fail, as an import on a busy shared file system can (the trainer's own import succeeds).
+if os.getpid() != {trainer}:
+    with open({marks!r}, "a") as f:
+        f.write(f"{{os.getpid()}}\\n")
+    with open({marks!r}) as f:
+        if len(set(f.read().split())) == 1:
+            raise ImportError("cannot read the module's file (a passing failure)")
+
+
+def decode(payload):
+    return _decode(payload)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_reader_that_once_cannot_import_the_source_is_restarted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first reader cannot import the decode function's module, the next one can: the
+    loop gets every record. ae96cfc made any reader's failure to unpickle the source a
+    ConfigError of the whole loop at once, with no restart ('a reader cannot load the source:
+    ImportError: cannot read the module's file ...'); a second failure in a row still is."""
+    (tmp_path / "mods").mkdir()
+    module = tmp_path / "mods" / "flaky_decoders.py"
+    module.write_text(FLAKY_MODULE.format(trainer=os.getpid(), marks=str(tmp_path / "marks")))
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    monkeypatch.delitem(sys.modules, "flaky_decoders", raising=False)
+    import flaky_decoders  # type: ignore[import-not-found]
+
+    write_dataset(tmp_path / "data", [50])
+    (tmp_path / "shm").mkdir()
+    src = shmloader.RecordFileSource(
+        str(tmp_path / "data" / "*.tfrecord"), decode=flaky_decoders.decode, schema=SCHEMA
+    )
+    ids: list[int] = []
+    with shmloader.SharedTaskDataset(
+        src, num_readers=1, records_per_task=10, epochs=1, shm_dir=str(tmp_path / "shm")
+    ) as ds:
+        for batch in shmloader.DataLoader(ds, batch_size=8):
+            ids += batch["id"].tolist()
+        assert ds.runtime.pool.readers[0].restarts == 1
+    assert sorted(ids) == list(range(50))
+    assert len(set((tmp_path / "marks").read_text().split())) == 2
+    sys.modules.pop("flaky_decoders", None)
 
 
 SCRIPT = """

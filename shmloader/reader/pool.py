@@ -49,6 +49,9 @@ class ReaderInfo:
     started_at: float | None = None  # time.monotonic() when it began current_lease
     finished: bool = False
     master_lost: str | None = None  # why it gave up on the master and exited (not restarted)
+    # The last reader of this slot could not load its configuration (messages.Unusable): the
+    # next one that cannot either is a ConfigError of the loop, not a restart.
+    unusable: bool = False
     exit_codes: list[int] = field(default_factory=list)
 
 
@@ -233,6 +236,7 @@ class ReaderPool:
             info.current_lease = info.started_at = None
             info.sealing = None
             info.deaths_in_a_row = 0
+            info.unusable = False
             info.tasks += 1
             info.records += message.num_rows
             info.bytes += message.nbytes
@@ -246,7 +250,10 @@ class ReaderPool:
         elif isinstance(message, MasterLost):
             info.master_lost = message.error
         elif isinstance(message, Unusable):
-            info.finished = True  # not restarted: every new reader would fail the same way
+            if not info.unusable:  # once may pass (an import on a busy shared file system)
+                info.unusable = True  # it exits; _reader_gone starts another
+                return
+            info.finished = True  # twice in a row: every new reader would fail the same way
             raise ConfigError(f"reader {info.index}: {message.error}")
         self._on_message(info, message)
 
