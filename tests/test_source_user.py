@@ -294,6 +294,10 @@ def test_forms_that_gather_alike_agree(tmp_path: Path) -> None:
     assert gather_form(pa.dictionary(pa.int32(), pa.string())) == gather_form(pa.large_string())
     assert not forms_agree(gather_form(pa.null()), gather_form(pa.float32()))
     assert forms_agree(gather_form(pa.null()), gather_form(pa.list_(pa.float32())))
+    # Lists in a batch, whatever the Arrow types (they gathered so before the check).
+    assert forms_agree(gather_form(pa.string()), gather_form(pa.binary()))
+    assert forms_agree(gather_form(pa.list_(pa.float32())), gather_form(pa.list_(pa.float64())))
+    assert not forms_agree(gather_form(pa.float32()), gather_form(pa.float64()))
 
 
 @pytest.mark.timeout(120)

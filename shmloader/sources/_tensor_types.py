@@ -137,19 +137,19 @@ def schema_forms(schema: pa.Schema) -> tuple[tuple[str, bool, str], ...]:
 
 
 def forms_agree(a: tuple[bool, str], b: tuple[bool, str]) -> bool:
-    """Whether columns of these forms can share a batch: equal, or one is all nulls (type
-    null) and the other is not a tensor (its rows are ``None`` in the batch's list), or both
-    are lists of Python values: ``timestamp[ms]`` and ``timestamp[us]`` (or with a time
-    zone), ``date32`` and ``date64``, decimals of two precisions, ``list<element: string>``
-    and ``list<item: string not null>`` all give the rows' Python values, and the plan check
-    of the Parquet and Arrow sources (``_tabular.SchemaCheck``) lets such files share a
-    source: refusing them here failed the loop mid-epoch, at the first task of the second
-    file, on data that gathered before."""
-    if a == b:
-        return True
-    if a[1].startswith(PYTHON_VALUES) and b[1].startswith(PYTHON_VALUES):
-        return True
-    return (a[1] == NULLS and not b[0]) or (b[1] == NULLS and not a[0])
+    """Whether columns of these forms can share a batch: equal tensor forms (one dtype, one
+    row shape: the batch's one tensor), or two forms that are not tensors, which a batch
+    holds as a Python list with an item per row whatever each segment's Arrow type.
+
+    Only tensor columns are held to one form. Lists differed harmlessly before the check
+    existed, and the plan check of the Parquet and Arrow sources (``_tabular.SchemaCheck``)
+    lets such files share a source: ``timestamp[ms]`` and ``timestamp[us]``, ``date32`` and
+    ``date64``, decimals of two precisions, ``string`` and ``binary``, ``list<float>`` and
+    ``list<double>``, or a column of nulls beside any of them. Refusing them failed the loop
+    mid-epoch, at the first task of the second file, on data that gathered before."""
+    if a[0] or b[0]:
+        return a == b
+    return True
 
 
 def _dtype_name(typ: pa.DataType) -> str:
