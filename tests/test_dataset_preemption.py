@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -150,6 +151,42 @@ def test_sigterm_leaves_the_master_even_while_the_loop_holds_the_plane_s_lock(
         with runtime.plane._lock:  # as if the signal came inside the plane's code
             runtime._on_sigterm()
             assert [c.consumer for c in master.progress().consumers] == []
+    assert shm_entries(tmp_path / "shm") == []
+
+
+def test_sigterm_while_close_stops_the_readers_still_leaves_the_master(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    """close() stops the readers (up to 5 s) before it leaves the master. A SIGTERM meanwhile
+    (a scheduler's at the end of the run, or torchrun's once another rank ended) found the
+    dataset closed and did nothing: the process died by it with the consumer and its leases
+    at the master until consumer_timeout, its last completions unsent. The hook is called as
+    the signal would call it while the main thread's close() waits for a stopped reader."""
+    with _trainer_of_a_standalone_master(data[0], tmp_path, 1) as (master, ds):
+        runtime, pool = ds.runtime, ds.runtime.pool
+        assert pool is not None
+        leased = _waiter("the reader to lease")
+        while not master.progress().counters["granted"]:
+            leased()
+        reader = pool.readers[0].pid
+        os.kill(reader, signal.SIGSTOP)  # close() then waits for it to stop
+        left: list[list[str]] = []
+
+        def sigterm_during_close() -> None:
+            try:
+                stopping = _waiter("close() to stop the readers")
+                while not pool._stopping.is_set():
+                    stopping()
+                runtime._on_sigterm()
+                left.append([c.consumer for c in master.progress().consumers])
+            finally:
+                os.kill(reader, signal.SIGCONT)
+
+        signaller = threading.Thread(target=sigterm_during_close)
+        signaller.start()
+        ds.close()
+        signaller.join(60)
+        assert left == [[]]
     assert shm_entries(tmp_path / "shm") == []
 
 

@@ -101,6 +101,7 @@ class Runtime:
         self._largest_segment = 0
         self._forms = FormCheck(config.columns)
         self._closed = False
+        self._left = False  # the consumer's Leave was sent (by close() or the SIGTERM hook)
         self._maintenance: Maintenance | None = None
         self._ahead = False  # the store's ``ahead`` hint as last set
         self._ahead_lock = threading.Lock()
@@ -186,10 +187,14 @@ class Runtime:
         leave miss the master in about half the SIGTERMs of a tight training loop, and the
         readers kept leasing meanwhile). What the loop consumed of those tasks may then come
         again, as it would after the timeout. Not called where the application handles
-        SIGTERM itself (shm/lifecycle.py): its exit path calls close()."""
+        SIGTERM itself (shm/lifecycle.py): its exit path calls close().
+
+        Also during close() until it leaves: it stops the readers first (up to 5 s), and a
+        SIGTERM then (at the end of a run, or torchrun's once another rank ended) killed the
+        process with the consumer and its leases still at the master."""
         # A forked DataLoader worker inherits the hook (torch may SIGTERM its workers): the
         # trainer's plane and client are not its own to use.
-        if self._closed or self.client is None or os.getpid() != self._pid:
+        if self._left or self.client is None or os.getpid() != self._pid:
             return
         self.client.stop_retrying()  # the process is going down: one try per call
         leaving = threading.Thread(target=self._leave_master, name="shmloader-sigterm")
@@ -205,6 +210,7 @@ class Runtime:
     def _just_leave(self, handed: dict[int, list[tuple[int, int]]] | None = None) -> None:
         """Leave (handing back ``handed``); first tell the readers, which may still run (they
         die with us), not to register this consumer again (shm/hints.py "left")."""
+        self._left = True
         handle = getattr(self, "handle", None)
         if handle is not None:
             with contextlib.suppress(FileNotFoundError):  # the store is gone: so are they
