@@ -28,6 +28,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -281,15 +282,8 @@ def test_forms_that_gather_alike_agree(tmp_path: Path) -> None:
         pa.table({"id": np.arange(40, 60), "s": strings.dictionary_encode()}), data / "c.parquet"
     )
     got: dict[int, object] = {}
-    with shmloader.SharedTaskDataset(
-        shmloader.ParquetSource(str(data / "*.parquet")),
-        num_readers=2,
-        records_per_task=10,
-        epochs=1,
-        shm_dir=str(tmp_path / "shm"),
-    ) as ds:
-        for batch in shmloader.DataLoader(ds, batch_size=7):
-            got.update(zip(batch["id"].tolist(), batch["s"], strict=True))
+    for batch in _parquet_batches(data, tmp_path / "shm"):
+        got.update(zip(batch["id"].tolist(), batch["s"], strict=True))
     assert got == {i: None if 20 <= i < 40 else f"s{i}" for i in range(60)}
     assert gather_form(pa.dictionary(pa.int32(), pa.string())) == gather_form(pa.large_string())
     assert not forms_agree(gather_form(pa.null()), gather_form(pa.float32()))
@@ -329,16 +323,9 @@ def test_python_value_columns_of_two_arrow_types_agree(tmp_path: Path) -> None:
             data / f"{name}.parquet",
         )
     got: dict[int, tuple[object, ...]] = {}
-    with shmloader.SharedTaskDataset(
-        shmloader.ParquetSource(str(data / "*.parquet")),
-        num_readers=2,
-        records_per_task=10,
-        epochs=1,
-        shm_dir=str(tmp_path / "shm"),
-    ) as ds:
-        for batch in shmloader.DataLoader(ds, batch_size=7):
-            rows = zip(batch["t"], batch["tags"], batch["s"], strict=True)
-            got.update(zip(batch["id"].tolist(), rows, strict=True))
+    for batch in _parquet_batches(data, tmp_path / "shm"):
+        rows = zip(batch["t"], batch["tags"], batch["s"], strict=True)
+        got.update(zip(batch["id"].tolist(), rows, strict=True))
     assert sorted(got) == list(range(40))
     assert all(tags == [f"t{i}"] and s == {"a": i} for i, (_t, tags, s) in got.items())
     epoch = datetime.datetime(1970, 1, 1)
@@ -370,3 +357,15 @@ def test_a_read_result_of_the_wrong_type_says_what_to_return(
 ) -> None:
     with pytest.raises(TaskQuarantinedError, match=found):
         _run(tmp_path, change, 0, max_retries=1)
+
+
+def _parquet_batches(data: Path, shm: Path) -> Iterator[dict[str, Any]]:
+    """One epoch of every Parquet file in ``data``: tasks of 10 rows, batches of 7."""
+    with shmloader.SharedTaskDataset(
+        shmloader.ParquetSource(str(data / "*.parquet")),
+        num_readers=2,
+        records_per_task=10,
+        epochs=1,
+        shm_dir=str(shm),
+    ) as ds:
+        yield from shmloader.DataLoader(ds, batch_size=7)
