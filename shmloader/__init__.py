@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "read_records": "shmloader.formats.tfrecord",
     "RecordWriter": "shmloader.formats.tfrecord",
     "RecordFile": "shmloader.formats.tfrecord",
+    "payload_rows": "shmloader.formats.payloads",
     "FixedLenFeature": "shmloader.formats.example",
     "VarLenFeature": "shmloader.formats.example",
     "decode_example": "shmloader.formats.example",

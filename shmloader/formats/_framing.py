@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import CorruptRecordError, IndexMismatchError, TruncatedRecordError
 from ._compression import ByteSource
 from .checksum import MASK_DELTA, masked_crc32c
+from .payloads import Payloads, strided_rows
 
 HEADER = struct.Struct("<QI")
 U32 = struct.Struct("<I")
@@ -267,7 +268,8 @@ def split_indexed(buf: bytes | memoryview, rel: np.ndarray, verify: bool) -> lis
     ``rel`` gives each frame's start in ``buf`` and, last, ``len(buf)``. Lengths, length CRCs
     and payload CRCs are compared for all frames at once with numpy; None means some frame is
     not what the index says or is corrupt, and the caller walks the block to say which.
-    The payloads are slices of ``buf``: ``bytes`` copies, or views of a ``memoryview``.
+    The payloads are slices of ``buf``: ``bytes`` copies, or views of a ``memoryview``; when
+    all are one length, in a :class:`Payloads` that also views them as the rows of one array.
     """
     starts = rel[:-1]
     lengths = np.diff(rel) - FRAME_OVERHEAD
@@ -295,7 +297,14 @@ def split_indexed(buf: bytes | memoryview, rel: np.ndarray, verify: bool) -> lis
         stored = data[ends[:, None] + np.arange(4)].copy().view("<u4")[:, 0]
         if not np.array_equal(masked, stored):
             return None
-    return payloads
+    if len(known) > 1:
+        return payloads
+    # One length: the frames lie evenly spaced from the block's start, so the payloads are
+    # also the rows of one strided view of it (payload_rows hands that out, joining nothing).
+    length = int(known[0])
+    return Payloads(
+        payloads, strided_rows(buf, HEADER_SIZE, len(payloads), length, length + FRAME_OVERHEAD)
+    )
 
 
 def _walk_block(

@@ -1,0 +1,82 @@
+"""Payloads of one length as the rows of one 2-D array, without joining them when possible.
+
+A ``decode_batch`` over fixed-size records (an image and a label, a feature vector) wants its
+payloads as one ``(n, length)`` uint8 array to slice columns out of; the usual way,
+``numpy.frombuffer(b"".join(payloads))``, copies every byte once more. A record file read by
+blocks already holds the payloads in one buffer, evenly spaced when they are all one length
+(each frame is its payload plus 16 bytes), so the reader can hand that array out as a strided
+view of the block, which is free: :class:`Payloads` carries it, :func:`payload_rows` returns
+it, or joins when there is none (payloads from anywhere else, or of mixed lengths). The
+reader's write into shared memory copies the columns sliced from the view straight out of
+the block, so each byte is copied once less (docs/sources.md, "Fixed-size records").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Payloads", "payload_rows"]
+
+
+class Payloads(list[Any]):
+    """A list of payloads that also holds them as the rows of one 2-D uint8 array.
+
+    ``rows`` is a read-only view of the buffer the payloads were read into, ``(len(self),
+    length)`` with the rows ``stride`` bytes apart, or None when the payloads differ in
+    length. It stays a plain list for every other use (indexing, ``len``, ``b"".join``).
+    """
+
+    __slots__ = ("rows",)
+
+    def __init__(self, payloads: Iterable[Any], rows: np.ndarray | None) -> None:
+        super().__init__(payloads)
+        self.rows = rows
+
+
+def strided_rows(buffer: Any, first: int, count: int, length: int, stride: int) -> np.ndarray:
+    """``count`` rows of ``length`` bytes of ``buffer``, the first at ``first``, ``stride``
+    apart: a view, bounds-checked by numpy (a wrong offset raises, it never reads past)."""
+    return np.ndarray(
+        shape=(count, length), dtype=np.uint8, buffer=buffer, offset=first, strides=(stride, 1)
+    )
+
+
+def payload_rows(payloads: Sequence[Any]) -> np.ndarray:
+    """The payloads as the rows of one read-only ``(len(payloads), length)`` uint8 array.
+
+    For use in a ``decode_batch`` over records of one size::
+
+        def decode_batch(payloads):
+            rows = shmloader.payload_rows(payloads)
+            return {"image": rows[:, :12288].reshape(-1, 3, 64, 64),
+                    "label": rows[:, 12288:].view("<i8")[:, 0]}
+
+    When a :class:`~shmloader.RecordFileSource` read the payloads as one block of equal-length
+    records (the usual case), this is a strided view of that block: no copy. Otherwise
+    (payloads of another source, a plain list, a block with a damaged record in it) the
+    payloads are joined, one copy. Like the payloads under ``views=True``, a view keeps its
+    whole block (about 2 MiB) alive: copy what outlives the call. Payloads of different
+    lengths raise ``ValueError`` naming the lengths found; ``decode_batch`` then falls back to
+    one call per record, where the error is gone, or it names the record (docs/sources.md).
+    """
+    rows = getattr(payloads, "rows", None)
+    if isinstance(payloads, Payloads) and rows is not None:
+        return rows
+    count = len(payloads)
+    lengths = set(map(len, payloads))
+    if len(lengths) > 1:
+        raise ValueError(
+            f"payload_rows needs payloads of one length, got {count} of lengths "
+            f"{min(lengths)} to {max(lengths)} bytes"
+        )
+    length = lengths.pop() if lengths else 0
+    joined = b"".join(payloads)
+    if len(joined) != count * length:  # len() of a buffer of wider items counts items
+        raise ValueError(
+            f"payload_rows needs bytes-like payloads of bytes (bytes, bytearray, memoryview "
+            f"of format 'B'); {count} payloads of {length} items joined into {len(joined)} bytes"
+        )
+    return np.frombuffer(joined, dtype=np.uint8).reshape(count, length)
