@@ -273,38 +273,57 @@ def split_indexed(buf: bytes | memoryview, rel: np.ndarray, verify: bool) -> lis
     """
     starts = rel[:-1]
     lengths = np.diff(rel) - FRAME_OVERHEAD
-    if not len(starts) or int(lengths.min()) < 0 or int(rel[-1]) != len(buf):
+    if not len(starts) or int(rel[-1]) != len(buf):
         return None
+    shortest, longest = int(lengths.min()), int(lengths.max())
+    if shortest < 0:
+        return None
+    if shortest == longest:
+        return _split_one_length(buf, len(starts), shortest, verify)
     data = np.frombuffer(buf, np.uint8)
     header = data[starts[:, None] + np.arange(HEADER_SIZE)]
     # As int64 like ``lengths``: uint64 against int64 would compare as float64, a cast per frame.
     if not np.array_equal(header[:, :8].copy().view("<i8")[:, 0], lengths):
         return None
-    known = np.unique(lengths) if int(lengths.min()) != int(lengths.max()) else lengths[:1]
+    known = np.unique(lengths)
     crcs = np.array([length_crc(int(n)) for n in known], dtype=np.uint32)
-    expected = crcs[np.searchsorted(known, lengths)] if len(known) > 1 else crcs[0]
     if not np.array_equal(
-        header[:, 8:].copy().view("<u4")[:, 0], np.broadcast_to(expected, lengths.shape)
+        header[:, 8:].copy().view("<u4")[:, 0], crcs[np.searchsorted(known, lengths)]
     ):
         return None
     ends = rel[1:] - 4
     payloads = [
         buf[a:b] for a, b in zip((starts + HEADER_SIZE).tolist(), ends.tolist(), strict=True)
     ]
-    if verify:
-        crc = np.fromiter(map(_crc32c_impl.crc32c, payloads), dtype=np.uint32, count=len(payloads))
-        masked = ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(MASK_DELTA)
-        stored = data[ends[:, None] + np.arange(4)].copy().view("<u4")[:, 0]
-        if not np.array_equal(masked, stored):
-            return None
-    if len(known) > 1:
-        return payloads
-    # One length: the frames lie evenly spaced from the block's start, so the payloads are
-    # also the rows of one strided view of it (payload_rows hands that out, joining nothing).
-    length = int(known[0])
-    return Payloads(
-        payloads, strided_rows(buf, HEADER_SIZE, len(payloads), length, length + FRAME_OVERHEAD)
-    )
+    if verify and not _crcs_match(payloads, data[ends[:, None] + np.arange(4)]):
+        return None
+    return payloads
+
+
+def _split_one_length(
+    buf: bytes | memoryview, count: int, length: int, verify: bool
+) -> Payloads | None:
+    """:func:`split_indexed` for ``count`` frames of one payload ``length`` (the usual block).
+
+    The frames lie evenly spaced from the block's start, so every field is one strided view:
+    each header must be the same 12 bytes, and the payloads are also the rows of one array
+    (:func:`~shmloader.formats.payloads.payload_rows` hands that out, joining nothing).
+    """
+    stride = length + FRAME_OVERHEAD
+    header = np.frombuffer(frame_header(length), "<u4")
+    if not (strided_rows(buf, 0, count, HEADER_SIZE, stride).view("<u4") == header).all():
+        return None
+    payloads = [buf[a : a + length] for a in range(HEADER_SIZE, count * stride, stride)]
+    if verify and not _crcs_match(payloads, strided_rows(buf, stride - 4, count, 4, stride)):
+        return None
+    return Payloads(payloads, strided_rows(buf, HEADER_SIZE, count, length, stride))
+
+
+def _crcs_match(payloads: list[Any], stored: np.ndarray) -> bool:
+    """Whether each payload's masked CRC is its stored one (``stored``: (n, 4) bytes)."""
+    crc = np.fromiter(map(_crc32c_impl.crc32c, payloads), dtype=np.uint32, count=len(payloads))
+    masked = ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(MASK_DELTA)
+    return bool((stored.view("<u4")[:, 0] == masked).all())
 
 
 def _walk_block(
