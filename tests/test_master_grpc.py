@@ -25,8 +25,8 @@ from shmloader.master import build_schedule
 from shmloader.master.client import EpochInfo, MasterClient, RenewError
 from shmloader.master.dispatcher import Dispatcher
 from shmloader.master.server import SERVICE_NAME, Master
-from shmloader.master.service import MAX_ERROR_CHARS, MAX_ID_CHARS
 from shmloader.master.updates import Update
+from shmloader.master.wire import MAX_ERROR_CHARS, MAX_ID_CHARS
 from shmloader.sources.base import Shard
 
 PLAN = [Shard("a", 10), Shard("b", 7)]  # records_per_task=3: tasks of 3,3,3,1 and 3,3,1

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 from .._proto import master_pb2 as pb
 from ..errors import NotActive
-from .handback import HandBack
 from .progress import (
     ConsumerProgress,
     DispatcherConfig,
@@ -22,6 +21,7 @@ from .progress import (
     QuarantinedTask,
 )
 from .tasks import Task, TaskTable
+from .wire import HandBack
 
 
 @dataclass(frozen=True)

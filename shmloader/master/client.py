@@ -46,9 +46,8 @@ from ._convert import (
     register_from_msg,
 )
 from .address import check_address
-from .handback import HandBack
 from .progress import Progress
-from .service import MAX_ERROR_CHARS, REASON_KEY, UNKNOWN_CONSUMER
+from .wire import MAX_ERROR_CHARS, REASON_KEY, UNKNOWN_CONSUMER, HandBack
 
 log = logging.getLogger(__name__)
 

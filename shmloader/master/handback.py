@@ -16,18 +16,15 @@ checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from .tasks import merge_ranges
 from .updates import LeaseHandedBack
+from .wire import HandBack
 
 if TYPE_CHECKING:
     from .dispatcher import Dispatcher
-
-# Lease id -> record ranges ``[start, stop)`` consumed of its task.
-HandBack = Mapping[int, Sequence[Sequence[int]]]
 
 
 def handed_back(

@@ -31,7 +31,8 @@ from . import forked
 from .dispatcher import Dispatcher
 from .journal import FSYNC_POLICIES, Journal
 from .progress import DispatcherConfig, Progress
-from .service import MAX_REQUEST_BYTES, MasterService
+from .service import MasterService
+from .wire import MAX_REQUEST_BYTES
 
 log = logging.getLogger(__name__)
 

@@ -35,21 +35,18 @@ from .dispatcher import Dispatcher
 from .epochs import schedule_of
 from .progress import Lease as DispatcherLease
 from .state import WHEREABOUTS, left_records
+from .wire import (
+    MAX_EPOCH,
+    MAX_ERROR_CHARS,
+    MAX_ID_CHARS,
+    MAX_IDS_PER_CALL,
+    MAX_TASKS_PER_CALL,
+    REASON_KEY,
+    UNKNOWN_CONSUMER,
+)
 
 log = logging.getLogger(__name__)
 
-# Trailing metadata telling the client *why* a request was refused, where it can act on it.
-REASON_KEY = "shmloader-reason"
-UNKNOWN_CONSUMER = "unknown-consumer"
-
-# Bounds on what one request may carry: anything larger is a bug or an attack, not a workload.
-MAX_ID_CHARS = 256
-MAX_ERROR_CHARS = 16_384
-MAX_TASKS_PER_CALL = 4096
-MAX_IDS_PER_CALL = 65_536  # lease ids in one renew or complete
-MAX_EPOCH = 2**40
-# Requests are small; a huge one is refused by gRPC itself before it is parsed.
-MAX_REQUEST_BYTES = 4 * 1024 * 1024
 _WHEREABOUTS: dict[str, pb.Whereabouts] = {
     name: getattr(pb.Whereabouts, name.upper()) for name in WHEREABOUTS
 }
