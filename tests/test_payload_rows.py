@@ -105,3 +105,27 @@ def test_a_block_with_a_damaged_record_is_joined_and_the_rest_kept(record_file):
     labels = result.batch.column("label").to_numpy().tolist()
     assert labels == [i for i in range(40) if i != 2]
     assert [s.index for s in result.skipped] == [2]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda p: p.reverse(),
+        lambda p: p.sort(),
+        lambda p: p.pop(),
+        lambda p: p.__delitem__(0),
+        lambda p: p.__setitem__(0, b"x" * len(p[0])),
+        lambda p: p.append(p[0]),
+        lambda p: p.extend(p[:1]),
+        lambda p: p.insert(0, p[-1]),
+        lambda p: p.remove(p[0]),
+        lambda p: p.__iadd__(p[:1]),
+    ],
+)
+def test_payloads_changed_in_place_are_joined_not_viewed(record_file, change):
+    path, _ = record_file
+    run = next(iter(RecordFile(path).read_runs(0, 50)))
+    payloads = run.payloads
+    change(payloads)
+    rows = shmloader.payload_rows(payloads)
+    assert [bytes(row) for row in rows] == [bytes(p) for p in payloads]

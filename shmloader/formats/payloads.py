@@ -36,6 +36,36 @@ class Payloads(list[Any]):
         self.rows = rows
 
 
+def _forgetting_rows(name: str) -> Any:
+    """``list.<name>``, which first drops ``rows``: once the list changes in place (sorted,
+    cut, added to), the view no longer matches it, and :func:`payload_rows` must join."""
+    change = getattr(list, name)
+
+    def method(self: Payloads, *args: Any, **kwargs: Any) -> Any:
+        self.rows = None
+        return change(self, *args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+for _name in (
+    "__setitem__",
+    "__delitem__",
+    "__iadd__",
+    "__imul__",
+    "append",
+    "extend",
+    "insert",
+    "pop",
+    "remove",
+    "clear",
+    "sort",
+    "reverse",
+):
+    setattr(Payloads, _name, _forgetting_rows(_name))
+
+
 def strided_rows(buffer: Any, first: int, count: int, length: int, stride: int) -> np.ndarray:
     """``count`` rows of ``length`` bytes of ``buffer``, the first at ``first``, ``stride``
     apart: a view, bounds-checked by numpy (a wrong offset raises, it never reads past)."""
