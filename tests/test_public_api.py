@@ -52,3 +52,15 @@ def test_the_master_package_still_exports_its_names_on_first_use():
     for name in master.__all__:
         assert getattr(master, name) is not None, name
     assert master.Master.__module__ == "shmloader.master.server"
+
+
+def test_dir_of_the_master_package_lists_its_names_before_they_load():
+    # dir() feeds tab completion and pydoc: the lazily loaded names must be listed before
+    # first use (a fresh process, where none is loaded yet), with the loaded submodules.
+    code = (
+        "import shmloader.master.forked, shmloader.master as m; "
+        "print(sorted(set(m.__all__) - set(dir(m))), 'forked' in dir(m), "
+        "'Master' in m.__dict__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["[]", "True", "False"], out.stdout

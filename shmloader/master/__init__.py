@@ -67,6 +67,12 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def __dir__() -> list[str]:
+    # The names load on first use, so they are not in globals() yet: list them anyway, for
+    # tab completion and pydoc, with whatever the package holds (its loaded submodules).
+    return sorted({*globals(), *_EXPORTS})
+
+
 __all__ = [
     "FSYNC_POLICIES",
     "ConsumerInfo",
