@@ -7,6 +7,8 @@ The view must hold exactly the bytes the join would, for every block a range is 
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -129,3 +131,40 @@ def test_payloads_changed_in_place_are_joined_not_viewed(record_file, change):
     change(payloads)
     rows = shmloader.payload_rows(payloads)
     assert [bytes(row) for row in rows] == [bytes(p) for p in payloads]
+
+
+def _payloads(path: str) -> Payloads:
+    run = next(iter(RecordFile(path).read_runs(0, 6)))
+    assert isinstance(run.payloads, Payloads) and run.payloads.rows is not None
+    return run.payloads
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_a_payloads_pickles_like_the_list_it_is(record_file, protocol):
+    path, records = record_file
+    payloads = _payloads(path)
+    back = pickle.loads(pickle.dumps(payloads, protocol=protocol))
+    assert back == records[:6] and isinstance(back, Payloads)
+    assert np.array_equal(shmloader.payload_rows(back), payloads.rows)
+
+
+def decode_labels(payloads: list[bytes]) -> dict[str, np.ndarray]:
+    """Reads only each record's last 8 bytes: any length decodes alone."""
+    return {"label": shmloader.payload_rows(payloads)[:, -8:].copy().view("<i8")[:, 0]}
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_block_of_mixed_lengths_fails_under_raise_and_is_kept_under_skip(tmp_path, on_error):
+    # What docs/sources.md says: the one-record retry succeeds for each record, which keeps
+    # them all with "skip", but "raise" reports the block (the lengths, not a bare failure).
+    path = str(tmp_path / "mixed.tfrecord")
+    write_records(path, [b"x" * (10 + (i == 3)) + np.int64(i).tobytes() for i in range(6)])
+    source = shmloader.RecordFileSource(path, decode_batch=decode_labels, on_error=on_error)
+    (shard,) = source.plan()
+    if on_error == "raise":
+        with pytest.raises(shmloader.DecodeError, match=r"none of them alone.*lengths 18 to 19"):
+            source.read(shard, 0, 6)
+    else:
+        result = source.read_result(shard, 0, 6)
+        assert result.batch.column("label").to_pylist() == list(range(6))
+        assert not result.skipped

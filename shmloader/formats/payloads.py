@@ -35,6 +35,10 @@ class Payloads(list[Any]):
         super().__init__(payloads)
         self.rows = rows
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # By value, for every pickle protocol (0 and 1 refuse a class with __slots__).
+        return Payloads, (list(self), self.rows)
+
 
 def _forgetting_rows(name: str) -> Any:
     """``list.<name>``, which first drops ``rows``: once the list changes in place (sorted,
@@ -89,8 +93,9 @@ def payload_rows(payloads: Sequence[Any]) -> np.ndarray:
     (payloads of another source, a plain list, a block with a damaged record in it) the
     payloads are joined, one copy. Like the payloads under ``views=True``, a view keeps its
     whole block (about 2 MiB) alive: copy what outlives the call. Payloads of different
-    lengths raise ``ValueError`` naming the lengths found; ``decode_batch`` then falls back to
-    one call per record, where the error is gone, or it names the record (docs/sources.md).
+    lengths raise ``ValueError`` naming the lengths found; the block is then retried one record
+    per call, which keeps them all under ``on_error="skip"``, while ``"raise"`` (the default)
+    fails the read with a ``DecodeError`` quoting this one (docs/sources.md).
     """
     rows = getattr(payloads, "rows", None)
     if isinstance(payloads, Payloads) and rows is not None:
