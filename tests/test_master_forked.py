@@ -10,6 +10,8 @@ import json
 import os
 import select
 import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -76,7 +78,7 @@ def test_a_dataset_in_a_child_forked_from_a_running_one_is_refused(
         assert sorted(rows) == list(range(60))
 
 
-def test_a_client_is_refused_while_a_master_serves_and_works_once_it_stopped(
+def test_a_client_is_refused_while_a_master_serves_and_after_it_stopped(
     data: Path,
 ) -> None:
     master = Master(source(data), records_per_task=10).start()
@@ -92,6 +94,50 @@ def test_a_client_is_refused_while_a_master_serves_and_works_once_it_stopped(
         with Master(source(data), records_per_task=10) as m, MasterClient(m.address) as client:
             return len(client.progress().epochs)
 
-    # Nothing of gRPC open in the parent any more: a child may serve and call.
+    # gRPC's threads outlive the master and the client: a child forked now hung in about one
+    # try in twenty beside a CPU hog. It is refused instead, every time.
     kind, message = _in_child(ask)
-    assert kind == "ok", (kind, message)
+    assert kind == "MasterError", (kind, message)
+    assert "also once they closed" in message and "GRPC_ENABLE_FORK_SUPPORT=1" in message
+
+
+_FORK_FIRST = """
+import json, os, sys
+from shmloader.formats.tfrecord import write_records
+from shmloader.master import Master, MasterClient
+from shmloader.sources.records import RecordFileSource
+
+path = os.path.join(sys.argv[1], "a.tfrecord")
+write_records(path, [b"x"] * 30)
+
+def ask():
+    with Master(RecordFileSource(path), records_per_task=10) as m, MasterClient(m.address) as c:
+        return c.progress().num_tasks
+
+read, write = os.pipe()
+pid = os.fork()  # before this process used gRPC: the child may
+if pid == 0:
+    os.close(read)
+    try:
+        outcome = ["ok", ask()]
+    except BaseException as exc:
+        outcome = [type(exc).__name__, str(exc)]
+    os.write(write, json.dumps(outcome).encode())
+    os._exit(0)
+os.close(write)
+child = json.loads(os.read(read, 1 << 16))
+os.waitpid(pid, 0)
+print(json.dumps({"child": child, "parent": ask()}))
+"""
+
+
+def test_a_child_forked_before_any_master_or_client_uses_grpc(tmp_path: Path) -> None:
+    # In a fresh interpreter: this test process has used gRPC already.
+    out = subprocess.run(
+        [sys.executable, "-c", _FORK_FIRST, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=HANG_SECONDS,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"child": ["ok", 3], "parent": 3}

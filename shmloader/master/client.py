@@ -140,15 +140,11 @@ class MasterClient:
         self._may_register: dict[str, Callable[[], bool]] = {}  # speak_for's guards
         self._infos: dict[str, ConsumerInfo] = {}
         self._heartbeats: dict[str, tuple[threading.Thread, threading.Event]] = {}
-        forked.track(self)
+        forked.used()
         # Set by stop_retrying (and close): backoff waits end at once.
         self._hurry = threading.Event()
         # When a call last gave up on an unreachable master (None after any answer).
         self.gave_up_at: float | None = None
-
-    def uses_grpc(self) -> bool:
-        """Open: a process forked now cannot use gRPC (forked.py)."""
-        return not self._closing.is_set()
 
     def stop_retrying(self) -> None:
         """From now on try each call once: for a caller that knows the master is gone (a

@@ -1,43 +1,41 @@
-"""Refusing gRPC in a process forked while this one's gRPC was live, instead of hanging.
+"""Refusing gRPC in a process forked after this one used gRPC, instead of hanging.
 
 gRPC's core keeps threads and locks that ``fork()`` does not copy: in a child forked while the
 parent had a server or a channel open, the child's first server (``add_insecure_port``) or
 call (``Register``) waits for ever. Reproduced with grpcio 1.85: a trainer with a started
 dataset, then ``os.fork()`` (or a ``fork`` DataLoader worker, or a ``multiprocessing`` fork
 pool) whose code starts a dataset of its own: the child hung silently, and a DataLoader
-waiting on such a worker hung with it. A child forked after the parent's datasets closed
-works, and so does every child with ``GRPC_ENABLE_FORK_SUPPORT=1`` in the environment when
-Python starts (gRPC then resets its state in the child; shmloader sets it to false otherwise,
-``_grpc_env.py``).
+waiting on such a worker hung with it. Closing them first does not make it safe: gRPC's
+threads outlive its servers and channels, and a child forked after the parent's master and
+client had stopped hung too, less often (in 2 of 20 and 1 of 30 tries of
+``tests/test_master_forked.py`` beside a CPU hog). gRPC supports a forked child only with
+``GRPC_ENABLE_FORK_SUPPORT=1`` in the environment when Python starts (it then resets its state
+in the child; shmloader sets it to false otherwise, ``_grpc_env.py``, since the DataLoader
+workers it forks never use gRPC).
 
-So every :class:`Master` that serves and every open :class:`MasterClient` is tracked here;
-a child forked while one of them was live (and without gRPC's fork support) raises
-:class:`MasterError` saying why, when it makes a master or a client.
+So every :class:`Master` that serves and every :class:`MasterClient` is tracked here; a child
+forked after one of them existed (and without gRPC's fork support) raises
+:class:`MasterError` saying why, when it makes a master or a client. A child forked before
+the parent's first master or client works.
 """
 
 from __future__ import annotations
 
 import os
-import weakref
-from typing import Protocol
 
 from ..errors import MasterError
 
 FORK_SUPPORT_ENV = "GRPC_ENABLE_FORK_SUPPORT"
 _TRUE = ("yes", "true", "1")  # what gRPC accepts, compared case-insensitively
 
-
-class _GrpcUser(Protocol):
-    def uses_grpc(self) -> bool: ...
-
-
-_users: weakref.WeakSet[_GrpcUser] = weakref.WeakSet()
-_forked_from: int | None = None  # the pid whose live gRPC this process (or an ancestor) copied
+_used = False  # a master or client of this process (or of an ancestor before it forked) existed
+_forked_from: int | None = None  # the pid whose used gRPC this process (or an ancestor) copied
 
 
-def track(user: _GrpcUser) -> None:
-    """Count ``user`` (a master or a client) while its ``uses_grpc()`` says so."""
-    _users.add(user)
+def used() -> None:
+    """A master started serving or a client opened its channel: gRPC's threads now exist."""
+    global _used
+    _used = True
 
 
 def check(what: str) -> None:
@@ -46,21 +44,18 @@ def check(what: str) -> None:
         return
     raise MasterError(
         f"cannot start {what}: this process (pid {os.getpid()}) was forked from process "
-        f"{_forked_from} while that one's shmloader master or master client was open, and "
-        "gRPC hangs in such a child. Start it in a process made by 'spawn' or 'forkserver' "
-        "(multiprocessing.get_context('spawn'), DataLoader(multiprocessing_context='spawn')), "
-        "fork before the parent's dataset starts or after it closes, or run Python with "
-        f"{FORK_SUPPORT_ENV}=1 in the environment"
+        f"{_forked_from} after that one had run a shmloader master or master client, and gRPC "
+        "hangs in such a child (its threads outlive them, so also once they closed). Start it "
+        "in a process made by 'spawn' or 'forkserver' (multiprocessing.get_context('spawn'), "
+        "DataLoader(multiprocessing_context='spawn')), fork before the parent's first dataset "
+        f"starts, or run Python with {FORK_SUPPORT_ENV}=1 in the environment"
     )
 
 
 def _after_fork_in_child() -> None:
     global _forked_from
-    parent = os.getppid()
-    live = any(user.uses_grpc() for user in list(_users))
-    _users.clear()  # the parent's, not ours: they refuse to work here anyway
-    if _forked_from is None and live and not _FORK_SUPPORT:
-        _forked_from = parent
+    if _forked_from is None and _used and not _FORK_SUPPORT:
+        _forked_from = os.getppid()
 
 
 # gRPC reads the variable once, when it is imported (with grpc, here; _grpc_env.py sets

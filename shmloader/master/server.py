@@ -171,7 +171,7 @@ class Master:
         self.port = port
         server.start()
         self._server = server
-        forked.track(self)
+        forked.used()
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         interval = min(1.0, self.config.lease_timeout / 4, self.config.consumer_timeout / 4)
@@ -195,10 +195,6 @@ class Master:
                 # requests, which tell their callers.
                 log.exception("master: expiring leases failed")
             previous = now
-
-    def uses_grpc(self) -> bool:
-        """Serving (started, not stopped): a process forked now cannot use gRPC (forked.py)."""
-        return self._server is not None and not self._stopped
 
     def stop(self, grace: float | None = 1.0) -> None:
         """Stop serving (in-flight calls get ``grace`` seconds), then close the journal."""
