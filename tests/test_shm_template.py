@@ -13,6 +13,7 @@ import pytest
 from shmloader.shm import SegmentStore
 from shmloader.shm.template import _SkippingSink, ipc_skipping_values, zeros_like
 from shmloader.sources.columns import BatchBuilder, FixedColumns, tensor_type
+from shmloader.sources.row_arrays import RowArrays
 
 SCHEMAS = {
     "image and label": pa.schema(
@@ -177,3 +178,45 @@ def test_zeros_take_no_memory_even_when_read() -> None:
     before = _rss_shmem_kib()
     assert not zeros.any()  # reads all 64 MiB
     assert _rss_shmem_kib() - before < 8 << 10
+
+
+@pytest.mark.parametrize("kind", sorted(SCHEMAS))
+@pytest.mark.parametrize("rows", [1, 7, 100])
+def test_per_record_rows_are_stacked_into_place_as_pyarrow_writes_them(
+    tmp_path: Path, kind: str, rows: int
+) -> None:
+    # What a per-record decode gives (one mapping per record): the tensor columns stay a list
+    # of rows (RowArrays) that the writer stacks straight into the segment.
+    builder = BatchBuilder(SCHEMAS[kind])
+    with SegmentStore.create("8MiB", base_dir=tmp_path) as store:
+        writer = store.handle()
+        for seed in range(3):  # the first teaches the layout, the others go in by it
+            columns = joined_columns(builder.schema, rows, seed)
+            records = [{k: v[i].copy() for k, v in columns.items()} for i in range(rows)]
+            for record in records:  # scalars as numpy scalars of the column's type
+                record.update({k: v[()] for k, v in record.items() if v.ndim == 0})
+            fixed = builder.fixed_records(records)
+            assert isinstance(fixed, FixedColumns)
+            if any(a.ndim > 1 for a in columns.values()):
+                assert any(isinstance(a, RowArrays) for a in fixed.arrays)
+            expected = builder.from_records(records)
+            info = writer.write(fixed)
+            assert info is not None and info.num_rows == rows
+            assert file_bytes(store, info.name) == pyarrow_file(expected)
+            assert store.open(info.name).equals(expected)
+            assert fixed.to_batch().equals(expected)
+
+
+def test_records_of_another_form_are_not_fixed() -> None:
+    builder = BatchBuilder(SCHEMAS["image and label"])
+    good = {"image": np.zeros((3, 4, 5), np.uint8), "label": 1}
+    assert builder.fixed_records([good, good]) is not None
+    for bad in (
+        {"image": np.zeros((3, 4, 5), np.int16), "label": 1},  # another dtype
+        {"image": np.zeros((3, 4, 6), np.uint8), "label": 1},  # another shape
+        {"image": np.zeros((3, 4, 5), np.uint8), "label": 1.5},  # a float label
+        {"image": np.zeros((3, 4, 5), np.uint8)},  # a column missing
+    ):
+        assert builder.fixed_records([good, bad]) is None
+    assert builder.fixed_records([]) is None
+    assert BatchBuilder(pa.schema([pa.field("b", pa.bool_())])).fixed_records([{"b": True}]) is None

@@ -144,10 +144,10 @@ def test_decode_batch_columns_are_handed_over_unconverted(
     assert again.batch.equals(RecordFileSource(path, decode=decode).read(shard, 3, 40))
     assert again.content is again.batch  # built once, on first use
     assert again == source.read_result(shard, 3, 40)
-    # Per-record decode builds the batch itself.
-    assert isinstance(
-        RecordFileSource(path, decode=decode).read_result(shard, 3, 40).content, pa.RecordBatch
-    )
+    # Per-record decode of fixed-width columns hands them over too, tensors as their rows.
+    per_record = RecordFileSource(path, decode=decode).read_result(shard, 3, 40).content
+    assert isinstance(per_record, FixedColumns)
+    assert per_record.to_batch().equals(again.batch)
 
 
 @pytest.mark.parametrize("views", [False, True])

@@ -32,6 +32,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from ..sources.row_arrays import RowArrays
+
 MAX_LAYOUTS = 8  # layouts a writer keeps: tasks come in a few sizes (the last of a file is short)
 
 
@@ -94,7 +96,7 @@ def write_other(mapping: mmap.mmap, layout: Layout) -> None:
 
 
 def column_places(
-    mapping: mmap.mmap, layout: Layout, like: Sequence[np.ndarray], num_rows: int
+    mapping: mmap.mmap, layout: Layout, like: Sequence[np.ndarray | RowArrays], num_rows: int
 ) -> list[np.ndarray] | None:
     """Writable numpy views of each column's place in ``mapping``, for ``num_rows`` rows of
     the dtypes and row shapes of ``like``; None if a place is not of that size."""
@@ -110,7 +112,7 @@ def column_places(
     return places
 
 
-def zeros_like(arrays: Sequence[np.ndarray], num_rows: int) -> list[np.ndarray]:
+def zeros_like(arrays: Sequence[np.ndarray | RowArrays], num_rows: int) -> list[np.ndarray]:
     """Zeros of ``arrays``' dtypes and row shapes, ``num_rows`` rows, that take no memory:
     each lies on an anonymous mapping never written, whose pages all read as the kernel's one
     zero page. A file written from them teaches a layout as well as the real columns would."""
@@ -225,7 +227,10 @@ def write_chunks(
                 rest = [chunk, *taken]
                 break
             for place, array in zip(places, arrays, strict=True):
-                np.copyto(place[rows : rows + chunk.num_rows], array, casting="no")
+                if isinstance(array, RowArrays):  # per-record arrays: stacked into place
+                    array.copy_into(place[rows : rows + chunk.num_rows])
+                else:
+                    np.copyto(place[rows : rows + chunk.num_rows], array, casting="no")
             rows += chunk.num_rows
         if rows == num_rows and not rest:
             return Filled(rows, [], [])

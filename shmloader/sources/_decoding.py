@@ -100,10 +100,13 @@ def decode_to_batch(
     decode: Callable[[Any], Any] | None,
     on_error: str,
     skipped: list[SkippedRecord],
-) -> pa.RecordBatch:
+    fixed: bool = False,
+) -> pa.RecordBatch | FixedColumns:
     """Items through ``parse(path, item)`` then ``decode`` (either may be None), one call each
     per record, then one conversion of all that succeeded; failures raise (named) or go to
-    ``skipped``.
+    ``skipped``. ``fixed``: when every record decoded and every column is fixed-width
+    numeric, return :class:`FixedColumns` (tensors as their rows: a reader stacks them
+    straight into shared memory, one copy of each value less than building the batch).
 
     Under ``"raise"`` the records before the first failing one are still converted, so that a
     record that decodes but does not fit the schema is reported if it comes first.
@@ -119,6 +122,10 @@ def decode_to_batch(
         except Exception:
             decoded = None
     kept: Sequence[int]  # positions in ``items`` of the records that decoded
+    if decoded is not None and fixed:
+        columns = builder.fixed_records(decoded)
+        if columns is not None:
+            return columns
     if decoded is not None:
         records, kept = decoded, range(len(items))
     else:

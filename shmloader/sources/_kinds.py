@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ConfigError, DecodeError, SchemaMismatchError
+from .row_arrays import RowArrays
 
 _INT32_MAX = 2**31 - 1
 _NUMERIC_KINDS = "biuf"
@@ -115,6 +116,12 @@ class Kind:
         (the same dtype, one fixed-size row per record): nothing to check or convert?"""
         return False
 
+    def fixed_values(self, vals: list[Any]) -> np.ndarray | RowArrays | None:
+        """Per-record values as a fixed-width column a writer copies into place (what
+        :meth:`fixed_width` accepts, or its rows not yet stacked), or None: then
+        :meth:`fast` / :meth:`build` make an Arrow array, which also names any bad value."""
+        return None
+
 
 class PrimitiveKind(Kind):
     def __init__(self, arrow_type: pa.DataType) -> None:
@@ -148,6 +155,16 @@ class PrimitiveKind(Kind):
     def build(self, vals: list[Any]) -> pa.Array:
         return pa.array(np.array(vals, dtype=self.dtype), type=self.arrow_type)
 
+    def fixed_values(self, vals: list[Any]) -> np.ndarray | RowArrays | None:
+        if self.dtype.kind == "b":  # Arrow packs booleans into bits: not a copy of numpy's
+            return None
+        try:
+            arr = np.array(vals)
+        except (ValueError, TypeError, OverflowError):
+            return None
+        # As in fast(): exactly our dtype means every value was one of it.
+        return arr if arr.dtype == self.dtype and arr.ndim == 1 else None
+
     def fixed_width(self, arr: np.ndarray, num_records: int) -> bool:
         # bool is not: Arrow packs it to bits
         return arr.dtype == self.dtype and arr.shape == (num_records,) and arr.dtype.kind != "b"
@@ -179,11 +196,20 @@ class TensorKind(Kind):
         return f"{self.dtype} array of shape {self.shape}"
 
     def fast(self, vals: list[Any]) -> pa.Array | None:
+        return self.build(vals) if self._all_exact(vals) else None
+
+    def fixed_values(self, vals: list[Any]) -> np.ndarray | RowArrays | None:
+        if self.dtype.kind == "b" or not vals or not self._all_exact(vals):
+            return None
+        return RowArrays(vals, self.dtype, self.shape)
+
+    def _all_exact(self, vals: list[Any]) -> bool:
+        """Every value an ndarray of exactly this column's dtype and row shape."""
         nd, dt, shape = np.ndarray, self.dtype, self.shape
-        for v in vals:
+        for v in vals:  # noqa: SIM110 - a plain loop: all() over a generator is slower
             if type(v) is not nd or v.dtype != dt or v.shape != shape:
-                return None
-        return self.build(vals)
+                return False
+        return True
 
     def normalize(self, name: str, value: Any) -> Any:
         if isinstance(value, (list, tuple)):

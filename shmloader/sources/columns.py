@@ -43,6 +43,7 @@ import pyarrow as pa
 from ..errors import ConfigError, DecodeError, SchemaMismatchError
 from ._kinds import Kind, at, is_numeric, kind_for_type, kind_for_value, try_build
 from ._tensor_types import first_null_row, innermost_values, is_any_list, tensor_form
+from .row_arrays import RowArrays
 
 __all__ = [
     "BatchBuilder",
@@ -175,6 +176,22 @@ class BatchBuilder:
                 arrays.append(try_build(kind, name, list(value), None))
         return self._batch(arrays, num_records)
 
+    def fixed_records(self, records: Sequence[Any]) -> FixedColumns | None:
+        """Per-record mappings (one ``decode`` call each) as :class:`FixedColumns` when every
+        column is fixed-width numeric and every value exactly of its type: tensors are kept as
+        their rows, for the writer to stack straight into shared memory. None otherwise, and
+        :meth:`from_records` converts or names what is wrong."""
+        columns = self._columns(records) if records else None
+        if columns is None:
+            return None
+        arrays = []
+        for (_name, kind), vals in zip(self._kinds, columns, strict=True):
+            fixed = kind.fixed_values(vals)
+            if fixed is None:
+                return None
+            arrays.append(fixed)
+        return FixedColumns(self, len(records), tuple(arrays))
+
     def fixed_columns(self, columns: Any, num_records: int) -> FixedColumns | None:
         """``columns`` (a ``decode_batch`` result) as :class:`FixedColumns` if every column is
         a numpy array of exactly its field's dtype and row shape; None otherwise (then
@@ -252,15 +269,19 @@ class FixedColumns:
 
     builder: BatchBuilder
     num_rows: int
-    arrays: tuple[np.ndarray, ...]
+    # A tensor column of per-record decode results may be their list, not yet stacked
+    # (RowArrays: stacked straight into the segment, or by numpy.asarray).
+    arrays: tuple[np.ndarray | RowArrays, ...]
 
     @property
     def schema(self) -> pa.Schema:
         return self.builder.schema
 
     def to_batch(self) -> pa.RecordBatch:
-        columns = dict(zip(self.schema.names, self.arrays, strict=True))
-        return self.builder.from_columns(columns, self.num_rows)
+        arrays = [np.asarray(a) for a in self.arrays]
+        return self.builder.from_columns(
+            dict(zip(self.schema.names, arrays, strict=True)), self.num_rows
+        )
 
 
 def records_to_batch(

@@ -189,6 +189,7 @@ class RecordFileSource(BaseSource):
                 decode=self.decode,
                 on_error=self.on_error,
                 skipped=skipped,
+                fixed=True,
             )
         else:
             batch = builder.from_columns({"record": payloads}, len(payloads))
