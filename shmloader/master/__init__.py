@@ -6,8 +6,9 @@ See DESIGN.md, part 'master', and docs/master.md for the dispatcher's rules.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 # Before anything imports grpc (see the module).
 from . import _grpc_env  # noqa: F401  # isort: skip
@@ -32,45 +33,33 @@ if TYPE_CHECKING:
 # Imported on first use, like the top-level package: a reader process needs the client only,
 # and the server side (dispatcher, journal, gRPC server) cost it about 0.1 s of start-up.
 _EXPORTS = {
-    "ConsumerInfo": "_convert",
-    "EpochInfo": "_convert",
-    "LeaseInfo": "_convert",
-    "LeaseReply": "_convert",
-    "MasterClient": "client",
-    "RenewError": "client",
-    "Dispatcher": "dispatcher",
-    "FSYNC_POLICIES": "journal",
-    "Journal": "journal",
-    "Recovery": "journal",
-    "ConsumerProgress": "progress",
-    "DispatcherConfig": "progress",
-    "EpochProgress": "progress",
-    "Lease": "progress",
-    "Progress": "progress",
-    "QuarantinedTask": "progress",
-    "Master": "server",
-    "EpochSchedule": "tasks",
-    "Task": "tasks",
-    "TaskTable": "tasks",
-    "build_schedule": "tasks",
-    "task_order": "tasks",
-    "UpdateSink": "updates",
+    "ConsumerInfo": "._convert",
+    "EpochInfo": "._convert",
+    "LeaseInfo": "._convert",
+    "LeaseReply": "._convert",
+    "MasterClient": ".client",
+    "RenewError": ".client",
+    "Dispatcher": ".dispatcher",
+    "FSYNC_POLICIES": ".journal",
+    "Journal": ".journal",
+    "Recovery": ".journal",
+    "ConsumerProgress": ".progress",
+    "DispatcherConfig": ".progress",
+    "EpochProgress": ".progress",
+    "Lease": ".progress",
+    "Progress": ".progress",
+    "QuarantinedTask": ".progress",
+    "Master": ".server",
+    "EpochSchedule": ".tasks",
+    "Task": ".tasks",
+    "TaskTable": ".tasks",
+    "build_schedule": ".tasks",
+    "task_order": ".tasks",
+    "UpdateSink": ".updates",
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    # The names load on first use, so they are not in globals() yet: list them anyway, for
-    # tab completion and pydoc, with whatever the package holds (its loaded submodules).
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 __all__ = [

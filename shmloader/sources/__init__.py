@@ -9,8 +9,9 @@ training process, about 0.1 s before its first batch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 if TYPE_CHECKING:  # the names for type checkers (``as``: re-exported)
     from .arrow import ArrowSource as ArrowSource
@@ -37,40 +38,30 @@ if TYPE_CHECKING:  # the names for type checkers (``as``: re-exported)
 
 # public name -> submodule that defines it
 _EXPORTS: dict[str, str] = {
-    "ArrowSource": "arrow",
-    "BaseSource": "base",
-    "ReadResult": "base",
-    "Shard": "base",
-    "SkippedRecord": "base",
-    "Source": "base",
-    "BatchBuilder": "columns",
-    "FixedColumns": "columns",
-    "as_tensor_column": "columns",
-    "column_to_numpy": "columns",
-    "columns_to_batch": "columns",
-    "infer_schema": "columns",
-    "records_to_batch": "columns",
-    "tensor_type": "columns",
-    "CSVSource": "csv",
-    "source_for_paths": "factory",
-    "JSONLSource": "jsonl",
-    "ParquetSource": "parquet",
-    "RecordFileSource": "records",
-    "StreamedColumns": "streamed",
-    "WebDatasetSource": "webdataset",
+    "ArrowSource": ".arrow",
+    "BaseSource": ".base",
+    "ReadResult": ".base",
+    "Shard": ".base",
+    "SkippedRecord": ".base",
+    "Source": ".base",
+    "BatchBuilder": ".columns",
+    "FixedColumns": ".columns",
+    "as_tensor_column": ".columns",
+    "column_to_numpy": ".columns",
+    "columns_to_batch": ".columns",
+    "infer_schema": ".columns",
+    "records_to_batch": ".columns",
+    "tensor_type": ".columns",
+    "CSVSource": ".csv",
+    "source_for_paths": ".factory",
+    "JSONLSource": ".jsonl",
+    "ParquetSource": ".parquet",
+    "RecordFileSource": ".records",
+    "StreamedColumns": ".streamed",
+    "WebDatasetSource": ".webdataset",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'shmloader.sources' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
