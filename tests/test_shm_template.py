@@ -220,3 +220,26 @@ def test_records_of_another_form_are_not_fixed() -> None:
         assert builder.fixed_records([good, bad]) is None
     assert builder.fixed_records([]) is None
     assert BatchBuilder(pa.schema([pa.field("b", pa.bool_())])).fixed_records([{"b": True}]) is None
+
+
+@pytest.mark.parametrize(
+    "other",
+    [pa.string(), pa.binary(), pa.list_(pa.float32()), pa.bool_(), tensor_type(np.bool_, (2,))],
+)
+def test_a_schema_with_a_column_never_fixed_skips_the_attempt(
+    monkeypatch: pytest.MonkeyPatch, other: pa.DataType
+) -> None:
+    # fixed_records gathered and checked every record's values (one more pass over them)
+    # before finding a column that can never be handed over as it is; the schema says so.
+    builder = BatchBuilder(
+        pa.schema(
+            [("image", tensor_type(np.uint8, (3, 4, 5))), ("label", pa.int64()), ("o", other)]
+        )
+    )
+
+    def no_pass(records: object) -> None:
+        raise AssertionError("went over the records")
+
+    monkeypatch.setattr(builder, "_columns", no_pass)
+    good = {"image": np.zeros((3, 4, 5), np.uint8), "label": 1, "o": None}
+    assert builder.fixed_records([good, good]) is None

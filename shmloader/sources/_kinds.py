@@ -122,6 +122,12 @@ class Kind:
         :meth:`fast` / :meth:`build` make an Arrow array, which also names any bad value."""
         return None
 
+    def fixable(self) -> bool:
+        """Can :meth:`fixed_values` give a column at all? Asked once per schema: a schema
+        with a column that never can (strings, lists, booleans) skips the attempt, which would
+        only go over every record's values once more before :meth:`fast` does."""
+        return False
+
 
 class PrimitiveKind(Kind):
     def __init__(self, arrow_type: pa.DataType) -> None:
@@ -154,6 +160,9 @@ class PrimitiveKind(Kind):
 
     def build(self, vals: list[Any]) -> pa.Array:
         return pa.array(np.array(vals, dtype=self.dtype), type=self.arrow_type)
+
+    def fixable(self) -> bool:
+        return self.dtype.kind != "b"  # Arrow packs booleans into bits: not a copy of numpy's
 
     def fixed_values(self, vals: list[Any]) -> np.ndarray | RowArrays | None:
         if self.dtype.kind == "b":  # Arrow packs booleans into bits: not a copy of numpy's
@@ -197,6 +206,9 @@ class TensorKind(Kind):
 
     def fast(self, vals: list[Any]) -> pa.Array | None:
         return self.build(vals) if self._all_exact(vals) else None
+
+    def fixable(self) -> bool:
+        return self.dtype.kind != "b"
 
     def fixed_values(self, vals: list[Any]) -> np.ndarray | RowArrays | None:
         if self.dtype.kind == "b" or not vals or not self._all_exact(vals):

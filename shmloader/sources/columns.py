@@ -109,6 +109,8 @@ class BatchBuilder:
         self.schema = schema
         self._kinds: list[tuple[str, Kind]] = [(f.name, kind_for_type(f)) for f in schema]
         self._names = frozenset(schema.names)
+        # Every column fixed-width numeric: only then may fixed_records hand them over.
+        self._fixable = all(kind.fixable() for _, kind in self._kinds)
 
     def from_records(self, records: Sequence[Any]) -> pa.RecordBatch:
         """One batch from per-record mappings; the first bad record raises."""
@@ -181,7 +183,7 @@ class BatchBuilder:
         column is fixed-width numeric and every value exactly of its type: tensors are kept as
         their rows, for the writer to stack straight into shared memory. None otherwise, and
         :meth:`from_records` converts or names what is wrong."""
-        columns = self._columns(records) if records else None
+        columns = self._columns(records) if records and self._fixable else None
         if columns is None:
             return None
         arrays = []
