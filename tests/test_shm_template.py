@@ -243,3 +243,13 @@ def test_a_schema_with_a_column_never_fixed_skips_the_attempt(
     monkeypatch.setattr(builder, "_columns", no_pass)
     good = {"image": np.zeros((3, 4, 5), np.uint8), "label": 1, "o": None}
     assert builder.fixed_records([good, good]) is None
+
+
+def test_row_arrays_as_an_array_copy_only_when_allowed() -> None:
+    rows = RowArrays([np.full((2, 3), i, np.int16) for i in range(4)], np.dtype(np.int16), (2, 3))
+    expected = np.repeat(np.arange(4, dtype=np.int16), 6).reshape(4, 2, 3)
+    assert np.array_equal(np.asarray(rows), expected)
+    assert np.array(rows, dtype=np.float32).dtype == np.float32
+    # numpy 2's __array__ protocol: copy=False asks for no copy, and stacking is one.
+    with pytest.raises(ValueError):
+        np.asarray(rows, copy=False)

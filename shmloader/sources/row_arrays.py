@@ -39,6 +39,8 @@ class RowArrays:
         np.concatenate(self.rows, axis=0, out=place.reshape(n * first, *rest))
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        if copy is False:  # numpy's protocol: say so rather than copy when asked not to
+            raise ValueError("the rows of a RowArrays are stacked only by copying them")
         out = np.empty(self.shape, self.dtype)
         self.copy_into(out)
         return out if dtype is None else out.astype(dtype, copy=False)
