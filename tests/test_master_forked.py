@@ -6,6 +6,7 @@ Now it gets a MasterError that says why; a process forked after they closed work
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import select
@@ -99,6 +100,21 @@ def test_a_client_is_refused_while_a_master_serves_and_after_it_stopped(
     kind, message = _in_child(ask)
     assert kind == "MasterError", (kind, message)
     assert "also once they closed" in message and "GRPC_ENABLE_FORK_SUPPORT=1" in message
+
+
+def test_a_grandchild_is_told_which_child_it_came_through(data: Path) -> None:
+    # The message said "forked from process <grandparent>", whose child it is not.
+    with Master(source(data), records_per_task=10) as master:
+
+        def in_grandchild() -> tuple[int, str, str]:
+            kind, message = _in_child(lambda: MasterClient(master.address, retry_for=0))
+            return os.getpid(), kind, message
+
+        kind, result = _in_child(in_grandchild)
+    assert kind == "ok", (kind, result)
+    child, grandchild_kind, message = ast.literal_eval(result)  # the tuple's str
+    assert grandchild_kind == "MasterError", message
+    assert f", through process {child}, from process {os.getpid()} after" in message
 
 
 _FORK_FIRST = """

@@ -30,6 +30,7 @@ _TRUE = ("yes", "true", "1")  # what gRPC accepts, compared case-insensitively
 
 _used = False  # a master or client of this process (or of an ancestor before it forked) existed
 _forked_from: int | None = None  # the pid whose used gRPC this process (or an ancestor) copied
+_forked_as: int | None = None  # the pid of the child forked from it: this one, or an ancestor
 
 
 def used() -> None:
@@ -42,20 +43,22 @@ def check(what: str) -> None:
     """:class:`MasterError` if this process cannot use gRPC (see the module docstring)."""
     if _forked_from is None:
         return
+    # A grandchild (a fork pool of a DataLoader worker, say) names the child it came through.
+    through = "" if _forked_as == os.getpid() else f", through process {_forked_as},"
     raise MasterError(
-        f"cannot start {what}: this process (pid {os.getpid()}) was forked from process "
-        f"{_forked_from} after that one had run a shmloader master or master client, and gRPC "
-        "hangs in such a child (its threads outlive them, so also once they closed). Start it "
-        "in a process made by 'spawn' or 'forkserver' (multiprocessing.get_context('spawn'), "
-        "DataLoader(multiprocessing_context='spawn')), fork before the parent's first dataset "
-        f"starts, or run Python with {FORK_SUPPORT_ENV}=1 in the environment"
+        f"cannot start {what}: this process (pid {os.getpid()}) was forked{through} from "
+        f"process {_forked_from} after that one had run a shmloader master or master client, "
+        "and gRPC hangs in such a child (its threads outlive them, so also once they closed). "
+        "Start it in a process made by 'spawn' or 'forkserver' (multiprocessing.get_context("
+        "'spawn'), DataLoader(multiprocessing_context='spawn')), fork before the parent's first "
+        f"dataset starts, or run Python with {FORK_SUPPORT_ENV}=1 in the environment"
     )
 
 
 def _after_fork_in_child() -> None:
-    global _forked_from
+    global _forked_from, _forked_as
     if _forked_from is None and _used and not _FORK_SUPPORT:
-        _forked_from = os.getppid()
+        _forked_from, _forked_as = os.getppid(), os.getpid()
 
 
 # gRPC reads the variable once, when it is imported (with grpc, here; _grpc_env.py sets
