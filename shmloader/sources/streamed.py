@@ -78,7 +78,7 @@ class StreamedColumns:
         return tuple(sorted(self._skipped, key=lambda s: s.index))
 
     def collect(self) -> FixedColumns | pa.RecordBatch:
-        """Every chunk as one (fixed-width columns stay numpy)."""
+        """Every chunk as one (fixed-width columns stay numpy arrays, or RowArrays)."""
         return self.assemble(0, (), list(self))
 
     def to_batch(self) -> pa.RecordBatch:
