@@ -22,6 +22,11 @@ def test_unknown_name_is_an_attribute_error():
         raise AssertionError("no AttributeError")
 
 
+def _in_fresh_python(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a new interpreter, where nothing of shmloader is imported yet."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+
+
 def test_import_and_sources_do_not_import_torch():
     # Reader processes and the CLI stay light: only the dataset part needs torch.
     code = (
@@ -29,7 +34,7 @@ def test_import_and_sources_do_not_import_torch():
         "shmloader.MasterClient; import shmloader.reader.process; "
         "print('torch' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = _in_fresh_python(code)
     assert out.stdout.strip() == "False"
 
 
@@ -40,7 +45,7 @@ def test_a_reader_imports_the_master_client_without_the_server_side():
         "import sys, shmloader.reader.process, shmloader.master.client; "
         "print(sorted(m for m in sys.modules if m.startswith('shmloader.master.')))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = _in_fresh_python(code)
     loaded = out.stdout.strip()
     for server_side in ("dispatcher", "journal", "server", "service", "updates", "epochs"):
         assert f"'shmloader.master.{server_side}'" not in loaded, loaded
@@ -62,5 +67,5 @@ def test_dir_of_the_master_package_lists_its_names_before_they_load():
         "print(sorted(set(m.__all__) - set(dir(m))), 'forked' in dir(m), "
         "'Master' in m.__dict__)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = _in_fresh_python(code)
     assert out.stdout.split() == ["[]", "True", "False"], out.stdout

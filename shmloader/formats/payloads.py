@@ -97,9 +97,8 @@ def payload_rows(payloads: Sequence[Any]) -> np.ndarray:
     per call, which keeps them all under ``on_error="skip"``, while ``"raise"`` (the default)
     fails the read with a ``DecodeError`` quoting this one (docs/sources.md).
     """
-    rows = getattr(payloads, "rows", None)
-    if isinstance(payloads, Payloads) and rows is not None:
-        return rows
+    if isinstance(payloads, Payloads) and payloads.rows is not None:
+        return payloads.rows
     count = len(payloads)
     lengths = set(map(len, payloads))
     if len(lengths) > 1:

@@ -13,22 +13,30 @@ from .._lazy import lazy_exports
 # Before anything imports grpc (see the module).
 from . import _grpc_env  # noqa: F401  # isort: skip
 
-if TYPE_CHECKING:
-    from ._convert import ConsumerInfo, EpochInfo, LeaseInfo, LeaseReply
-    from .client import MasterClient, RenewError
-    from .dispatcher import Dispatcher
-    from .journal import FSYNC_POLICIES, Journal, Recovery
-    from .progress import (
-        ConsumerProgress,
-        DispatcherConfig,
-        EpochProgress,
-        Lease,
-        Progress,
-        QuarantinedTask,
-    )
-    from .server import Master
-    from .tasks import EpochSchedule, Task, TaskTable, build_schedule, task_order
-    from .updates import UpdateSink
+if TYPE_CHECKING:  # the names for type checkers (``as``: re-exported)
+    from ._convert import ConsumerInfo as ConsumerInfo
+    from ._convert import EpochInfo as EpochInfo
+    from ._convert import LeaseInfo as LeaseInfo
+    from ._convert import LeaseReply as LeaseReply
+    from .client import MasterClient as MasterClient
+    from .client import RenewError as RenewError
+    from .dispatcher import Dispatcher as Dispatcher
+    from .journal import FSYNC_POLICIES as FSYNC_POLICIES
+    from .journal import Journal as Journal
+    from .journal import Recovery as Recovery
+    from .progress import ConsumerProgress as ConsumerProgress
+    from .progress import DispatcherConfig as DispatcherConfig
+    from .progress import EpochProgress as EpochProgress
+    from .progress import Lease as Lease
+    from .progress import Progress as Progress
+    from .progress import QuarantinedTask as QuarantinedTask
+    from .server import Master as Master
+    from .tasks import EpochSchedule as EpochSchedule
+    from .tasks import Task as Task
+    from .tasks import TaskTable as TaskTable
+    from .tasks import build_schedule as build_schedule
+    from .tasks import task_order as task_order
+    from .updates import UpdateSink as UpdateSink
 
 # Imported on first use, like the top-level package: a reader process needs the client only,
 # and the server side (dispatcher, journal, gRPC server) cost it about 0.1 s of start-up.
@@ -62,28 +70,4 @@ _EXPORTS = {
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
-__all__ = [
-    "FSYNC_POLICIES",
-    "ConsumerInfo",
-    "ConsumerProgress",
-    "Dispatcher",
-    "DispatcherConfig",
-    "EpochInfo",
-    "EpochProgress",
-    "EpochSchedule",
-    "Journal",
-    "Lease",
-    "LeaseInfo",
-    "LeaseReply",
-    "Master",
-    "MasterClient",
-    "Progress",
-    "QuarantinedTask",
-    "Recovery",
-    "RenewError",
-    "Task",
-    "TaskTable",
-    "UpdateSink",
-    "build_schedule",
-    "task_order",
-]
+__all__ = sorted(_EXPORTS)

@@ -13,10 +13,10 @@ client had stopped hung too, less often (in 2 of 20 and 1 of 30 tries of
 in the child; shmloader sets it to false otherwise, ``_grpc_env.py``, since the DataLoader
 workers it forks never use gRPC).
 
-So every :class:`Master` that serves and every :class:`MasterClient` is tracked here; a child
-forked after one of them existed (and without gRPC's fork support) raises
-:class:`MasterError` saying why, when it makes a master or a client. A child forked before
-the parent's first master or client works.
+So a :class:`Master` that starts serving and a :class:`MasterClient` that opens its channel
+mark the process (:func:`used`); a child forked after that (and without gRPC's fork
+support) raises :class:`MasterError` saying why, when it makes a master or a client. A child
+forked before the parent's first master or client works.
 """
 
 from __future__ import annotations

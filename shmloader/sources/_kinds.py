@@ -117,9 +117,10 @@ class Kind:
         return False
 
     def fixed_values(self, vals: list[Any]) -> np.ndarray | RowArrays | None:
-        """Per-record values as a fixed-width column a writer copies into place (what
-        :meth:`fixed_width` accepts, or its rows not yet stacked), or None: then
-        :meth:`fast` / :meth:`build` make an Arrow array, which also names any bad value."""
+        """Per-record values (at least one) as a fixed-width column a writer copies into
+        place (what :meth:`fixed_width` accepts, or its rows not yet stacked), or None: then
+        :meth:`fast` / :meth:`build` make an Arrow array, which also names any bad value.
+        Asked only of a column whose :meth:`fixable` says yes."""
         return None
 
     def fixable(self) -> bool:
@@ -138,15 +139,18 @@ class PrimitiveKind(Kind):
         return f"{self.dtype} scalar"
 
     def fast(self, vals: list[Any]) -> pa.Array | None:
+        arr = self._exact_array(vals)
+        return None if arr is None else pa.array(arr, type=self.arrow_type)
+
+    def _exact_array(self, vals: list[Any]) -> np.ndarray | None:
+        """``vals`` as one numpy array if every value is exactly of this column's dtype."""
         try:
             arr = np.array(vals)
         except (ValueError, TypeError, OverflowError):
             return None
         # np.array promotes mixed inputs; a result of exactly our dtype means every value was
         # castable by the rules above (a promoted-away value would change the dtype).
-        if arr.dtype != self.dtype or arr.ndim != 1:
-            return None
-        return pa.array(arr, type=self.arrow_type)
+        return arr if arr.dtype == self.dtype and arr.ndim == 1 else None
 
     def normalize(self, name: str, value: Any) -> Any:
         if isinstance(value, np.ndarray) and value.ndim != 0:
@@ -165,14 +169,7 @@ class PrimitiveKind(Kind):
         return self.dtype.kind != "b"  # Arrow packs booleans into bits: not a copy of numpy's
 
     def fixed_values(self, vals: list[Any]) -> np.ndarray | RowArrays | None:
-        if self.dtype.kind == "b":  # Arrow packs booleans into bits: not a copy of numpy's
-            return None
-        try:
-            arr = np.array(vals)
-        except (ValueError, TypeError, OverflowError):
-            return None
-        # As in fast(): exactly our dtype means every value was one of it.
-        return arr if arr.dtype == self.dtype and arr.ndim == 1 else None
+        return self._exact_array(vals)
 
     def fixed_width(self, arr: np.ndarray, num_records: int) -> bool:
         # bool is not: Arrow packs it to bits
@@ -211,9 +208,7 @@ class TensorKind(Kind):
         return self.dtype.kind != "b"
 
     def fixed_values(self, vals: list[Any]) -> np.ndarray | RowArrays | None:
-        if self.dtype.kind == "b" or not vals or not self._all_exact(vals):
-            return None
-        return RowArrays(vals, self.dtype, self.shape)
+        return RowArrays(vals, self.dtype, self.shape) if self._all_exact(vals) else None
 
     def _all_exact(self, vals: list[Any]) -> bool:
         """Every value an ndarray of exactly this column's dtype and row shape."""
