@@ -34,6 +34,12 @@ def resolve(path: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(p)
 
 
+def local_path(path: str) -> str | None:
+    """The path of ``path`` on this machine's own file system, or None for a remote store."""
+    fs, inner = resolve(path)
+    return inner if isinstance(fs, pafs.LocalFileSystem) else None
+
+
 def display_path(fs: pafs.FileSystem, inner: str) -> str:
     """The path as a user would type it (URI for remote stores)."""
     if isinstance(fs, pafs.LocalFileSystem):

@@ -92,6 +92,11 @@ class ByteSource:
         """Up to ``n`` bytes; fewer only at the end of the stream."""
         raise NotImplementedError
 
+    def view(self, n: int) -> memoryview | None:
+        """The next ``n`` bytes without a copy, where the source has them in memory (a mapped
+        file); None where it has not, and then nothing was read."""
+        return None
+
     def close(self) -> None:
         raise NotImplementedError
 

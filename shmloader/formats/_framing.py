@@ -12,7 +12,7 @@ issue one read per few megabytes, never one per record.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import crc32c as _crc32c_impl
@@ -242,7 +242,8 @@ def iter_indexed_runs(
         j = int(np.searchsorted(offsets, lo + BLOCK, side="right")) - 1
         j = min(max(j, i + 1), stop)
         hi = int(offsets[j])
-        buf = read_at_least(source, hi - lo)
+        mapped = source.view(hi - lo)
+        buf = read_at_least(source, hi - lo) if mapped is None else mapped
         if len(buf) < hi - lo:
             raise IndexMismatchError(
                 f"the file ends {hi - lo - len(buf)} bytes before where its index says record "
@@ -251,25 +252,29 @@ def iter_indexed_runs(
                 offset=lo + len(buf),
             )
         rel = offsets[i : j + 1].astype(np.int64) - lo
-        payloads = split_indexed(memoryview(buf) if views else buf, rel, verify)
+        payloads = split_indexed(memoryview(buf) if views else buf, rel, verify, copy=not views)
         if payloads is not None:
             yield Run(i, (rel[:-1] + lo).tolist(), payloads)
         else:
-            for item in _walk_block(buf, lo, rel.tolist(), i, j, path, skip_bad, verify):
+            whole = bytes(buf)  # a mapped block too: the walk takes bytes (a rare path)
+            for item in _walk_block(whole, lo, rel.tolist(), i, j, path, skip_bad, verify):
                 if views and isinstance(item, Run):
                     item = item._replace(payloads=[memoryview(p) for p in item.payloads])
                 yield item
         i = j
 
 
-def split_indexed(buf: bytes | memoryview, rel: np.ndarray, verify: bool) -> list[Any] | None:
+def split_indexed(
+    buf: bytes | memoryview, rel: np.ndarray, verify: bool, *, copy: bool = False
+) -> list[Any] | None:
     """The payloads of ``buf`` if it holds exactly the valid frames starting at ``rel[:-1]``.
 
     ``rel`` gives each frame's start in ``buf`` and, last, ``len(buf)``. Lengths, length CRCs
     and payload CRCs are compared for all frames at once with numpy; None means some frame is
     not what the index says or is corrupt, and the caller walks the block to say which.
-    The payloads are slices of ``buf``: ``bytes`` copies, or views of a ``memoryview``; when
-    all are one length, in a :class:`Payloads` that also views them as the rows of one array.
+    The payloads are slices of ``buf``: ``bytes`` copies, or views of a ``memoryview`` (copied
+    into ``bytes`` with ``copy``); when all are one length, in a :class:`Payloads` that also
+    views them as the rows of one array.
     """
     starts = rel[:-1]
     lengths = np.diff(rel) - FRAME_OVERHEAD
@@ -278,8 +283,9 @@ def split_indexed(buf: bytes | memoryview, rel: np.ndarray, verify: bool) -> lis
     shortest, longest = int(lengths.min()), int(lengths.max())
     if shortest < 0:
         return None
+    cut = _cutter(buf, copy)
     if shortest == longest:
-        return _split_one_length(buf, len(starts), shortest, verify)
+        return _split_one_length(buf, len(starts), shortest, verify, cut)
     data = np.frombuffer(buf, np.uint8)
     header = data[starts[:, None] + np.arange(HEADER_SIZE)]
     # As int64 like ``lengths``: uint64 against int64 would compare as float64, a cast per frame.
@@ -292,16 +298,22 @@ def split_indexed(buf: bytes | memoryview, rel: np.ndarray, verify: bool) -> lis
     ):
         return None
     ends = rel[1:] - 4
-    payloads = [
-        buf[a:b] for a, b in zip((starts + HEADER_SIZE).tolist(), ends.tolist(), strict=True)
-    ]
+    spans = zip((starts + HEADER_SIZE).tolist(), ends.tolist(), strict=True)
+    payloads = [cut(a, b) for a, b in spans]
     if verify and not _crcs_match(payloads, data[ends[:, None] + np.arange(4)]):
         return None
     return payloads
 
 
+def _cutter(buf: bytes | memoryview, copy: bool) -> Callable[[int, int], Any]:
+    """``cut(a, b)``: ``buf[a:b]``, as ``bytes`` when ``copy`` even where ``buf`` is a view."""
+    if copy and isinstance(buf, memoryview):
+        return lambda a, b: buf[a:b].tobytes()
+    return lambda a, b: buf[a:b]
+
+
 def _split_one_length(
-    buf: bytes | memoryview, count: int, length: int, verify: bool
+    buf: bytes | memoryview, count: int, length: int, verify: bool, cut: Callable[[int, int], Any]
 ) -> Payloads | None:
     """:func:`split_indexed` for ``count`` frames of one payload ``length`` (the usual block).
 
@@ -313,7 +325,7 @@ def _split_one_length(
     header = np.frombuffer(frame_header(length), "<u4")
     if not (strided_rows(buf, 0, count, HEADER_SIZE, stride).view("<u4") == header).all():
         return None
-    payloads = [buf[a : a + length] for a in range(HEADER_SIZE, count * stride, stride)]
+    payloads = [cut(a, a + length) for a in range(HEADER_SIZE, count * stride, stride)]
     if verify and not _crcs_match(payloads, strided_rows(buf, stride - 4, count, 4, stride)):
         return None
     return Payloads(payloads, strided_rows(buf, HEADER_SIZE, count, length, stride))

@@ -163,7 +163,9 @@ class RecordFileSource(BaseSource):
         path = shard.path
         skipped: list[SkippedRecord] = []
         check_held(path, start, stop, self._file(path).num_records)
-        runs = self._file(path).read_runs(start, stop, on_error=self.on_error, views=self.views)
+        runs = self._file(path).read_runs(
+            start, stop, on_error=self.on_error, views=self.views, mapped=True
+        )
         builder = self._builder_for_schema()
         if self.decode_batch is not None:
             # Decoded a block at a time, as a writer takes them (streamed.py).

@@ -1,0 +1,87 @@
+"""Range reads of an uncompressed local record file through a memory mapping.
+
+A reader reads a task's records in blocks of a few MiB. With ``read(2)`` the kernel first
+copies each block out of the page cache into a new buffer, and only then are its frames
+checked and its payloads sliced, decoded and copied into shared memory. Mapped, the block is
+the page cache's own pages: the CRCs are computed over them, ``views=True`` payloads are
+``memoryview`` slices of them, and ``views=False`` payloads are ``bytes`` copied straight out
+of them, so every byte is copied once less. For a task of 12-KiB images that saved 1-1.5 µs
+per record of a reader's 5-7 µs of reading, slicing and copying (``benchmarks/``; see
+docs/performance-history.md, "Fourteenth session").
+
+One mapping covers one range read (a task's records); it lives while any view of it does,
+like the blocks read before did, and unmaps when the last one goes. A file that shrinks
+while it is mapped would make a read past its new end a SIGBUS instead of an error: the range
+mapped is cut to the size the file has when it is opened, and a reader killed that way is
+restarted by its pool, whose retry of the task then says that the file ends before where its
+index says (docs/sources.md). Files that cannot be mapped (another file system, an empty
+file, a special file) are read with ``read(2)`` as before.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+from .. import _fs
+from ._compression import ByteSource, Progress
+
+_GRAIN = mmap.ALLOCATIONGRANULARITY
+
+
+class MappedSource(ByteSource):
+    """Bytes ``[start, end)`` of a local file, mapped read-only; ``position`` moves on."""
+
+    def __init__(self, mapping: mmap.mmap, base: int, start: int, progress: Progress | None):
+        self._view: memoryview | None = memoryview(mapping)  # mapping[i] is file byte base + i
+        self._base = base
+        self._progress = progress
+        self.position = start
+
+    @classmethod
+    def open(
+        cls, path: str, start: int, end: int, progress: Progress | None = None
+    ) -> MappedSource | None:
+        """The source, or None when the range cannot be mapped (read it with ``read(2)``)."""
+        local = _fs.local_path(path)
+        if local is None or end <= start:
+            return None
+        try:
+            fd = os.open(local, os.O_RDONLY)
+        except OSError:
+            return None  # opening it the usual way says what is wrong, naming the file
+        try:
+            size = os.fstat(fd).st_size
+            base = start - start % _GRAIN
+            length = min(end, size) - base
+            if length <= start - base:  # nothing of the range is in the file
+                return None
+            try:
+                mapping = mmap.mmap(fd, length, access=mmap.ACCESS_READ, offset=base)
+            except (OSError, ValueError):
+                return None  # not mappable (a special file, a file system without mmap)
+        finally:
+            os.close(fd)  # the mapping keeps its own reference to the file
+        if hasattr(mapping, "madvise"):
+            # Page-cache misses are then read ahead in large pieces, as read(2) would.
+            mapping.madvise(mmap.MADV_WILLNEED)
+        return cls(mapping, base, start, progress)
+
+    def view(self, n: int) -> memoryview:
+        """The next ``n`` bytes (fewer only at the end of the mapped range), not copied."""
+        if self._view is None:
+            raise ValueError("read from a closed source")
+        at = self.position - self._base
+        out = self._view[at : at + n]
+        self.position += len(out)
+        if self._progress is not None and out:
+            self._progress(len(out))
+        return out
+
+    def read(self, n: int) -> bytes:
+        return self.view(n).tobytes()
+
+    def close(self) -> None:
+        # Not ``mapping.close()``: views handed out may still be in use; the mapping goes
+        # with the last of them.
+        self._view = None
