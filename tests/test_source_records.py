@@ -146,8 +146,52 @@ def test_decode_batch_columns_are_handed_over_unconverted(
     assert again == source.read_result(shard, 3, 40)
     # Per-record decode of fixed-width columns hands them over too, tensors as their rows.
     per_record = RecordFileSource(path, decode=decode).read_result(shard, 3, 40).content
-    assert isinstance(per_record, FixedColumns)
-    assert per_record.to_batch().equals(again.batch)
+    assert isinstance(per_record, StreamedColumns)
+    chunks = list(per_record)
+    assert [type(c) for c in chunks] == [FixedColumns]
+    assert chunks[0].to_batch().equals(again.batch)
+
+
+@pytest.mark.parametrize("views", [False, True])
+def test_decode_is_called_a_block_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, views: bool
+) -> None:
+    # As decode_batch: a block's records are decoded when the writer takes the block (while
+    # it is in the CPU's cache), and skips are found across blocks.
+    monkeypatch.setattr(_framing, "BLOCK", 10 * (SIZE + 16))
+    path = tmp_path / "blocks.tfrecord"
+    labels = list(range(200, 300))
+    write_records(path, [payload(i) for i in labels])
+    calls: list[int] = []
+
+    def counting(p: Any) -> Mapping[str, Any]:
+        calls.append(1)
+        return picky_decode(p)
+
+    source = RecordFileSource(str(path), decode=counting, on_error="skip", views=views)
+    shard = source.plan()[0]
+    assert source.schema is not None
+    calls.clear()
+    result = source.read_result(shard, 3, 98)
+    assert calls == []  # nothing is decoded before it is taken
+    stream = result.content
+    assert isinstance(stream, StreamedColumns)
+    taken = iter(stream)
+    first = next(taken)
+    decoded_first = len(calls)
+    window = labels[3:98]
+    good = [y for y in window if y % 5 and y % 7]  # picky_decode: fails, or another shape
+    assert 10 <= decoded_first <= 20  # one block: once, then once more one by one
+    assert first.num_rows == len([y for y in window[:10] if y in good])
+    rest = list(taken)
+    assert len(rest) == 9 and len(calls) > decoded_first
+    assert [s.index for s in result.skipped] == [
+        3 + i for i, y in enumerate(window) if y not in good
+    ]
+    batches = [c if isinstance(c, pa.RecordBatch) else c.to_batch() for c in [first, *rest]]
+    assert [y for b in batches for y in b.column("y").to_pylist()] == good
+    whole = RecordFileSource(str(path), decode=picky_decode, on_error="skip")
+    assert whole.read(shard, 3, 98).equals(source.read(shard, 3, 98))
 
 
 @pytest.mark.parametrize("views", [False, True])

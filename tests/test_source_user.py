@@ -131,7 +131,7 @@ def test_a_decode_installed_as_a_package_is_named_where_it_was_called(tmp_path: 
     installed) and fails inside json: no frame is the user's by path, and the error named
     json/decoder.py's line ('raised at .../json/decoder.py:353, in raw_decode'). It now names
     the function shmloader called. The function is compiled under a site-packages file name,
-    and read_result runs in this process: describe_error is what a reader sends."""
+    and the read runs in this process: describe_error is what a reader sends."""
     site = sysconfig.get_paths()["purelib"]
     code = "import json\n\ndef decode(payload):\n    return json.loads(payload)\n"
     namespace: dict[str, Any] = {}
@@ -142,7 +142,7 @@ def test_a_decode_installed_as_a_package_is_named_where_it_was_called(tmp_path: 
     )
     shard = src.plan()[0]
     with pytest.raises(DecodeError) as info:
-        src.read_result(shard, 0, 3)
+        src.read(shard, 0, 3)
     described = describe_error(info.value)
     assert described.endswith(f"(raised at {site}/users_package/decoders.py:4, in decode)")
 

@@ -167,34 +167,17 @@ class RecordFileSource(BaseSource):
             start, stop, on_error=self.on_error, views=self.views, mapped=True
         )
         builder = self._builder_for_schema()
-        if self.decode_batch is not None:
+        if self.decode_batch is not None or self.decode is not None:
             # Decoded a block at a time, as a writer takes them (streamed.py).
             chunks = self._decode_runs(path, runs, builder, skipped)
             return ReadResult(StreamedColumns(builder, stop - start, chunks, skipped))
-        payloads: list[Any] = []  # bytes, or memoryviews with ``views``
-        indexes: list[int] = []  # record index and byte offset of each payload
-        offsets: list[int] = []
+        payloads: list[Any] = []  # raw records, stored as they are
         for run in runs:
             if isinstance(run, Bad):
                 record_failure(path, At(run.record, run.offset), run.error, self.on_error, skipped)
             else:
                 payloads.extend(run.payloads)
-                indexes.extend(range(run.first, run.first + len(run.payloads)))
-                offsets.extend(run.offsets)
-        if self.decode is not None:
-            batch = decode_to_batch(
-                builder,
-                path,
-                payloads,
-                Locations(indexes, offsets),
-                parse=None,
-                decode=self.decode,
-                on_error=self.on_error,
-                skipped=skipped,
-                fixed=True,
-            )
-        else:
-            batch = builder.from_columns({"record": payloads}, len(payloads))
+        batch = builder.from_columns({"record": payloads}, len(payloads))
         skipped.sort(key=lambda s: s.index)
         return ReadResult(batch, tuple(skipped))
 
@@ -205,22 +188,36 @@ class RecordFileSource(BaseSource):
         builder: BatchBuilder,
         skipped: list[SkippedRecord],
     ) -> Iterator[Chunk]:
-        """One ``decode_batch`` call per run of good records (a block of the file, at most)."""
-        assert self.decode_batch is not None
+        """One chunk per run of good records (a block of the file, at most): one
+        ``decode_batch`` call, or one ``decode`` call per record."""
         for run in runs:
             if isinstance(run, Bad):
                 record_failure(path, At(run.record, run.offset), run.error, self.on_error, skipped)
                 continue
             first = run.first
-            yield decode_columns_to_batch(
-                builder,
-                path,
-                run.payloads,
-                Locations(list(range(first, first + len(run.payloads))), run.offsets),
-                decode_batch=self.decode_batch,
-                on_error=self.on_error,
-                skipped=skipped,
-            )
+            where = Locations(list(range(first, first + len(run.payloads))), run.offsets)
+            if self.decode_batch is not None:
+                yield decode_columns_to_batch(
+                    builder,
+                    path,
+                    run.payloads,
+                    where,
+                    decode_batch=self.decode_batch,
+                    on_error=self.on_error,
+                    skipped=skipped,
+                )
+            else:
+                yield decode_to_batch(
+                    builder,
+                    path,
+                    run.payloads,
+                    where,
+                    parse=None,
+                    decode=self.decode,
+                    on_error=self.on_error,
+                    skipped=skipped,
+                    fixed=True,
+                )
 
     def _infer_schema(self) -> pa.Schema:
         """From the first record that decodes, in plan order (see :func:`infer_schema_from`)."""
