@@ -154,6 +154,34 @@ def test_a_blocked_writer_is_told_only_while_it_lives(tmp_path) -> None:
     assert not hints.writer_blocked(folder)
 
 
+def test_a_writer_says_it_waits_for_room_while_it_does(tmp_path: Path) -> None:
+    """The stall warning (dataset/maintenance.py) passes over readers that wait for room and
+    warns of the others, however long they have been on a task."""
+    from shmloader.shm import hints
+
+    with SegmentStore.create(4096 * 3, base_dir=str(tmp_path)) as store:
+        path = store.handle().path
+        first = shm_budget.reserve(path, 4096 * 2, store.handle().budget)
+        assert first is not None and hints.waiting_writers(path) == set()  # it fitted at once
+        got: list[str | None] = []
+        stop = threading.Event()
+        waiter = threading.Thread(
+            target=lambda: got.append(
+                shm_budget.reserve(path, 4096 * 2, store.handle().budget, should_stop=stop.is_set)
+            )
+        )
+        waiter.start()
+        deadline = time.monotonic() + 30
+        while hints.waiting_writers(path) != {os.getpid()}:
+            assert time.monotonic() < deadline, "the waiting writer was never listed"
+            time.sleep(0.01)
+        stop.set()
+        waiter.join(30)
+        assert got == [None] and hints.waiting_writers(path) == set()
+    (tmp_path / "waiting.999999999-12345").touch()  # a writer that died while waiting
+    assert hints.waiting_writers(str(tmp_path)) == set()
+
+
 def test_writers_leave_room_for_the_largest_segment_seen_not_only_present(tmp_path: Path) -> None:
     """Only small segments present (a next epoch's short tasks, read ahead), a large one seen
     before: a writer the consumer does not wait for leaves room for the large one, so that it

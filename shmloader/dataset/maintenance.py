@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +26,6 @@ from ..errors import LeaseError, MasterError, TaskQuarantinedError
 from ..reader.messages import lease_clock
 from ..reader.pool import ReaderPool
 from ..shm import hints
-from ..shm.names import parse_temp_name
 from .plane import DataPlane
 
 # The runtime's logger, as before this thread had a module of its own: filters keep working.
@@ -57,15 +55,6 @@ def fail_if_quarantined(plane: DataPlane, progress: Any) -> None:
                 f"are lost for this epoch. Last error: {q.error}"
             )
         )
-
-
-def _writing_pids(store_path: str) -> set[int]:
-    """Writers that hold a reservation in the store (``tmp-<pid>-...`` files)."""
-    try:
-        names = os.listdir(store_path)
-    except FileNotFoundError:
-        return set()
-    return {who[0] for who in map(parse_temp_name, names) if who is not None}
 
 
 @dataclass(eq=False, kw_only=True)
@@ -159,15 +148,15 @@ class Maintenance:
         if now < self._next_stall_check:
             return
         self._next_stall_check = now + STALL_CHECK_SECONDS
-        writing: set[int] | None = None  # pids with room reserved: decoding blocks, writing
+        waiting: set[int] | None = None  # pids of readers waiting for room
         for info in self.pool.readers:
             began = info.started_at
             if began is None or now - began < STALL_SECONDS:
                 continue
-            if info.sealing is not None:  # waiting for room is no stall; decoding into it is
-                if writing is None:
-                    writing = _writing_pids(self.store_path)
-                if info.pid not in writing:
+            if info.sealing is not None:  # waiting for room is no stall; decoding the task is
+                if waiting is None:
+                    waiting = hints.waiting_writers(self.store_path)
+                if info.pid in waiting:
                     continue
             last = self._stall_warned.get(info.index, 0.0)
             if now - last >= STALL_SECONDS:

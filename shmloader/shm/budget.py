@@ -204,7 +204,7 @@ def reserve(
     deadline = None if timeout is None else start + timeout
     delay = _MIN_DELAY
     last_reap = start
-    blocked = False
+    blocked = waiting = False
     next_blocked_check = start
     seen = hints.largest(dataset_path) if urgent is not None else 0
     try:
@@ -217,6 +217,9 @@ def reserve(
                     fits = urgent()
                 if fits:
                     return _take_room(dataset_path, nbytes, budget - used - nbytes, spares)
+            if not waiting:  # a reader that waits for room is not stuck: say so (hints.py)
+                waiting = True
+                hints.set_waiting(dataset_path, True)
             now = time.monotonic()
             # The consumer waits for this very segment, and it has no room: say so (and no
             # more once it stops waiting for it). Asked now and then: it reads a file.
@@ -243,6 +246,8 @@ def reserve(
     finally:
         if blocked:
             hints.set_blocked(dataset_path, False)
+        if waiting:
+            hints.set_waiting(dataset_path, False)
 
 
 def _take_room(dataset_path: str, nbytes: int, room: int, spares: dict[str, int]) -> str:

@@ -35,6 +35,9 @@ And one that writers tell the consumer:
   what it holds: the dataset's batcher lets rows go that it keeps for the next batch
   (``TaskBatchSampler``). A file per writer, named as the store names writers' files, so one
   that died (or a pid used again) does not count.
+- ``waiting.<pid>-<start>``: present while writer ``pid`` waits for room for any segment.
+  The consumer's stall warning (dataset/maintenance.py) tells such a reader, which is not
+  stuck, from one that decodes a task's records before it reserves room for them.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ WANTED_NAME = "wanted"
 AHEAD_NAME = "ahead"
 LARGEST_NAME = "largest"
 BLOCKED_PREFIX = "blocked."
+WAITING_PREFIX = "waiting."
 ALIVE_NAME = "alive"
 LEFT_NAME = "left"
 
@@ -91,26 +95,44 @@ def is_ahead(folder: str) -> bool:
     return os.path.exists(os.path.join(folder, AHEAD_NAME))
 
 
-def set_blocked(folder: str, blocked: bool) -> None:
+def _set_writer_flag(folder: str, prefix: str, on: bool) -> None:
     pid, token = self_identity()
-    _flag(os.path.join(folder, f"{BLOCKED_PREFIX}{pid}-{token}"), blocked)
+    _flag(os.path.join(folder, f"{prefix}{pid}-{token}"), on)
 
 
-def writer_blocked(folder: str) -> bool:
-    """Whether a live writer waits for room for a segment the consumer waits for (a file of
-    one that died names a process that is gone: its pid and start time, as the store's own
-    names do, so a reused pid does not count)."""
+def _live_writers(folder: str, prefix: str) -> set[int]:
+    """Pids of the live writers with a ``<prefix><pid>-<start>`` file (a file of one that
+    died names a process that is gone: its pid and start time, as the store's own names do,
+    so a reused pid does not count)."""
     try:
         names = os.listdir(folder)
     except FileNotFoundError:
-        return False
+        return set()
+    pids = set()
     for name in names:
-        if not name.startswith(BLOCKED_PREFIX):
-            continue
-        pid, _, token = name[len(BLOCKED_PREFIX) :].partition("-")
-        if pid.isdigit() and token.isdigit() and is_alive(int(pid), int(token)):
-            return True
-    return False
+        if name.startswith(prefix):
+            pid, _, token = name[len(prefix) :].partition("-")
+            if pid.isdigit() and token.isdigit() and is_alive(int(pid), int(token)):
+                pids.add(int(pid))
+    return pids
+
+
+def set_blocked(folder: str, blocked: bool) -> None:
+    _set_writer_flag(folder, BLOCKED_PREFIX, blocked)
+
+
+def writer_blocked(folder: str) -> bool:
+    """Whether a live writer waits for room for a segment the consumer waits for."""
+    return bool(_live_writers(folder, BLOCKED_PREFIX))
+
+
+def set_waiting(folder: str, waiting: bool) -> None:
+    _set_writer_flag(folder, WAITING_PREFIX, waiting)
+
+
+def waiting_writers(folder: str) -> set[int]:
+    """Pids of the live writers waiting for room for a segment."""
+    return _live_writers(folder, WAITING_PREFIX)
 
 
 def set_largest(folder: str, nbytes: int) -> None:
