@@ -152,23 +152,34 @@ def test_decode_batch_columns_are_handed_over_unconverted(
     assert chunks[0].to_batch().equals(again.batch)
 
 
+def _blocks_of_ten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, list[int]]:
+    """A file of records labelled 200..299, read in blocks of 10 records."""
+    monkeypatch.setattr(_framing, "BLOCK", 10 * (SIZE + 16))
+    path = tmp_path / "blocks.tfrecord"
+    labels = list(range(200, 300))
+    write_records(path, [payload(i) for i in labels])
+    return str(path), labels
+
+
+def _labels_of(chunks: list[Any]) -> list[int]:
+    batches = [c if isinstance(c, pa.RecordBatch) else c.to_batch() for c in chunks]
+    return [y for b in batches for y in b.column("y").to_pylist()]
+
+
 @pytest.mark.parametrize("views", [False, True])
 def test_decode_is_called_a_block_at_a_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, views: bool
 ) -> None:
     # As decode_batch: a block's records are decoded when the writer takes the block (while
     # it is in the CPU's cache), and skips are found across blocks.
-    monkeypatch.setattr(_framing, "BLOCK", 10 * (SIZE + 16))
-    path = tmp_path / "blocks.tfrecord"
-    labels = list(range(200, 300))
-    write_records(path, [payload(i) for i in labels])
+    path, labels = _blocks_of_ten(tmp_path, monkeypatch)
     calls: list[int] = []
 
     def counting(p: Any) -> Mapping[str, Any]:
         calls.append(1)
         return picky_decode(p)
 
-    source = RecordFileSource(str(path), decode=counting, on_error="skip", views=views)
+    source = RecordFileSource(path, decode=counting, on_error="skip", views=views)
     shard = source.plan()[0]
     assert source.schema is not None
     calls.clear()
@@ -188,9 +199,8 @@ def test_decode_is_called_a_block_at_a_time(
     assert [s.index for s in result.skipped] == [
         3 + i for i, y in enumerate(window) if y not in good
     ]
-    batches = [c if isinstance(c, pa.RecordBatch) else c.to_batch() for c in [first, *rest]]
-    assert [y for b in batches for y in b.column("y").to_pylist()] == good
-    whole = RecordFileSource(str(path), decode=picky_decode, on_error="skip")
+    assert _labels_of([first, *rest]) == good
+    whole = RecordFileSource(path, decode=picky_decode, on_error="skip")
     assert whole.read(shard, 3, 98).equals(source.read(shard, 3, 98))
 
 
@@ -200,17 +210,14 @@ def test_decode_batch_is_called_a_block_at_a_time(
 ) -> None:
     # Blocks of 10 records: a range of 95 is decoded in 10 calls, in order, each when it is
     # taken, and skips are found across blocks.
-    monkeypatch.setattr(_framing, "BLOCK", 10 * (SIZE + 16))
-    path = tmp_path / "blocks.tfrecord"
-    labels = list(range(200, 300))
-    write_records(path, [payload(i) for i in labels])
+    path, labels = _blocks_of_ten(tmp_path, monkeypatch)
     calls: list[int] = []
 
     def counting(ps: list[Any]) -> Mapping[str, Any]:
         calls.append(len(ps))
         return picky_decode_batch(ps)
 
-    source = RecordFileSource(str(path), decode_batch=counting, on_error="skip", views=views)
+    source = RecordFileSource(path, decode_batch=counting, on_error="skip", views=views)
     shard = source.plan()[0]
     assert source.schema is not None  # inferred from the first records that decode
     calls.clear()
@@ -227,10 +234,8 @@ def test_decode_batch_is_called_a_block_at_a_time(
     assert calls.count(1) == 95
     window = labels[3:98]
     assert [s.index for s in result.skipped] == [3 + i for i, y in enumerate(window) if y % 5 == 0]
-    batches = [c if isinstance(c, pa.RecordBatch) else c.to_batch() for c in [first, *rest]]
-    got = [y for b in batches for y in b.column("y").to_pylist()]
-    assert got == [y for y in window if y % 5]
-    whole = RecordFileSource(str(path), decode_batch=picky_decode_batch, on_error="skip")
+    assert _labels_of([first, *rest]) == [y for y in window if y % 5]
+    whole = RecordFileSource(path, decode_batch=picky_decode_batch, on_error="skip")
     assert whole.read(shard, 3, 98).equals(source.read(shard, 3, 98))
 
 

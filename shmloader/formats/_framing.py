@@ -12,7 +12,7 @@ issue one read per few megabytes, never one per record.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import crc32c as _crc32c_impl
@@ -283,9 +283,8 @@ def split_indexed(
     shortest, longest = int(lengths.min()), int(lengths.max())
     if shortest < 0:
         return None
-    cut = _cutter(buf, copy)
     if shortest == longest:
-        return _split_one_length(buf, len(starts), shortest, verify, cut)
+        return _split_one_length(buf, len(starts), shortest, verify, copy)
     data = np.frombuffer(buf, np.uint8)
     header = data[starts[:, None] + np.arange(HEADER_SIZE)]
     # As int64 like ``lengths``: uint64 against int64 would compare as float64, a cast per frame.
@@ -299,21 +298,21 @@ def split_indexed(
         return None
     ends = rel[1:] - 4
     spans = zip((starts + HEADER_SIZE).tolist(), ends.tolist(), strict=True)
-    payloads = [cut(a, b) for a, b in spans]
+    payloads = _copied([buf[a:b] for a, b in spans], copy)
     if verify and not _crcs_match(payloads, data[ends[:, None] + np.arange(4)]):
         return None
     return payloads
 
 
-def _cutter(buf: bytes | memoryview, copy: bool) -> Callable[[int, int], Any]:
-    """``cut(a, b)``: ``buf[a:b]``, as ``bytes`` when ``copy`` even where ``buf`` is a view."""
-    if copy and isinstance(buf, memoryview):
-        return lambda a, b: buf[a:b].tobytes()
-    return lambda a, b: buf[a:b]
+def _copied(payloads: list[Any], copy: bool) -> list[Any]:
+    """Slices of a block, as ``bytes`` when ``copy`` and they are views (of a mapped file)."""
+    if copy and payloads and isinstance(payloads[0], memoryview):
+        return list(map(memoryview.tobytes, payloads))
+    return payloads
 
 
 def _split_one_length(
-    buf: bytes | memoryview, count: int, length: int, verify: bool, cut: Callable[[int, int], Any]
+    buf: bytes | memoryview, count: int, length: int, verify: bool, copy: bool
 ) -> Payloads | None:
     """:func:`split_indexed` for ``count`` frames of one payload ``length`` (the usual block).
 
@@ -325,7 +324,8 @@ def _split_one_length(
     header = np.frombuffer(frame_header(length), "<u4")
     if not (strided_rows(buf, 0, count, HEADER_SIZE, stride).view("<u4") == header).all():
         return None
-    payloads = [cut(a, a + length) for a in range(HEADER_SIZE, count * stride, stride)]
+    slices = [buf[a : a + length] for a in range(HEADER_SIZE, count * stride, stride)]
+    payloads = _copied(slices, copy)
     if verify and not _crcs_match(payloads, strided_rows(buf, stride - 4, count, 4, stride)):
         return None
     return Payloads(payloads, strided_rows(buf, HEADER_SIZE, count, length, stride))
