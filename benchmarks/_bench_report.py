@@ -85,6 +85,7 @@ def _ratio(x: float, base: float | None) -> str:
 
 def report(results: dict[str, dict[str, dict[str, Any]]], args: Any) -> None:
     print(f"\nMachine: {machine()}")
+    print("shmloader and the benchmark modules byte-compiled first, as an installed package is")
     print(f"Epochs per contender: {args.epochs} (samples/s over epochs 2..{args.epochs})\n")
     targets: list[str] = []
     for name, res in results.items():
