@@ -16,18 +16,24 @@ import numpy as np
 import torch.utils.data
 
 from ..errors import ConfigError, ShmloaderError
+from ..reader.pool import ReaderProcess, launch_readers, stop_readers
 from ..shm.sizes import parse_size
 from ..shm.store import SegmentStore
 from ..sources.base import Source
 from . import ring
 from .launcher import TORCHRUN, Rendezvous, rendezvous_from_env
 from .ring import RingBatch
-from .runtime import Runtime, RuntimeConfig
 from .sampler import DEFAULT_SHUFFLE_WINDOW, TaskBatchSampler, TaskSampler
 from .worker import Gatherer
 
 if TYPE_CHECKING:
     from ..stats.stats import Stats
+    from .runtime import Runtime, RuntimeConfig
+
+
+# Readers never configured hold nothing (no lease, no segment): they are asked to stop but
+# not waited for, since one still importing would read the request only after its imports.
+_UNCONFIGURED_STOP = 0.0
 
 
 def collate(batch: Any) -> Any:
@@ -131,6 +137,18 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         # the readers start on first use.
         self._store: SegmentStore | None = SegmentStore.create(self.shm_budget, base_dir=shm_dir)
         self._gatherer: Gatherer | None = Gatherer(self._store.handle(), self._columns or [])
+        # The reader processes start now and wait for their configuration until first use, so
+        # that their imports (a few tenths of a second) overlap whatever the script does before
+        # its first batch, as building its model. Only from the main thread: a reader dies with
+        # the thread that started it (the parent-death signal), and the main thread lasts as
+        # long as the process; from another, they start on first use, from the pool's thread.
+        self._launched: list[ReaderProcess] = []
+        if threading.current_thread() is threading.main_thread():
+            try:
+                self._launched = launch_readers(num_readers)
+            except BaseException:
+                self._close(wait_for_ranks=False)
+                raise
 
     # -- trainer side --------------------------------------------------------------------
     def start(self) -> SharedTaskDataset:
@@ -149,7 +167,17 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
                 )
             if self._runtime is None:
                 assert self._store is not None
-                self._runtime = runtime = Runtime(self._runtime_config(), self._store)
+                # Imported here, not at the top: the readers start at construction, and
+                # the trainer's imports of its master's side overlap theirs.
+                from .runtime import Runtime
+
+                launched, self._launched = self._launched, []
+                try:
+                    runtime = Runtime(self._runtime_config(), self._store, launched)
+                except BaseException:
+                    stop_readers(launched, _UNCONFIGURED_STOP)  # no-op once a pool stopped them
+                    raise
+                self._runtime = runtime
                 if self._gatherer is not None:
                     self._gatherer.report_to(runtime.plane.gathered)
                 self._resumed(runtime)
@@ -166,6 +194,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             runtime.plane.resumed_before(config.start_epoch, self._resumed_records)
 
     def _runtime_config(self) -> RuntimeConfig:
+        from .runtime import RuntimeConfig
+
         return RuntimeConfig(
             source=self.source,
             num_readers=self.num_readers,
@@ -289,10 +319,12 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
                 return
             self._closed = True
             runtime, self._runtime = self._runtime, None
+            launched, self._launched = self._launched, []
         # A forked worker inherits the runtime but owns none of it: only the trainer closes.
         if self._owner_pid != os.getpid():
             return
         try:
+            stop_readers(launched, _UNCONFIGURED_STOP)  # closed before its first use
             if runtime is not None:
                 runtime.close(wait_for_ranks=wait_for_ranks, hurry=hurry)
         finally:  # a second Ctrl-C during the runtime's close must not leave /dev/shm behind
@@ -325,6 +357,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._gatherer = state["_gatherer"]
         self._columns_checked = False
         self._runtime = None
+        self._launched = []
         self._sampler = None
         self._closed = False
         self._lock = threading.Lock()

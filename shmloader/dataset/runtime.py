@@ -19,6 +19,7 @@ import threading
 import uuid
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ import numpy as np
 from ..errors import MasterError
 from ..master import forked
 from ..reader.messages import Failed, MasterLost, Message, Ready
-from ..reader.pool import STOP_SECONDS, ReaderInfo, ReaderPool
+from ..reader.pool import STOP_SECONDS, ReaderInfo, ReaderPool, ReaderProcess
 from ..reader.process import ReaderConfig
 from ..shm import hints, lifecycle
 from ..shm.budget import reap_dead_writers
@@ -89,7 +90,12 @@ def _nothing() -> None:
 
 
 class Runtime:
-    def __init__(self, config: RuntimeConfig, store: SegmentStore) -> None:
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        store: SegmentStore,
+        launched: Sequence[ReaderProcess] = (),
+    ) -> None:
         from ..master.client import MasterClient
 
         forked.check("this dataset")  # before any reader starts: gRPC would hang here
@@ -112,14 +118,16 @@ class Runtime:
         self.client: Any = None
         self.pool: ReaderPool | None = None
         try:
-            # Readers start first: their imports (a few tenths of a second) overlap the
-            # master's start and the registration; they get their configuration below.
+            # Readers start first (or were started with the dataset: ``launched``): their
+            # imports (a few tenths of a second) overlap the master's start and the
+            # registration; they get their configuration below.
             self.pool = ReaderPool(
                 self._reader_config,
                 config.num_readers,
                 self._on_message,
                 on_reader_death=self._on_reader_death,
                 on_error=self._readers_failed,
+                launched=launched,
             ).launch()
             address = self._master_address()
             self.address = address

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -55,10 +55,66 @@ class ReaderInfo:
     exit_codes: list[int] = field(default_factory=list)
 
 
-class _Proc:
+class ReaderProcess:
+    """A started reader process and the trainer's end of its pipe."""
+
     def __init__(self, popen: subprocess.Popen[bytes], conn: Connection) -> None:
         self.popen = popen
         self.conn = conn
+
+
+def launch_reader() -> ReaderProcess:
+    """Start one ``python -m shmloader.reader``; it imports what it needs, then waits for its
+    configuration (or "stop") on the pipe.
+
+    It asks Linux to kill it when its parent goes (the parent-death signal), and Linux means
+    the parent *thread*: launch from a thread that lives as long as the readers should.
+    """
+    ours, theirs = socket.socketpair()
+    try:
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "shmloader.reader", str(theirs.fileno()), str(os.getpid())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+        )
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return ReaderProcess(popen, Connection(ours.detach()))
+
+
+def launch_readers(count: int) -> list[ReaderProcess]:
+    """``count`` readers started now (all or none: those started are stopped on a failure)."""
+    launched: list[ReaderProcess] = []
+    try:
+        for _ in range(count):
+            launched.append(launch_reader())
+    except BaseException:
+        stop_readers(launched)
+        raise
+    return launched
+
+
+def stop_readers(
+    procs: list[ReaderProcess], timeout: float = STOP_SECONDS, *, close_pipes: bool = True
+) -> None:
+    """Ask readers to stop, kill those still running after ``timeout``, close their pipes
+    (unless a thread still reads them); idempotent."""
+    for proc in procs:
+        with contextlib.suppress(OSError):
+            proc.conn.send("stop")
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            proc.popen.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.popen.kill()
+            proc.popen.wait()
+    if close_pipes:
+        for proc in procs:
+            proc.conn.close()
 
 
 class ReaderPool:
@@ -77,6 +133,7 @@ class ReaderPool:
         on_reader_death: Callable[[ReaderInfo, int], None] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
         max_restarts: int = 10,
+        launched: Sequence[ReaderProcess] = (),
     ) -> None:
         if num_readers < 1:
             raise ShmloaderError(f"num_readers must be at least 1, got {num_readers}")
@@ -86,7 +143,8 @@ class ReaderPool:
         self._on_error = on_error
         self._max_restarts = max_restarts
         self.readers = [ReaderInfo(i) for i in range(num_readers)]
-        self._procs: dict[int, _Proc] = {}
+        self._procs: dict[int, ReaderProcess] = {}
+        self._launched = list(launched)  # started before the pool, adopted by its thread
         self._stopping = threading.Event()
         self._started = threading.Event()
         self._configure = threading.Event()  # configure() was called: send the configs
@@ -110,6 +168,8 @@ class ReaderPool:
         Readers ask Linux to kill them when their parent goes (the parent-death signal), and
         Linux means the parent *thread*: started from the caller's thread, they would die with
         it. The relay thread lives as long as the pool, and restarts come from it anyway.
+        Readers given as ``launched`` are adopted instead: whoever started them chose a thread
+        that lives long enough (the dataset: the main thread, which lives as long as the process).
         """
         self._thread = threading.Thread(target=self._loop, name="shmloader-readers", daemon=True)
         self._thread.start()
@@ -132,18 +192,10 @@ class ReaderPool:
         self._send_config(info)
 
     def _launch(self, info: ReaderInfo) -> None:
-        ours, theirs = socket.socketpair()
-        try:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "shmloader.reader", str(theirs.fileno()), str(os.getpid())],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-            )
-        finally:
-            theirs.close()
-        info.pid = popen.pid
+        proc = self._launched.pop() if self._launched else launch_reader()
+        info.pid = proc.popen.pid
         info.current_lease = info.started_at = None
-        self._procs[info.index] = _Proc(popen, Connection(ours.detach()))
+        self._procs[info.index] = proc
 
     def _send_config(self, info: ReaderInfo) -> None:
         blob = pickle.dumps(self._make_config(info.index))  # a failure here is the caller's
@@ -153,21 +205,14 @@ class ReaderPool:
     def stop(self, timeout: float = STOP_SECONDS) -> None:
         """Ask readers to stop, then make sure they have; idempotent."""
         self._stopping.set()
-        for proc in list(self._procs.values()):
-            with contextlib.suppress(OSError):
-                proc.conn.send("stop")
-        deadline = time.monotonic() + timeout
-        for proc in list(self._procs.values()):
-            try:
-                proc.popen.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait()
+        procs = [*self._procs.values(), *self._launched]  # launched: if the thread never ran
+        stop_readers(procs, timeout, close_pipes=False)  # the relay thread may still read them
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
-        for proc in self._procs.values():
+        for proc in procs:
             proc.conn.close()
         self._procs.clear()
+        self._launched.clear()
 
     # -- the relay thread ----------------------------------------------------------------
     def _loop(self) -> None:

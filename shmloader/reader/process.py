@@ -24,6 +24,10 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ..errors import ConfigError, DataError, LeaseError, MasterError, StoreClosedError
+
+# At the top, not where the client is made: a reader imports it (grpc, about 0.1 s) while it
+# waits for its configuration, which the trainer sends only once its master is up.
+from ..master.client import MasterClient
 from ..shm import hints
 from ..shm.names import new_segment_name
 from ..sources._tensor_types import schema_forms
@@ -160,8 +164,6 @@ class Reader:
     """One reader's loop; ``run`` returns when the master is finished or the pool says stop."""
 
     def __init__(self, config: ReaderConfig, conn: Connection, parent: int) -> None:
-        from ..master.client import MasterClient
-
         self.config = config
         self.conn = conn
         self.parent = parent
@@ -411,8 +413,13 @@ def main(argv: list[str] | None = None) -> int:
     # The trainer's Ctrl-C reaches the whole process group; the trainer stops us itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with _connection(fd) as conn:
-        first = conn.recv()
-        if first == "stop":  # stopped before it was configured (the trainer failed to start)
+        try:
+            first = conn.recv()
+        except EOFError:  # the trainer closed the pipe without a word: it is gone
+            return 0
+        # Stopped before it was configured: the dataset was closed before its first use, or
+        # the trainer failed to start.
+        if first == "stop":
             return 0
         prep, blob = first
         try:

@@ -1,0 +1,121 @@
+"""Readers start with the dataset (from the main thread) and wait for their configuration until
+its first use: whatever the script does in between, as building its model, overlaps their
+start-up. They are the readers that then read (adopted, not started again), and a dataset
+closed or dropped before its first use leaves none running."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+from _dataset_helpers import dataset, ids_of, wait_gone, write_dataset
+
+import shmloader
+from shmloader.reader.pool import launch_reader
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
+    directory = tmp_path_factory.mktemp("data")
+    return directory, write_dataset(directory, [300, 150])
+
+
+def _reader_children() -> set[int]:
+    found = set()
+    for child in psutil.Process().children():
+        try:
+            if "shmloader.reader" in child.cmdline():
+                found.add(child.pid)
+        except psutil.NoSuchProcess:  # one that ended meanwhile
+            continue
+    return found
+
+
+def _read_all(ds: shmloader.SharedTaskDataset) -> list[int]:
+    return sorted(i for b in shmloader.DataLoader(ds, batch_size=50) for i in ids_of(b))
+
+
+def test_readers_started_with_the_dataset_are_the_ones_that_read(
+    data: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    directory, expected = data
+    before = _reader_children()
+    with dataset(directory, tmp_path / "shm", num_readers=2) as ds:
+        started = _reader_children() - before
+        assert len(started) == 2
+        assert ds._runtime is None  # not used yet: no master, no pool thread
+        assert _read_all(ds) == expected
+        readers = ds.stats().readers
+        assert {r.pid for r in readers} == started
+        assert [r.restarts for r in readers] == [0, 0]
+    assert wait_gone(started) == []
+
+
+def test_a_dataset_closed_before_its_first_use_stops_its_readers(
+    data: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    directory, _ = data
+    ds = dataset(directory, tmp_path / "shm")
+    popens = [proc.popen for proc in ds._launched]
+    assert len(popens) == 2
+    ds.close()
+    # Not configured, they hold nothing: close() does not wait for them to finish importing.
+    assert [p.returncode is not None for p in popens] == [True, True]
+    assert ds._launched == []
+    assert os.listdir(tmp_path / "shm") == []
+
+
+def test_a_dataset_dropped_unused_stops_its_readers(
+    data: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    directory, _ = data
+    ds = dataset(directory, tmp_path / "shm")
+    pids = [proc.popen.pid for proc in ds._launched]
+    del ds
+    gc.collect()
+    assert wait_gone(pids) == []
+
+
+def test_made_in_another_thread_its_readers_start_on_first_use(
+    data: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    """A reader dies with the thread that started it (the parent-death signal): one started
+    from a thread that ended would die before its first task."""
+    directory, expected = data
+    made: list[shmloader.SharedTaskDataset] = []
+    before = _reader_children()
+    maker = threading.Thread(target=lambda: made.append(dataset(directory, tmp_path / "shm")))
+    maker.start()
+    maker.join()
+    with made[0] as ds:
+        assert ds._launched == [] and _reader_children() == before
+        assert _read_all(ds) == expected
+        assert [r.restarts for r in ds.stats().readers] == [0, 0]
+
+
+def test_a_reader_killed_before_the_first_use_is_replaced(
+    data: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    directory, expected = data
+    with dataset(directory, tmp_path / "shm") as ds:
+        victim = ds._launched[0].popen
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(30.0)
+        assert _read_all(ds) == expected
+        readers = ds.stats().readers
+        assert victim.pid not in {r.pid for r in readers}
+        assert sum(r.restarts for r in readers) == 1
+
+
+def test_a_reader_whose_trainer_closes_its_pipe_exits_quietly(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    proc = launch_reader()
+    proc.conn.close()
+    assert proc.popen.wait(30.0) == 0
+    assert capfd.readouterr().err == ""
