@@ -16,7 +16,7 @@ import pytest
 from _dataset_helpers import dataset, ids_of, wait_gone, write_dataset
 
 import shmloader
-from shmloader.reader.pool import launch_reader
+from shmloader.reader.pool import launch_reader, reader_environment
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +119,18 @@ def test_a_reader_whose_trainer_closes_its_pipe_exits_quietly(
     proc.conn.close()
     assert proc.popen.wait(30.0) == 0
     assert capfd.readouterr().err == ""
+
+
+def test_readers_run_with_one_blas_thread_unless_the_user_chose() -> None:
+    """numpy's OpenBLAS threads spin at import: CPU a reader needs for its first task."""
+    assert reader_environment({"PATH": "/bin"}) == {"PATH": "/bin", "OPENBLAS_NUM_THREADS": "1"}
+    assert reader_environment({"OPENBLAS_NUM_THREADS": "4"}) == {"OPENBLAS_NUM_THREADS": "4"}
+    proc = launch_reader()
+    try:
+        with open(f"/proc/{proc.popen.pid}/environ", "rb") as f:
+            environ = dict(entry.split(b"=", 1) for entry in f.read().split(b"\0") if b"=" in entry)
+    finally:
+        proc.conn.close()
+        proc.popen.wait(30.0)
+    chosen = os.environ.get("OPENBLAS_NUM_THREADS") or "1"
+    assert environ[b"OPENBLAS_NUM_THREADS"] == chosen.encode()
