@@ -75,6 +75,14 @@ def test_a_plain_list_is_joined():
     assert shmloader.payload_rows([b"", b""]).shape == (2, 0)
 
 
+def test_strided_memoryviews_are_joined_in_order_and_non_buffers_named():
+    grid = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    columns = [memoryview(grid[:, 1]), memoryview(grid[:, 3])]  # strided: join refuses them
+    assert shmloader.payload_rows(columns).tolist() == [[1, 5, 9], [3, 7, 11]]
+    with pytest.raises(TypeError, match="payload 1 is a str"):
+        shmloader.payload_rows([b"ab", "cd"])
+
+
 def test_payloads_of_wider_items_are_refused_not_misread():
     wide = memoryview(np.arange(3, dtype=np.int32))  # len() counts 3 items of 4 bytes
     with pytest.raises(ValueError, match="memoryview of format 'B'"):

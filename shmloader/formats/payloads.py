@@ -78,6 +78,21 @@ def strided_rows(buffer: Any, first: int, count: int, length: int, stride: int) 
     )
 
 
+def _joinable(payload: Any, index: int) -> Any:
+    """``payload`` as ``bytes.join`` takes it: a strided memoryview (a column of a 2-D array,
+    say) copied in order; a payload that is no buffer at all is named."""
+    if isinstance(payload, memoryview) and not payload.c_contiguous:
+        return payload.tobytes()
+    try:
+        memoryview(payload)
+    except TypeError:
+        raise TypeError(
+            f"payload_rows needs bytes-like payloads (bytes, bytearray, memoryview); payload "
+            f"{index} is a {type(payload).__name__}"
+        ) from None
+    return payload
+
+
 def payload_rows(payloads: Sequence[Any]) -> np.ndarray:
     """The payloads as the rows of one read-only ``(len(payloads), length)`` uint8 array.
 
@@ -107,7 +122,10 @@ def payload_rows(payloads: Sequence[Any]) -> np.ndarray:
             f"{min(lengths)} to {max(lengths)} bytes"
         )
     length = lengths.pop() if lengths else 0
-    joined = b"".join(payloads)
+    try:
+        joined = b"".join(payloads)
+    except TypeError:  # join takes only contiguous buffers: find the payload, say which
+        joined = b"".join([_joinable(p, i) for i, p in enumerate(payloads)])
     if len(joined) != count * length:  # len() of a buffer of wider items counts items
         raise ValueError(
             f"payload_rows needs bytes-like payloads of bytes (bytes, bytearray, memoryview "
