@@ -133,8 +133,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._closed = False
         self._owner_pid = os.getpid()
         # The store exists from the start (cheap: a folder in /dev/shm), so DataLoader workers
-        # forked before the first batch already know where segments will be; the master and
-        # the readers start on first use.
+        # forked before the first batch already know where segments will be; the master starts
+        # on first use, and the readers are configured then.
         self._store: SegmentStore | None = SegmentStore.create(self.shm_budget, base_dir=shm_dir)
         self._gatherer: Gatherer | None = Gatherer(self._store.handle(), self._columns or [])
         # The reader processes start now and wait for their configuration until first use, so
