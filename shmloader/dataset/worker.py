@@ -32,6 +32,7 @@ from .ledger import LedgerWriter, ledger_dir
 from .parsed import ParsedViews
 from .plane import slot_name
 from .ring import BatchRing, RingBatch
+from .window import SlotTable
 
 MAX_CACHED_SEGMENTS = 64
 # Address space reserved for mapping segments (no memory: see shm/region.py). Segments in use
@@ -68,18 +69,19 @@ class Gatherer:
         # time, so the first opened are the first done with: no LRU upkeep per lookup).
         self._views: dict[int, dict[str, ColumnView]] = {}
         self._next_sweep = 0.0
-        self._sink: Callable[[np.ndarray, list[SegmentRows]], None] | None = None
+        self._sink: Callable[[np.ndarray, list[SegmentRows] | None], None] | None = None
         self._sink_pid = -1
         self._region: Region | None = None
         self._no_region = False
         self._placed: dict[int, Placed] = {}
         self._kept: KeptMappings | None = None
         self._parsed = ParsedViews(PARSED_MAX)
-        # The last batch's slots and segments (the batches of a shuffle window share them);
-        # forgotten whenever a view is dropped.
+        # The last batch's slots and segments (the batches of a shuffle window share them),
+        # and their SlotTable if they have one; forgotten whenever a view is dropped.
         self._last: tuple[list[int], BatchSegments] | None = None
+        self._table: SlotTable | None = None
 
-    def report_to(self, sink: Callable[[np.ndarray, list[SegmentRows]], None]) -> None:
+    def report_to(self, sink: Callable[[np.ndarray, list[SegmentRows] | None], None]) -> None:
         """In the trainer, hand gathered indices to ``sink`` (the data plane) directly.
 
         Only in the process that calls this: forked workers inherit the sink but see another
@@ -165,7 +167,7 @@ class Gatherer:
 
     def close(self) -> None:
         """Unmap every segment mapped here (the trainer's gatherer, when the dataset closes)."""
-        self._last = None
+        self._last = self._table = None
         self._views.clear()
         self._placed.clear()
         self._parsed.clear()
@@ -182,30 +184,50 @@ class Gatherer:
         """The batch of ``indices``: a dict of tensors, or with ``ring`` in a DataLoader worker
         of ``shmloader.DataLoader``, a :class:`RingBatch` the training process copies out."""
         idx = np.asarray(indices, dtype=np.int64)
-        grouped = group_rows(idx)
-        slots = [g.slot for g in grouped[0]]
-        last = self._last
-        if last is None or last[0] != slots:
-            last = self._last = (slots, batch_segments(self.views, slots))
         into = _RingAlloc(self) if ring and self.ring_slots and in_worker() else None
+        table, region = self._table, self._region
+        positions = None
+        if table is not None and region is not None and len(idx) and _ascending(idx):
+            positions = table.positions(idx)  # a sorted batch over the last batch's segments
+        grouped: list[SegmentRows] | None = None
         try:
-            out = gather(self.views, idx, self.columns, self._region_here(), grouped, into, last[1])
+            if positions is not None:
+                assert table is not None and region is not None
+                in_use = table.slots
+                out: dict[str, object] = table.gather(region, positions, into)
+            else:
+                out, grouped = self._gather_grouped(idx, into)
+                in_use = {g.slot for g in grouped}
         except BaseException:
             if into is not None:
                 into.give_back()
             raise
         # Only after the copy: from now on the trainer may release these rows' segments.
         if self._sink is not None and self._sink_pid == os.getpid():
-            self._sink(idx, grouped[0])
+            self._sink(idx, grouped)  # None: the plane groups them itself
         elif self.write_ledger:
             self._ledger.record(idx)
         now = time.monotonic()
         if now >= self._next_sweep or len(self._views) > MAX_CACHED_SEGMENTS:
-            self._forget_released(set(slots))
+            self._forget_released(in_use)
             self._next_sweep = now + SWEEP_SECONDS
         if into is not None and into.ring is not None and into.slot is not None:
             return RingBatch(into.ring.path, into.slot, into.ring.slot_bytes, out)
         return out
+
+    def _gather_grouped(
+        self, idx: np.ndarray, into: _RingAlloc | None
+    ) -> tuple[dict[str, object], list[SegmentRows]]:
+        """The batch through the rows grouped by segment (any batch), and the groups; makes
+        the SlotTable of a new set of segments for the batches after it."""
+        grouped = group_rows(idx)
+        slots = [g.slot for g in grouped[0]]
+        last = self._last
+        if last is None or last[0] != slots:
+            last = self._last = (slots, batch_segments(self.views, slots))
+            self._table = SlotTable.of(slots, last[1], self.columns, self._region)
+        region = self._region_here()
+        return gather(self.views, idx, self.columns, region, grouped, into, last[1]), grouped[0]
 
     def _ring_for(self, nbytes: int) -> BatchRing | None:
         """This worker's ring, made for batches of about ``nbytes`` on first use."""
@@ -231,7 +253,7 @@ class Gatherer:
             name = slot_name(slot)
             if name not in present or len(self._views) > MAX_CACHED_SEGMENTS:
                 del self._views[slot]
-                self._last = None
+                self._last = self._table = None
                 placed = self._placed.pop(slot, None)
                 if placed is not None and self._kept is not None and not in_worker():
                     self._kept.keep(placed)  # its views are gone (just above)
@@ -241,6 +263,11 @@ class Gatherer:
                     self.store.drop(name)  # type: ignore[attr-defined]
         if self._kept:
             self._kept.sweep(entry.inode() for entry in entries)
+
+
+def _ascending(idx: np.ndarray) -> bool:
+    """Whether sample indices are sorted (what shmloader.DataLoader hands its workers)."""
+    return len(idx) == 1 or bool((idx[1:] >= idx[:-1]).all())
 
 
 class _RingAlloc:
