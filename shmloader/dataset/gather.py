@@ -195,7 +195,7 @@ def group_rows(indices: Sequence[int] | np.ndarray) -> tuple[list[SegmentRows], 
     n = len(idx)
     if n == 0:
         raise ConfigError("cannot gather an empty batch")
-    if n == 1 or bool((idx[1:] >= idx[:-1]).all()):
+    if is_sorted(idx):
         return _sorted_groups(idx)
     slots, rows = split_indices(idx)
     lo, hi = int(slots.min()), int(slots.max())
@@ -218,6 +218,11 @@ def group_rows(indices: Sequence[int] | np.ndarray) -> tuple[list[SegmentRows], 
         )
     ]
     return groups, rows
+
+
+def is_sorted(idx: np.ndarray) -> bool:
+    """Whether sample indices are in ascending order (what shmloader.DataLoader hands over)."""
+    return len(idx) == 1 or bool((idx[1:] >= idx[:-1]).all())
 
 
 def _sorted_groups(idx: np.ndarray) -> tuple[list[SegmentRows], np.ndarray]:
@@ -278,7 +283,7 @@ def gather(
     protos = [_dense(first, name) for name in dense]
     outputs = (alloc or alloc_outputs)([((n, *p.shape[1:]), p.dtype) for p in protos])
     _check_rows(groups, segments)  # once per segment, not once per column
-    if known.firsts is not None and region is not None and _in_region(first, dense):
+    if known.firsts is not None and region is not None and in_region(first, dense):
         _take_from_region(region, first, known.firsts, groups, rows, outputs)
     else:
         for name, proto, (_tensor, target) in zip(dense, protos, outputs, strict=True):
@@ -303,7 +308,7 @@ def _dense(views: dict[str, ColumnView], name: str) -> np.ndarray:
     return array
 
 
-def _in_region(first: dict[str, ColumnView], dense: list[str]) -> bool:
+def in_region(first: dict[str, ColumnView], dense: Sequence[str]) -> bool:
     """Whether the batch's dense columns are all placed in the region, in the segment's own
     column order (the order of ``first.layout``)."""
     layout = getattr(first, "layout", ())
@@ -362,10 +367,18 @@ def _take_from_region(
     else:
         positions = np.repeat(firsts, [g.stop - g.start for g in groups], axis=1)
         positions += rows
-    for (_name, dtype, row_shape, residue), where, (_tensor, target) in zip(
-        first.layout, positions, outputs, strict=True
+    take_positions(region, first.layout, positions, outputs)
+
+
+def take_positions(
+    region: Region, layout: tuple[Any, ...], positions: np.ndarray, outputs: Sequence[Any]
+) -> None:
+    """Copy the region rows ``positions[c]`` of each column ``c`` of ``layout``
+    (``SegmentViews.layout``) into ``outputs[c]``'s array: one ``take`` per column."""
+    for (_name, dtype, row_shape, residue), where, (_value, target) in zip(
+        layout, positions, outputs, strict=True
     ):
-        assert residue is not None  # see _in_region
+        assert residue is not None  # see in_region
         view = region.rows(dtype, row_shape, residue)
         view.take(where, axis=0, out=target, mode="clip")
 

@@ -18,13 +18,21 @@ import numpy as np
 
 from ..shm.region import Region
 from .batch import Batch
-from .gather import ROW_BITS, ROW_MASK, BatchSegments, SegmentViews, alloc_outputs
+from .gather import (
+    ROW_BITS,
+    ROW_MASK,
+    BatchSegments,
+    SegmentViews,
+    alloc_outputs,
+    in_region,
+    take_positions,
+)
 
 
 class SlotTable:
     """Region row of the first row of each column of the segments of ``slots``, by slot."""
 
-    def __init__(self, slots: Sequence[int], known: BatchSegments, columns: Sequence[str]):
+    def __init__(self, slots: Sequence[int], known: BatchSegments):
         first = cast(SegmentViews, known.views[0])
         assert known.firsts is not None  # see SlotTable.of
         self.slots = set(slots)
@@ -38,22 +46,22 @@ class SlotTable:
         self.num_rows = np.zeros(span, dtype=np.int64)
         self.num_rows[at] = [cast(SegmentViews, v).num_rows for v in known.views]
         self.layout = first.layout
-        self.columns = list(columns)
 
     @classmethod
     def of(
-        cls, slots: Sequence[int], known: BatchSegments, columns: Sequence[str], region: Any
+        cls,
+        slots: Sequence[int],
+        known: BatchSegments,
+        columns: Sequence[str],
+        region: Region | None,
     ) -> SlotTable | None:
         """A table for these segments, if every column asked for is dense and placed in the
         region alike in all of them (what the region's one-take path of ``gather`` needs)."""
         if region is None or not known.alike or known.firsts is None or not slots:
             return None
-        first = known.views[0]
-        layout = getattr(first, "layout", ())
-        names = [entry[0] for entry in layout]
-        if names != list(columns) or any(entry[3] is None for entry in layout):
+        if not in_region(known.views[0], columns):
             return None
-        return cls(slots, known, columns)
+        return cls(slots, known)
 
     def positions(self, idx: np.ndarray) -> np.ndarray | None:
         """Region rows ``(columns, len(idx))`` of sorted sample indices ``idx``; None if a
@@ -78,12 +86,8 @@ class SlotTable:
         n = positions.shape[1]
         specs = [((n, *row_shape), dtype) for _name, dtype, row_shape, _residue in self.layout]
         outputs = (alloc or alloc_outputs)(specs)
+        take_positions(region, self.layout, positions, outputs)
         out = Batch()
-        for (name, dtype, row_shape, residue), where, (value, target) in zip(
-            self.layout, positions, outputs, strict=True
-        ):
-            assert residue is not None  # see SlotTable.of
-            view = region.rows(dtype, row_shape, residue)
-            view.take(where, axis=0, out=target, mode="clip")
+        for (name, *_), (value, _target) in zip(self.layout, outputs, strict=True):
             out[name] = value
         return out

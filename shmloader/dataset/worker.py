@@ -26,6 +26,7 @@ from .gather import (
     gather,
     group_rows,
     in_worker,
+    is_sorted,
     segment_views,
 )
 from .ledger import LedgerWriter, ledger_dir
@@ -187,17 +188,15 @@ class Gatherer:
         into = _RingAlloc(self) if ring and self.ring_slots and in_worker() else None
         table, region = self._table, self._region
         positions = None
-        if table is not None and region is not None and len(idx) and _ascending(idx):
+        if table is not None and region is not None and len(idx) and is_sorted(idx):
             positions = table.positions(idx)  # a sorted batch over the last batch's segments
         grouped: list[SegmentRows] | None = None
         try:
             if positions is not None:
                 assert table is not None and region is not None
-                in_use = table.slots
                 out: dict[str, object] = table.gather(region, positions, into)
             else:
                 out, grouped = self._gather_grouped(idx, into)
-                in_use = {g.slot for g in grouped}
         except BaseException:
             if into is not None:
                 into.give_back()
@@ -209,6 +208,11 @@ class Gatherer:
             self._ledger.record(idx)
         now = time.monotonic()
         if now >= self._next_sweep or len(self._views) > MAX_CACHED_SEGMENTS:
+            if grouped is not None:
+                in_use = {g.slot for g in grouped}
+            else:
+                assert table is not None  # the batch went through it
+                in_use = table.slots
             self._forget_released(in_use)
             self._next_sweep = now + SWEEP_SECONDS
         if into is not None and into.ring is not None and into.slot is not None:
@@ -263,11 +267,6 @@ class Gatherer:
                     self.store.drop(name)  # type: ignore[attr-defined]
         if self._kept:
             self._kept.sweep(entry.inode() for entry in entries)
-
-
-def _ascending(idx: np.ndarray) -> bool:
-    """Whether sample indices are sorted (what shmloader.DataLoader hands its workers)."""
-    return len(idx) == 1 or bool((idx[1:] >= idx[:-1]).all())
 
 
 class _RingAlloc:
