@@ -9,6 +9,7 @@ import gc
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -25,15 +26,10 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
     return directory, write_dataset(directory, [300, 150])
 
 
-def _reader_children() -> set[int]:
-    found = set()
-    for child in psutil.Process().children():
-        try:
-            if "shmloader.reader" in child.cmdline():
-                found.add(child.pid)
-        except psutil.NoSuchProcess:  # one that ended meanwhile
-            continue
-    return found
+def _children() -> set[int]:
+    """This process's child processes. Not told apart by command line: a reader just started
+    may not have exec'd yet, and shows ours until it has."""
+    return {child.pid for child in psutil.Process().children()}
 
 
 def _read_all(ds: shmloader.SharedTaskDataset) -> list[int]:
@@ -44,9 +40,9 @@ def test_readers_started_with_the_dataset_are_the_ones_that_read(
     data: tuple[Path, list[int]], tmp_path: Path
 ) -> None:
     directory, expected = data
-    before = _reader_children()
+    before = _children()
     with dataset(directory, tmp_path / "shm", num_readers=2) as ds:
-        started = _reader_children() - before
+        started = _children() - before
         assert len(started) == 2
         assert ds._runtime is None  # not used yet: no master, no pool thread
         assert _read_all(ds) == expected
@@ -88,12 +84,12 @@ def test_made_in_another_thread_its_readers_start_on_first_use(
     from a thread that ended would die before its first task."""
     directory, expected = data
     made: list[shmloader.SharedTaskDataset] = []
-    before = _reader_children()
+    before = _children()
     maker = threading.Thread(target=lambda: made.append(dataset(directory, tmp_path / "shm")))
     maker.start()
     maker.join()
     with made[0] as ds:
-        assert ds._launched == [] and _reader_children() == before
+        assert ds._launched == [] and _children() == before
         assert _read_all(ds) == expected
         assert [r.restarts for r in ds.stats().readers] == [0, 0]
 
@@ -127,6 +123,11 @@ def test_readers_run_with_one_blas_thread_unless_the_user_chose() -> None:
     assert reader_environment({"OPENBLAS_NUM_THREADS": "4"}) == {"OPENBLAS_NUM_THREADS": "4"}
     proc = launch_reader()
     try:
+        # Until the child has exec'd, /proc shows the environment it was forked with (ours).
+        deadline = time.monotonic() + 30.0
+        while b"shmloader.reader" not in _cmdline(proc.popen.pid):
+            assert time.monotonic() < deadline, "the reader never started"
+            time.sleep(0.01)
         with open(f"/proc/{proc.popen.pid}/environ", "rb") as f:
             environ = dict(entry.split(b"=", 1) for entry in f.read().split(b"\0") if b"=" in entry)
     finally:
@@ -134,3 +135,8 @@ def test_readers_run_with_one_blas_thread_unless_the_user_chose() -> None:
         proc.popen.wait(30.0)
     chosen = os.environ.get("OPENBLAS_NUM_THREADS") or "1"
     assert environ[b"OPENBLAS_NUM_THREADS"] == chosen.encode()
+
+
+def _cmdline(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
