@@ -115,9 +115,43 @@ class SlotState:
 
 def rank_rows(slots: Mapping[int, SlotState], indices: np.ndarray, first: int) -> int:
     """Rank the admitted rows ``indices`` ``first``, ``first + 1``, ... in their slots' states
-    (``SlotState.rank``); returns the next rank."""
+    (``SlotState.rank``); returns the next rank.
+
+    A block's rows (a window of tasks, 32,768 rows for 8 tasks of 4096) lie in a few slots
+    numbered close together, so the ranks are scattered once into a flat ``(slot, row)`` table
+    and each slot takes its part: one pass over the block, not one per slot (a mask of the
+    whole block per slot cost the trainer about 0.07 µs per row, as much as half the gather).
+    """
+    n = len(indices)
+    if not n:
+        return first
     slot_of, rows = split_indices(indices)
-    ranks = np.arange(first, first + len(indices), dtype=np.int64)
+    lo, hi = int(slot_of.min()), int(slot_of.max())
+    width = int(rows.max()) + 1
+    if (hi - lo + 1) * width > 4 * n:  # slots far apart: the table would be mostly empty
+        _rank_by_slot(slots, slot_of, rows, first)
+        return first + n
+    table = np.full((hi - lo + 1, width), -1, dtype=np.int64)
+    table[slot_of - lo, rows] = np.arange(first, first + n, dtype=np.int64)
+    for slot in range(lo, hi + 1):
+        state = slots.get(slot)
+        if state is None:  # settled already, or not in this block
+            continue
+        part = table[slot - lo, : state.task.num_rows]
+        ranked = part >= 0
+        if not ranked.any():
+            continue
+        if state.rank is None:
+            state.rank = np.full(state.task.num_rows, -1, dtype=np.int64)
+        state.rank[: len(part)][ranked] = part[ranked]
+    return first + n
+
+
+def _rank_by_slot(
+    slots: Mapping[int, SlotState], slot_of: np.ndarray, rows: np.ndarray, first: int
+) -> None:
+    """:func:`rank_rows` one slot at a time (for slots numbered far apart)."""
+    ranks = np.arange(first, first + len(rows), dtype=np.int64)
     for slot in np.unique(slot_of).tolist():
         state = slots.get(slot)
         if state is None:  # settled already: nothing of it to deliver
@@ -126,7 +160,6 @@ def rank_rows(slots: Mapping[int, SlotState], indices: np.ndarray, first: int) -
             state.rank = np.full(state.task.num_rows, -1, dtype=np.int64)
         mine = slot_of == slot
         state.rank[rows[mine]] = ranks[mine]
-    return first + len(indices)
 
 
 def partly_consumed(
