@@ -178,7 +178,7 @@ def test_a_reader_that_once_cannot_import_the_source_is_restarted(
 ) -> None:
     """The first reader cannot import the decode function's module, the next one can: the
     loop gets every record. ae96cfc made any reader's failure to unpickle the source a
-    ConfigError of the whole loop at once, with no restart ('a reader cannot load the source:
+    ConfigError of the whole loop at once, with no restart ('cannot load the source:
     ImportError: cannot read the module's file ...'); a second failure in a row still is."""
     (tmp_path / "mods").mkdir()
     module = tmp_path / "mods" / "flaky_decoders.py"
@@ -244,7 +244,7 @@ def test_a_source_readers_cannot_import_is_a_config_error_at_once(tmp_path: Path
         check=True,
     )
     assert "RAISED ConfigError reader" in done.stdout, done.stdout + done.stderr
-    assert "a reader cannot load the source: FileNotFoundError" in done.stdout
+    assert "started twice, cannot load the source: FileNotFoundError" in done.stdout
     assert "define them at the top level of a module" in done.stdout
     assert "died" not in done.stdout + done.stderr  # no reader was restarted into it
     assert shm_entries(tmp_path / "shm") == []

@@ -313,7 +313,7 @@ class ReaderPool:
                 info.unusable = True  # it exits; _reader_gone starts another
                 return
             info.finished = True  # twice in a row: every new reader would fail the same way
-            raise ConfigError(f"reader {info.index}: {message.error}")
+            raise ConfigError(f"reader {info.index}, started twice, {message.error}")
         self._on_message(info, message)
 
     def _reader_gone(self, index: int) -> None:

@@ -386,7 +386,7 @@ def _load_config(prep: dict[str, Any], blob: bytes) -> ReaderConfig:
             config = pickle.loads(blob)
         except Exception as exc:  # anything the script raises, or its file not found
             raise ConfigError(
-                f"a reader cannot load the source: {type(exc).__name__}: {exc}. Readers are "
+                f"cannot load the source: {type(exc).__name__}: {exc}. Readers are "
                 "separate processes and import the source's class and decode functions by "
                 "name: define them at the top level of a module they can import, not in a "
                 "script run from stdin or python -c, a notebook, or under "
