@@ -27,8 +27,10 @@ def _records(n: int, seed: int, sizes: tuple[int, int] = (0, 3000)) -> list[byte
     return [rng.randbytes(rng.randint(*sizes)) for _ in range(n)]
 
 
-def _runs_payloads(rf: RecordFile, start: int, stop: int, views: bool) -> list[Any]:
-    runs = rf.read_runs(start, stop, views=views, mapped=True)
+def _runs_payloads(
+    rf: RecordFile, start: int, stop: int, views: bool, verify: bool = True
+) -> list[Any]:
+    runs = rf.read_runs(start, stop, views=views, mapped=True, verify=verify)
     return [p for run in runs if isinstance(run, Run) for p in run.payloads]
 
 
@@ -53,6 +55,8 @@ def test_views_are_slices_of_a_mapping_and_copies_are_bytes(
         copies = _runs_payloads(rf, start, stop, views=False)
         assert all(type(c) is bytes for c in copies)
         assert copies == records[start:stop]
+        # Unverified, a wrong slice would not be caught by a CRC and read again frame by frame.
+        assert _runs_payloads(rf, start, stop, views=False, verify=False) == records[start:stop]
 
 
 def test_compressed_files_are_read_not_mapped(tmp_path: Path) -> None:
@@ -96,6 +100,8 @@ def test_a_source_reads_views_and_copies_in_order_and_stops_at_the_range(
     assert source is not None
     with source:
         assert source.position == 70_001
+        at = source.mapped_at()  # where the next view starts, in the mapping itself
+        assert at is not None and at[0][at[1] : at[1] + 10] == data[70_001:70_011]
         assert bytes(source.view(10)) == data[70_001:70_011]
         assert source.read(5) == data[70_011:70_016]
         rest = source.view(1 << 20)  # asks past the range: gets what is left of it
@@ -104,7 +110,34 @@ def test_a_source_reads_views_and_copies_in_order_and_stops_at_the_range(
     assert sum(seen) == 76_000 - 70_001
     with pytest.raises(ValueError, match="closed"):
         source.view(1)
+    assert source.mapped_at() is None
     assert bytes(rest[:3]) == data[70_016:70_019]  # still readable after close
+
+
+@pytest.mark.parametrize("sizes", [(0, 3000), (500, 500)], ids=["mixed", "one-length"])
+def test_a_corrupt_payload_read_through_the_mapping_is_named(
+    tmp_path: Path, sizes: tuple[int, int]
+) -> None:
+    """``bytes`` copies are sliced out of the mapping itself: their CRCs are still checked,
+    and a damaged record is named (or skipped) as with ``read(2)``."""
+    records = _records(3000, seed=5, sizes=sizes)
+    path = str(tmp_path / "data.tfrecord")
+    write_records(path, records)
+    rf = RecordFile(path)
+    bad = next(i for i in range(1500, 3000) if len(records[i]))
+    at = int(rf.offsets[bad]) + 12  # the payload's first byte
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    for views in (False, True):
+        with pytest.raises(shmloader.CorruptRecordError) as info:
+            _runs_payloads(rf, 1000, 3000, views=views)
+        assert path in str(info.value) and f"record {bad}" in str(info.value)
+        runs = list(rf.read_runs(1000, 3000, on_error="skip", views=views, mapped=True))
+        got = [bytes(p) for run in runs if isinstance(run, Run) for p in run.payloads]
+        assert got == records[1000:bad] + records[bad + 1 : 3000]
 
 
 def test_what_cannot_be_mapped_is_left_to_read(tmp_path: Path) -> None:

@@ -97,6 +97,11 @@ class ByteSource:
         file); None where it has not, and then nothing was read."""
         return None
 
+    def mapped_at(self) -> tuple[Any, int] | None:
+        """``(mapping, offset)``: the mapping whose byte ``offset`` the next :meth:`view` will
+        start at, where the source is a mapped file; None where it is not."""
+        return None
+
     def close(self) -> None:
         raise NotImplementedError
 

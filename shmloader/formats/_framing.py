@@ -242,6 +242,7 @@ def iter_indexed_runs(
         j = int(np.searchsorted(offsets, lo + BLOCK, side="right")) - 1
         j = min(max(j, i + 1), stop)
         hi = int(offsets[j])
+        copy_from = None if views else source.mapped_at()
         mapped = source.view(hi - lo)
         buf = read_at_least(source, hi - lo) if mapped is None else mapped
         if len(buf) < hi - lo:
@@ -252,7 +253,13 @@ def iter_indexed_runs(
                 offset=lo + len(buf),
             )
         rel = offsets[i : j + 1].astype(np.int64) - lo
-        payloads = split_indexed(memoryview(buf) if views else buf, rel, verify, copy=not views)
+        payloads = split_indexed(
+            memoryview(buf) if views else buf,
+            rel,
+            verify,
+            copy=not views,
+            copy_from=copy_from if mapped is not None else None,
+        )
         if payloads is not None:
             yield Run(i, (rel[:-1] + lo).tolist(), payloads)
         else:
@@ -265,7 +272,12 @@ def iter_indexed_runs(
 
 
 def split_indexed(
-    buf: bytes | memoryview, rel: np.ndarray, verify: bool, *, copy: bool = False
+    buf: bytes | memoryview,
+    rel: np.ndarray,
+    verify: bool,
+    *,
+    copy: bool = False,
+    copy_from: tuple[Any, int] | None = None,
 ) -> list[Any] | None:
     """The payloads of ``buf`` if it holds exactly the valid frames starting at ``rel[:-1]``.
 
@@ -274,7 +286,8 @@ def split_indexed(
     not what the index says or is corrupt, and the caller walks the block to say which.
     The payloads are slices of ``buf``: ``bytes`` copies, or views of a ``memoryview`` (copied
     into ``bytes`` with ``copy``); when all are one length, in a :class:`Payloads` that also
-    views them as the rows of one array.
+    views them as the rows of one array. ``copy_from``: ``(mapping, offset)`` where ``buf``
+    lies in a file mapping (``_mapped.py``): ``bytes`` copies are sliced out of it directly.
     """
     starts = rel[:-1]
     lengths = np.diff(rel) - FRAME_OVERHEAD
@@ -284,7 +297,7 @@ def split_indexed(
     if shortest < 0:
         return None
     if shortest == longest:
-        return _split_one_length(buf, len(starts), shortest, verify, copy)
+        return _split_one_length(buf, len(starts), shortest, verify, copy, copy_from)
     data = np.frombuffer(buf, np.uint8)
     header = data[starts[:, None] + np.arange(HEADER_SIZE)]
     # As int64 like ``lengths``: uint64 against int64 would compare as float64, a cast per frame.
@@ -297,8 +310,13 @@ def split_indexed(
     ):
         return None
     ends = rel[1:] - 4
-    spans = zip((starts + HEADER_SIZE).tolist(), ends.tolist(), strict=True)
-    payloads = _copied([buf[a:b] for a, b in spans], copy)
+    if copy and copy_from is not None:
+        whole, at = copy_from
+        spans = zip((starts + (at + HEADER_SIZE)).tolist(), (ends + at).tolist(), strict=True)
+        payloads = [whole[a:b] for a, b in spans]
+    else:
+        spans = zip((starts + HEADER_SIZE).tolist(), ends.tolist(), strict=True)
+        payloads = _copied([buf[a:b] for a, b in spans], copy)
     if verify and not _crcs_match(payloads, data[ends[:, None] + np.arange(4)]):
         return None
     return payloads
@@ -312,7 +330,12 @@ def _copied(payloads: list[Any], copy: bool) -> list[Any]:
 
 
 def _split_one_length(
-    buf: bytes | memoryview, count: int, length: int, verify: bool, copy: bool
+    buf: bytes | memoryview,
+    count: int,
+    length: int,
+    verify: bool,
+    copy: bool,
+    copy_from: tuple[Any, int] | None = None,
 ) -> Payloads | None:
     """:func:`split_indexed` for ``count`` frames of one payload ``length`` (the usual block).
 
@@ -324,8 +347,13 @@ def _split_one_length(
     header = np.frombuffer(frame_header(length), "<u4")
     if not (strided_rows(buf, 0, count, HEADER_SIZE, stride).view("<u4") == header).all():
         return None
-    slices = [buf[a : a + length] for a in range(HEADER_SIZE, count * stride, stride)]
-    payloads = _copied(slices, copy)
+    if copy and copy_from is not None:
+        whole, at = copy_from
+        firsts = range(at + HEADER_SIZE, at + count * stride, stride)
+        payloads = [whole[a : a + length] for a in firsts]
+    else:
+        slices = [buf[a : a + length] for a in range(HEADER_SIZE, count * stride, stride)]
+        payloads = _copied(slices, copy)
     if verify and not _crcs_match(payloads, strided_rows(buf, stride - 4, count, 4, stride)):
         return None
     return Payloads(payloads, strided_rows(buf, HEADER_SIZE, count, length, stride))

