@@ -254,11 +254,7 @@ def iter_indexed_runs(
             )
         rel = offsets[i : j + 1].astype(np.int64) - lo
         payloads = split_indexed(
-            memoryview(buf) if views else buf,
-            rel,
-            verify,
-            copy=not views,
-            copy_from=copy_from if mapped is not None else None,
+            memoryview(buf) if views else buf, rel, verify, copy=not views, copy_from=copy_from
         )
         if payloads is not None:
             yield Run(i, (rel[:-1] + lo).tolist(), payloads)

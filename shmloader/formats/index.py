@@ -236,15 +236,27 @@ def _parse(raw: bytes, kind: str, where: str) -> tuple[int, int, np.ndarray, np.
     stored_kind = raw[_HEADER.size : start].decode("utf-8", "replace")
     if stored_kind != kind:
         raise damaged(f"it indexes kind {stored_kind!r}, not {kind!r}", _HEADER.size)
-    offsets = np.frombuffer(raw, dtype=_OFFSET_DTYPE, count=count + 1, offset=start)
+    offsets = _aligned(np.frombuffer(raw, dtype=_OFFSET_DTYPE, count=count + 1, offset=start))
     if count and bool(np.any(offsets[1:] < offsets[:-1])):
         raise damaged("offsets decrease", start)
     lost = _NO_LOST
     if nlost:
-        lost = np.frombuffer(raw, dtype=_OFFSET_DTYPE, count=nlost, offset=lost_at + 8)
+        lost = _aligned(np.frombuffer(raw, dtype=_OFFSET_DTYPE, count=nlost, offset=lost_at + 8))
         if not _valid_lost(lost, count):
             raise damaged("lost record numbers out of order or out of range", lost_at)
     return int(size), int(mtime_ns), offsets, lost
+
+
+def _aligned(values: np.ndarray) -> np.ndarray:
+    """``values`` (a view of the file's bytes, where the kind's name leaves the numbers at any
+    byte offset) as a read-only array that is aligned: numpy copies an unaligned array first
+    in operations such as ``searchsorted``, which then cost 28 µs instead of 2 for 100,001
+    offsets (a reader looks up every block it reads)."""
+    if values.flags.aligned:
+        return values
+    out = values.copy()
+    out.flags.writeable = False
+    return out
 
 
 def _valid_lost(lost: np.ndarray, count: int) -> bool:
