@@ -45,9 +45,13 @@ def master() -> Iterator[Master]:
     m.stop()
 
 
-@pytest.fixture
-def client(master: Master) -> Iterator[MasterClient]:
-    with MasterClient(master.address, timeout=5, retry_for=1) as c:
+@pytest.fixture(params=["grpc", "local"])
+def client(master: Master, request: pytest.FixtureRequest) -> Iterator[MasterClient]:
+    """A client over gRPC, and one calling the service in-process (``Master.local_stub``, as
+    the embedded master's own trainer does): the same calls must give the same answers."""
+    local = master.local_stub() if request.param == "local" else None
+    with MasterClient(master.address, timeout=5, retry_for=1, local=local) as c:
+        assert c.local is (local is not None)
         yield c
 
 

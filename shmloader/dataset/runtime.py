@@ -132,7 +132,9 @@ class Runtime:
             address = self._master_address()
             self.address = address
             self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            self.client = MasterClient(address, token=config.token)
+            # The embedded master's own calls skip gRPC (master/local.py); readers use it.
+            local = self.embedded.local_stub() if self.embedded is not None else None
+            self.client = MasterClient(address, token=config.token, local=local)
             info = self.client.register(self.consumer, config.rank)
             self.lease_timeout = float(info.lease_timeout)
             self._elastic = info.world_size is None  # trainers share the master's epochs

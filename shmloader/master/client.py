@@ -104,6 +104,8 @@ class MasterClient:
     """Talks to a master at ``address`` (``host:port``); see the module docstring.
 
     ``root_certificates`` (PEM) switches to TLS; ``token`` is sent with every call.
+    ``local``: the master runs in this process; call it through this stub (``Master.
+    local_stub()``, local.py) instead of a gRPC channel to ``address``.
     """
 
     def __init__(
@@ -114,6 +116,7 @@ class MasterClient:
         root_certificates: bytes | None = None,
         timeout: float = 10.0,
         retry_for: float | None = None,
+        local: Any = None,
     ) -> None:
         if retry_for is None:
             retry_for = default_retry_for()
@@ -125,12 +128,16 @@ class MasterClient:
         self.timeout = float(timeout)
         self.retry_for = float(retry_for)
         self._closing = threading.Event()
-        if root_certificates is None:
-            self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._channel: grpc.Channel | None = None
+        if local is not None:
+            self._stub: Any = local
         else:
-            creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
-            self._channel = grpc.secure_channel(address, creds, options=_CHANNEL_OPTIONS)
-        self._stub = pb_grpc.MasterStub(self._channel)
+            if root_certificates is None:
+                self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            else:
+                creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+                self._channel = grpc.secure_channel(address, creds, options=_CHANNEL_OPTIONS)
+            self._stub = pb_grpc.MasterStub(self._channel)
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
@@ -145,6 +152,11 @@ class MasterClient:
         self._hurry = threading.Event()
         # When a call last gave up on an unreachable master (None after any answer).
         self.gave_up_at: float | None = None
+
+    @property
+    def local(self) -> bool:
+        """Whether calls go to a master in this process, without gRPC (``local=``)."""
+        return self._channel is None
 
     def stop_retrying(self) -> None:
         """From now on try each call once: for a caller that knows the master is gone (a
@@ -350,7 +362,7 @@ class MasterClient:
             self._heartbeats.clear()
         for _, stop in beats:
             stop.set()
-        if os.getpid() == self._pid:
+        if os.getpid() == self._pid and self._channel is not None:
             self._channel.close()
         for thread, _ in beats:
             thread.join(self.timeout)

@@ -30,6 +30,7 @@ from ..sources.base import Shard, Source
 from . import forked
 from .dispatcher import Dispatcher
 from .journal import FSYNC_POLICIES, Journal
+from .local import LocalStub
 from .progress import DispatcherConfig, Progress
 from .service import MasterService
 from .wire import MAX_REQUEST_BYTES
@@ -109,6 +110,7 @@ class Master:
         self._lock = threading.Lock()
         self._journal: Journal | None = None
         self._dispatcher: Dispatcher | None = None
+        self._service: MasterService | None = None
         self._server: grpc.Server | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._health: health.HealthServicer | None = None
@@ -130,8 +132,9 @@ class Master:
             self._dispatcher = self._journal.dispatcher
         else:
             self._dispatcher = Dispatcher(self.plan, self.config)
+        self._service = MasterService(self._dispatcher, self._lock)
         try:
-            self._serve(MasterService(self._dispatcher, self._lock))
+            self._serve(self._service)
         except BaseException:
             self._close_journal()
             raise
@@ -241,6 +244,13 @@ class Master:
         """The journal once started (None without ``journal=``): its ``recovery`` says what a
         restart found on disk (snapshot, records replayed, a torn tail cut off)."""
         return self._journal
+
+    def local_stub(self) -> LocalStub:
+        """A stub for a ``MasterClient(..., local=)`` in this process: its calls reach the
+        service without gRPC (local.py). Fails as UNAVAILABLE once the master stops."""
+        if self._service is None:
+            raise MasterError("the master has not been started")
+        return LocalStub(self._service, lambda: self._server is not None and not self._stopped)
 
     def progress(self) -> Progress:
         """The dispatcher's progress report, read in-process under the lock."""
