@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import struct
+import subprocess
 import time
 from typing import Any
 
@@ -50,6 +51,25 @@ def decode_or_crash(payload: bytes) -> dict[str, Any]:
     _, flag = PAYLOAD.unpack(payload)
     if flag == POISON:
         os._exit(3)
+    return decode(payload)
+
+
+HOLDERS_ENV = "SHMLOADER_TEST_HOLDERS"  # where decode_holding_fds notes its children's pids
+_holder_started = False
+
+
+def decode_holding_fds(payload: bytes) -> dict[str, Any]:
+    """As :func:`decode`; first starts a child that inherits every open file of the reader,
+    its pipe to the trainer among them, and outlives it (a decoder that runs a helper
+    program would): a SIGKILLed reader then closes no pipe, and only a look at the process
+    says it died. The child's pid goes into a file in ``$SHMLOADER_TEST_HOLDERS``."""
+    global _holder_started
+    if not _holder_started:
+        _holder_started = True
+        holder = subprocess.Popen(["sleep", "120"], close_fds=False)
+        folder = os.environ[HOLDERS_ENV]
+        with open(os.path.join(folder, str(holder.pid)), "w"):
+            pass
     return decode(payload)
 
 

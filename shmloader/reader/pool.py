@@ -28,6 +28,10 @@ from .process import ReaderConfig
 
 STOP_SECONDS = 5.0  # how long readers get to stop on their own before they are killed
 BLAS_THREADS = "OPENBLAS_NUM_THREADS"  # numpy's wheels bundle OpenBLAS
+# How often readers are looked at for a death their pipe did not report (a child of theirs
+# holding its end open). A reader's death closes its pipe, which wakes the pool at once; this
+# is the fallback, not done after every message (a waitpid per reader per message).
+EXIT_CHECK_SECONDS = 0.1
 
 
 @dataclass
@@ -158,6 +162,7 @@ class ReaderPool:
         self._max_restarts = max_restarts
         self.readers = [ReaderInfo(i) for i in range(num_readers)]
         self._procs: dict[int, ReaderProcess] = {}
+        self._next_exit_check = 0.0  # when _step next looks for deaths the pipes missed
         self._launched = list(launched)  # started before the pool, adopted by its thread
         self._stopping = threading.Event()
         self._started = threading.Event()
@@ -269,7 +274,7 @@ class ReaderPool:
         if not self._procs:
             time.sleep(0.05)
             return
-        ready = wait(list(by_conn), timeout=0.1)
+        ready = wait(list(by_conn), timeout=EXIT_CHECK_SECONDS)
         for conn in ready:
             assert isinstance(conn, Connection)
             index = by_conn[conn]
@@ -279,6 +284,10 @@ class ReaderPool:
                 self._reader_gone(index)
                 continue
             self._handle(self.readers[index], message)
+        now = time.monotonic()
+        if ready and now < self._next_exit_check:
+            return
+        self._next_exit_check = now + EXIT_CHECK_SECONDS
         for index in list(by_conn.values()):  # a death whose pipe said nothing yet
             proc = self._procs.get(index)
             if proc is not None and proc.popen.poll() is not None and proc.conn not in ready:
