@@ -5,6 +5,13 @@ completing tasks), lowers the store's ``ahead`` hint once the sampler took tasks
 reader stuck on one task; every third of the lease timeout it renews the leases of announced
 tasks and reads the master's progress (quarantined tasks, epochs the master finished).
 
+The short tick is for the ledger, which only a plain DataLoader's workers write, and for readers
+held back by the ``ahead`` hint. With neither (``num_workers=0``, or ``shmloader.DataLoader``,
+whose loop marks what it consumed itself), the thread ticks every ``IDLE_POLL_SECONDS``: at
+5 ms its wake-ups, each taking the GIL from the training loop, cost 77-128 µs of the trainer's
+CPU per tabular batch of 1024 rows, 26-34 µs at 20 ms (docs/performance-history.md,
+"Sixteenth session"). Completions then reach the master up to 20 ms later.
+
 Apart from the runtime (runtime.py), which starts and wires the parts and later closes them,
 because this is one job with its own thread, clock and state (when to renew, which readers were
 warned of), reached only through :meth:`Maintenance.start`, :meth:`~Maintenance.stop` and
@@ -31,6 +38,7 @@ from .plane import DataPlane
 # The runtime's logger, as before this thread had a module of its own: filters keep working.
 log = logging.getLogger("shmloader.dataset.runtime")
 POLL_SECONDS = 0.005
+IDLE_POLL_SECONDS = 0.02  # the tick with no ledger rows and no readers held back
 STALL_SECONDS = 300.0  # on one task this long, not waiting for room: warned of
 STALL_CHECK_SECONDS = 1.0  # how often readers are looked at for that (a listdir at most)
 ALIVE_EVERY = 0.25  # seconds between the trainer's signs of life to its readers (hints.py)
@@ -67,7 +75,7 @@ class Maintenance:
     pool: ReaderPool
     store_path: str
     lease_timeout: float
-    hold_readers_back: Callable[[], None]
+    hold_readers_back: Callable[[], bool]  # returns whether readers are held back
     # Elastic mode: readers renew their leases only while the trainer says it is alive.
     elastic: bool = False
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
@@ -94,10 +102,12 @@ class Maintenance:
         plane = self.plane
         renew_every = self.lease_timeout / 3
         next_renew = 0.0
+        tick = POLL_SECONDS
         try:
-            while not self._stop.wait(POLL_SECONDS):
-                plane.poll()
-                self.hold_readers_back()  # lowered here once the sampler took tasks
+            while not self._stop.wait(tick):
+                busy = plane.poll() > 0
+                busy = self.hold_readers_back() or busy  # lowered here once the sampler took tasks
+                tick = POLL_SECONDS if busy else IDLE_POLL_SECONDS
                 now = time.monotonic()
                 self._say_alive(now)
                 self._warn_of_stalls(now)

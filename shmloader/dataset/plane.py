@@ -324,8 +324,10 @@ class DataPlane:
             self._iter_epoch = max(self._iter_epoch, epoch + 1)
 
     # -- consumption ---------------------------------------------------------------------
-    def poll(self) -> None:
-        """Apply what the ledger says was gathered; release and complete what is finished."""
+    def poll(self) -> int:
+        """Apply what the ledger says was gathered; release and complete what is finished.
+        Returns how many rows the ledger had (none unless a plain DataLoader's workers
+        gather)."""
         # The maintenance thread and the sampler (reclaim) both poll; the ledger reader keeps
         # offsets and deletes finished files, so one at a time.
         with self._poll_lock:
@@ -336,6 +338,7 @@ class DataPlane:
                 # that under ``complete_on_delivery`` too its tasks complete.
                 self._mark_groups(group_by_segment(gathered), gathered=True, delivered=True)
         self.flush_completions()
+        return len(gathered)
 
     def gathered(self, indices: np.ndarray, groups: list[SegmentRows] | None = None) -> None:
         """The trainer itself gathered these samples (``num_workers=0``: no ledger needed).

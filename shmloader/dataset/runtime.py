@@ -370,16 +370,17 @@ class Runtime:
             self.handle.release(info.sealing, missing_ok=True)
             info.sealing = None
 
-    def _hold_readers_back(self) -> None:
+    def _hold_readers_back(self) -> bool:
         """Raise or lower the store's ``ahead`` hint: readers lease no new task while
         ``ready_ahead`` tasks are ready and not taken (shm/hints.py). Raised as soon as a
         reader's announcement fills the count, not at the next tick: a reader of small tasks
-        would lease more within the tick's 5 ms."""
+        would lease more within the tick's 5 ms. Returns whether readers are held back."""
         with self._ahead_lock:
             ahead = len(self.plane.ready) >= self.config.ready_ahead
             if ahead != self._ahead:
                 self._ahead = ahead
                 self.handle.set_ahead(ahead)
+            return ahead
 
     def _starved(self) -> bool:
         if self._largest_segment == 0:
