@@ -239,7 +239,10 @@ def iter_indexed_runs(
     i = start
     while i < stop:
         lo = int(offsets[i])
-        j = int(np.searchsorted(offsets, lo + BLOCK, side="right")) - 1
+        # The key in the offsets' own type: a Python int against uint64 offsets makes numpy
+        # convert the whole array on every call (60 µs for 100,001 offsets, against 2).
+        end = offsets.dtype.type(lo + BLOCK)
+        j = int(np.searchsorted(offsets, end, side="right")) - 1
         j = min(max(j, i + 1), stop)
         hi = int(offsets[j])
         copy_from = None if views else source.mapped_at()
