@@ -245,7 +245,7 @@ def iter_indexed_runs(
         j = int(np.searchsorted(offsets, end, side="right")) - 1
         j = min(max(j, i + 1), stop)
         hi = int(offsets[j])
-        copy_from = None if views else source.mapped_at()
+        sliced_from = None if views else source.mapped_at()  # bytes copies: from the mapping
         mapped = source.view(hi - lo)
         buf = read_at_least(source, hi - lo) if mapped is None else mapped
         if len(buf) < hi - lo:
@@ -257,7 +257,7 @@ def iter_indexed_runs(
             )
         rel = offsets[i : j + 1].astype(np.int64) - lo
         payloads = split_indexed(
-            memoryview(buf) if views else buf, rel, verify, copy=not views, copy_from=copy_from
+            memoryview(buf) if views else buf, rel, verify, sliced_from=sliced_from
         )
         if payloads is not None:
             yield Run(i, (rel[:-1] + lo).tolist(), payloads)
@@ -275,18 +275,18 @@ def split_indexed(
     rel: np.ndarray,
     verify: bool,
     *,
-    copy: bool = False,
-    copy_from: tuple[Any, int] | None = None,
+    sliced_from: tuple[Any, int] | None = None,
 ) -> list[Any] | None:
     """The payloads of ``buf`` if it holds exactly the valid frames starting at ``rel[:-1]``.
 
     ``rel`` gives each frame's start in ``buf`` and, last, ``len(buf)``. Lengths, length CRCs
     and payload CRCs are compared for all frames at once with numpy; None means some frame is
     not what the index says or is corrupt, and the caller walks the block to say which.
-    The payloads are slices of ``buf``: ``bytes`` copies, or views of a ``memoryview`` (copied
-    into ``bytes`` with ``copy``); when all are one length, in a :class:`Payloads` that also
-    views them as the rows of one array. ``copy_from``: ``(mapping, offset)`` where ``buf``
-    lies in a file mapping (``_mapped.py``): ``bytes`` copies are sliced out of it directly.
+    The payloads are slices of ``buf``, or with ``sliced_from=(mapping, offset)`` (``buf`` lies
+    at ``offset`` in a file mapping, ``_mapped.py``) slices of the mapping itself: slicing
+    ``bytes`` or a mapping gives ``bytes`` copies in one step, slicing a ``memoryview`` gives
+    views. When all are one length, they come in a :class:`Payloads` that also views them as
+    the rows of one array.
     """
     starts = rel[:-1]
     lengths = np.diff(rel) - FRAME_OVERHEAD
@@ -296,7 +296,7 @@ def split_indexed(
     if shortest < 0:
         return None
     if shortest == longest:
-        return _split_one_length(buf, len(starts), shortest, verify, copy, copy_from)
+        return _split_one_length(buf, len(starts), shortest, verify, sliced_from)
     data = np.frombuffer(buf, np.uint8)
     header = data[starts[:, None] + np.arange(HEADER_SIZE)]
     # As int64 like ``lengths``: uint64 against int64 would compare as float64, a cast per frame.
@@ -309,22 +309,11 @@ def split_indexed(
     ):
         return None
     ends = rel[1:] - 4
-    if copy and copy_from is not None:
-        whole, at = copy_from
-        spans = zip((starts + (at + HEADER_SIZE)).tolist(), (ends + at).tolist(), strict=True)
-        payloads = [whole[a:b] for a, b in spans]
-    else:
-        spans = zip((starts + HEADER_SIZE).tolist(), ends.tolist(), strict=True)
-        payloads = _copied([buf[a:b] for a, b in spans], copy)
+    whole, at = sliced_from or (buf, 0)
+    spans = zip((starts + (at + HEADER_SIZE)).tolist(), (ends + at).tolist(), strict=True)
+    payloads = [whole[a:b] for a, b in spans]
     if verify and not _crcs_match(payloads, data[ends[:, None] + np.arange(4)]):
         return None
-    return payloads
-
-
-def _copied(payloads: list[Any], copy: bool) -> list[Any]:
-    """Slices of a block, as ``bytes`` when ``copy`` and they are views (of a mapped file)."""
-    if copy and payloads and isinstance(payloads[0], memoryview):
-        return list(map(memoryview.tobytes, payloads))
     return payloads
 
 
@@ -333,8 +322,7 @@ def _split_one_length(
     count: int,
     length: int,
     verify: bool,
-    copy: bool,
-    copy_from: tuple[Any, int] | None = None,
+    sliced_from: tuple[Any, int] | None = None,
 ) -> Payloads | None:
     """:func:`split_indexed` for ``count`` frames of one payload ``length`` (the usual block).
 
@@ -346,13 +334,9 @@ def _split_one_length(
     header = np.frombuffer(frame_header(length), "<u4")
     if not (strided_rows(buf, 0, count, HEADER_SIZE, stride).view("<u4") == header).all():
         return None
-    if copy and copy_from is not None:
-        whole, at = copy_from
-        firsts = range(at + HEADER_SIZE, at + count * stride, stride)
-        payloads = [whole[a : a + length] for a in firsts]
-    else:
-        slices = [buf[a : a + length] for a in range(HEADER_SIZE, count * stride, stride)]
-        payloads = _copied(slices, copy)
+    whole, at = sliced_from or (buf, 0)
+    firsts = range(at + HEADER_SIZE, at + count * stride, stride)
+    payloads = [whole[a : a + length] for a in firsts]
     if verify and not _crcs_match(payloads, strided_rows(buf, stride - 4, count, 4, stride)):
         return None
     return Payloads(payloads, strided_rows(buf, HEADER_SIZE, count, length, stride))
