@@ -213,8 +213,10 @@ class TensorKind(Kind):
     def _all_exact(self, vals: list[Any]) -> bool:
         """Every value an ndarray of exactly this column's dtype and row shape."""
         nd, dt, shape = np.ndarray, self.dtype, self.shape
-        for v in vals:  # noqa: SIM110 - a plain loop: all() over a generator is slower
-            if type(v) is not nd or v.dtype != dt or v.shape != shape:
+        # A plain loop: all() over a generator is slower. ``is`` first: numpy hands out one
+        # dtype object per built-in type, so ``!=`` (a rich comparison) runs only otherwise.
+        for v in vals:
+            if type(v) is not nd or (v.dtype is not dt and v.dtype != dt) or v.shape != shape:
                 return False
         return True
 
