@@ -91,13 +91,15 @@ def test_our_loader_hands_sorted_arrays_and_the_trainer_skips_the_ledger(tmp_pat
         shm_dir=str(tmp_path),
         seed=5,
     ) as ds:
-        getitems = ds.__getitems__
+        gather = ds._gather
 
-        def spy(indices):
+        def spy(indices, **kwargs):
             seen.append(indices)
-            return getitems(indices)
+            return gather(indices, **kwargs)
 
-        ds.__getitems__ = spy  # what torch's fetcher calls
+        # What the loader calls without workers (torch's fetcher calls __getitems__, which
+        # calls it too).
+        ds._gather = spy
         rows = [r for batch in shmloader.DataLoader(ds, batch_size=64) for r in batch["record"]]
         ledger = os.path.join(ds._store.path, "ledger")
         assert not os.path.exists(ledger) or os.listdir(ledger) == []  # reported directly

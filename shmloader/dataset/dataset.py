@@ -266,7 +266,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         return self._gather(indices, ring=True)
 
     def _gather(
-        self, indices: Sequence[int] | np.ndarray, *, ring: bool
+        self, indices: Sequence[int] | np.ndarray, *, ring: bool, report: bool = True
     ) -> dict[str, Any] | RingBatch:
         gatherer = self._gatherer
         if gatherer is None:
@@ -282,7 +282,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
                     f"have; its columns: {', '.join(have)}"
                 )
             self._columns_checked = True
-        return gatherer.gather(indices, ring=ring)
+        return gatherer.gather(indices, ring=ring, report=report)
 
     @staticmethod
     def _columns_of(gatherer: Gatherer, indices: Sequence[int] | np.ndarray) -> list[str]:
