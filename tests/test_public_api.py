@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import shmloader
 
 
@@ -49,6 +51,19 @@ def test_a_reader_imports_the_master_client_without_the_server_side():
     loaded = out.stdout.strip()
     for server_side in ("dispatcher", "journal", "server", "service", "updates", "epochs"):
         assert f"'shmloader.master.{server_side}'" not in loaded, loaded
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="elsewhere names.py needs it")
+def test_a_reader_does_not_import_psutil():
+    # Owners' liveness comes from /proc on Linux; psutil is 20-50 ms of every reader's start,
+    # on the way to the first batch.
+    code = (
+        "import sys, shmloader.reader.process, shmloader.sources.records; "
+        "from shmloader.shm.names import self_identity, is_alive; "
+        "print('psutil' in sys.modules, is_alive(*self_identity()))"
+    )
+    out = _in_fresh_python(code)
+    assert out.stdout.split() == ["False", "True"], out.stdout
 
 
 def test_the_master_package_still_exports_its_names_on_first_use():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sysconfig
 import time
@@ -11,17 +12,20 @@ from dataclasses import dataclass
 from ..errors import ShmloaderError
 from ..sources.base import SkippedRecord
 
-# Where code that is not the user's lies: frames there are passed over when saying where an
-# error was raised (the standard library, installed packages, shmloader itself).
 _SHMLOADER = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "")
-_NOT_USERS = tuple(
-    {
+
+
+@functools.cache
+def _not_users() -> tuple[str, ...]:
+    """Where code that is not the user's lies: frames there are passed over when saying where
+    an error was raised (the standard library, installed packages, shmloader itself). Found on
+    the first error, not at import: every reader imports this module as it starts."""
+    found = {
         os.path.join(os.path.realpath(p), "")
         for key in ("stdlib", "platstdlib", "purelib", "platlib")
         if (p := sysconfig.get_paths().get(key))
     }
-    | {_SHMLOADER}
-)
+    return tuple(found | {_SHMLOADER})
 
 
 def lease_clock() -> float:
@@ -101,7 +105,8 @@ def describe_error(exc: BaseException) -> str:
     frames = traceback.extract_tb(cause.__traceback__) if cause is not None else []
     if not frames:
         return text
-    users = [f for f in frames if not os.path.realpath(f.filename).startswith(_NOT_USERS)]
+    not_users = _not_users()
+    users = [f for f in frames if not os.path.realpath(f.filename).startswith(not_users)]
     foreign = [f for f in frames if not os.path.realpath(f.filename).startswith(_SHMLOADER)]
     frame = users[-1] if users else foreign[0] if foreign else frames[-1]
     return f"{text} (raised at {frame.filename}:{frame.lineno}, in {frame.name})"

@@ -25,8 +25,6 @@ import sys
 import time
 import uuid
 
-import psutil
-
 PREFIX = "shmloader"
 LOCK_NAME = ".lock"
 SEGMENT_PREFIX = "seg-"
@@ -53,6 +51,8 @@ def start_token(pid: int) -> int | None:
         if state in (b"Z", b"X", b"x"):
             return None
         return int(ticks)
+    import psutil  # only here: a reader imports this module, and psutil takes 20-50 ms
+
     try:
         proc = psutil.Process(pid)
         if proc.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
