@@ -100,7 +100,19 @@ def test_other_batches_still_go_through_the_groups(
     with pytest.raises(IndexError, match="row 20 of segment slot 1 is out of range"):
         g.gather(encode_indices(1, np.array([3, 20])))  # inside the table's slots, not its rows
     with pytest.raises(IndexError, match="out of range"):
-        g.gather(encode_indices(2, np.array([50])))  # a slot between the table's, rows too far
+        g.gather(encode_indices(2, np.array([50])))  # a slot past the table's, rows too far
+    g.close()
+
+
+def test_a_slot_between_the_tables_goes_through_the_groups(
+    store: SegmentStore, grouped_calls: list[int]
+) -> None:
+    g = Gatherer(store.handle(), ["image", "id"])
+    g.gather(_indices([0, 2]))  # the table spans slots 0-2 and holds 0 and 2, not 1
+    calls = len(grouped_calls)
+    between = encode_indices(1, np.array([0, 5, 19]))
+    assert g.gather(between)["id"].tolist() == [50, 55, 69]
+    assert len(grouped_calls) == calls + 1
     g.close()
 
 

@@ -20,7 +20,6 @@ from ..shm.region import Region
 from .batch import Batch
 from .gather import (
     ROW_BITS,
-    ROW_MASK,
     BatchSegments,
     SegmentViews,
     alloc_outputs,
@@ -39,12 +38,18 @@ class SlotTable:
         self.lo = min(slots)
         span = max(slots) - self.lo + 1
         at = np.asarray(slots, dtype=np.int64) - self.lo
-        self.firsts = np.zeros((len(first.layout), span), dtype=np.int64)
-        self.firsts[:, at] = known.firsts
-        # Rows of each slot; 0 for a slot between them that the table does not hold, so that
-        # any row of it is out of range and the batch goes through the groups instead.
-        self.num_rows = np.zeros(span, dtype=np.int64)
-        self.num_rows[at] = [cast(SegmentViews, v).num_rows for v in known.views]
+        # Kept in the sample indices' own terms (``slot << ROW_BITS | row``), so that a
+        # sample's region row is its index plus its slot's offset, and its bound one compare:
+        # no masking out of rows. Per 1024-row batch 10 µs, against 27 µs with the rows split
+        # out and fancy indexing (``take`` costs less).
+        starts = (np.arange(span, dtype=np.int64) + self.lo) << ROW_BITS
+        firsts = np.zeros((len(first.layout), span), dtype=np.int64)
+        firsts[:, at] = known.firsts
+        self.offsets = firsts - starts  # region row of sample ``i`` of slot ``s``: i + this
+        # End of each slot's indices; its start for a slot between them that the table does
+        # not hold, so that no index of it is in range and the batch goes through the groups.
+        self.limits = starts.copy()
+        self.limits[at] += [cast(SegmentViews, v).num_rows for v in known.views]
         self.layout = first.layout
 
     @classmethod
@@ -66,14 +71,14 @@ class SlotTable:
     def positions(self, idx: np.ndarray) -> np.ndarray | None:
         """Region rows ``(columns, len(idx))`` of sorted sample indices ``idx``; None if a
         sample lies outside the table's segments (the groups then say which, or serve it)."""
-        at = (idx >> ROW_BITS) - self.lo
-        if at[0] < 0 or at[-1] >= len(self.num_rows):
+        at = idx >> ROW_BITS
+        at -= self.lo
+        if at[0] < 0 or at[-1] >= len(self.limits):
             return None
-        rows = idx & ROW_MASK
-        if not bool((rows < self.num_rows[at]).all()):
+        if not bool((idx < self.limits.take(at)).all()):
             return None
-        positions: np.ndarray = self.firsts[:, at]
-        positions += rows
+        positions: np.ndarray = self.offsets.take(at, axis=1)
+        positions += idx
         return positions
 
     def gather(
