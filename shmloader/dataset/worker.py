@@ -206,11 +206,9 @@ class Gatherer:
                 into.give_back()
             raise
         # Only after the copy: from now on the trainer may release these rows' segments.
-        if not report:
-            pass
-        elif self._sink is not None and self._sink_pid == os.getpid():
+        if report and self._sink is not None and self._sink_pid == os.getpid():
             self._sink(idx, grouped)  # None: the plane groups them itself
-        elif self.write_ledger:
+        elif report and self.write_ledger:
             self._ledger.record(idx)
         now = time.monotonic()
         if now >= self._next_sweep or len(self._views) > MAX_CACHED_SEGMENTS:
