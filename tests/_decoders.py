@@ -91,6 +91,25 @@ def decode_batch_padded(payloads: list[Any]) -> dict[str, np.ndarray]:
     return {"id": ids, "x": (2 * ids).astype(np.float32)}
 
 
+# ``x`` as a tensor type of shape (): one value per record, which a decode returns as a
+# zero-dimensional array (numpy's scalar-as-array).
+SCALAR_TENSOR_SCHEMA = pa.schema(
+    [pa.field("id", pa.int64()), pa.field("x", pa.fixed_shape_tensor(pa.float32(), ()))]
+)
+
+
+def decode_scalar_tensor(payload: bytes) -> dict[str, Any]:
+    """:func:`decode` with ``x`` a zero-dimensional float32 array."""
+    record = decode(payload)
+    return {"id": record["id"], "x": np.array(record["x"], dtype=np.float32)}
+
+
+def decode_batch_scalar_tensor(payloads: list[Any]) -> dict[str, np.ndarray]:
+    """:func:`decode` for a list of records at once (``x`` one value per record)."""
+    ids = np.array([PAYLOAD.unpack(p)[0] for p in payloads], dtype=np.int64)
+    return {"id": ids, "x": (2 * ids).astype(np.float32)}
+
+
 class DroppingSource(RecordFileSource):
     """A source of the user's own whose ``read`` loses the last record of the task holding
     record ``DROP_AT`` without reporting it (no ``SkippedRecord``), as a buggy source or a

@@ -63,6 +63,22 @@ def test_numpy_dtypes_map_to_arrow_types_and_round_trip(dtype: str) -> None:
     np.testing.assert_array_equal(column_to_numpy(batch.column("s")), [r["s"] for r in records])
 
 
+def test_a_tensor_column_of_shape_empty_takes_zero_dimensional_arrays() -> None:
+    # A schema may give a one-value-per-record column as a tensor type of shape (); decode
+    # then returns numpy's zero-dimensional arrays, which numpy does not concatenate.
+    schema = pa.schema([("x", pa.fixed_shape_tensor(pa.float32(), ())), ("i", pa.int64())])
+    builder = BatchBuilder(schema)
+    records = [{"x": np.array(i / 2, dtype=np.float32), "i": i} for i in range(4)]
+    fixed = builder.fixed_records(records)
+    assert fixed is not None
+    for batch in (builder.from_records(records), fixed.to_batch()):
+        assert batch.schema == schema
+        np.testing.assert_array_equal(column_to_numpy(batch.column("x")).ravel(), [0, 0.5, 1, 1.5])
+    records[2]["x"] = np.array([1.0], dtype=np.float32)
+    with pytest.raises(SchemaMismatchError, match=r"record 2: column 'x': expected float32 ar"):
+        builder.from_records(records)
+
+
 def test_python_values_infer_64_bit_bytes_and_text() -> None:
     batch = records_to_batch([{"b": True, "i": 7, "f": 0.5, "raw": b"\x00\xff", "txt": "hé"}])
     assert batch.schema.types == [pa.bool_(), pa.int64(), pa.float64(), pa.binary(), pa.string()]

@@ -208,7 +208,11 @@ class TensorKind(Kind):
         return self.dtype.kind != "b"
 
     def fixed_values(self, vals: list[Any]) -> np.ndarray | RowArrays | None:
-        return RowArrays(vals, self.dtype, self.shape) if self._all_exact(vals) else None
+        if not self._all_exact(vals):
+            return None
+        if not self.shape:  # one value per record (shape ()): the values, as one array
+            return np.array(vals, dtype=self.dtype)
+        return RowArrays(vals, self.dtype, self.shape)
 
     def _all_exact(self, vals: list[Any]) -> bool:
         """Every value an ndarray of exactly this column's dtype and row shape."""
@@ -238,8 +242,11 @@ class TensorKind(Kind):
         return _cast(name, self.describe(), value, self.dtype)
 
     def build(self, vals: list[Any]) -> pa.Array:
-        flat = np.concatenate(vals, axis=0).reshape(-1) if vals else np.empty(0, self.dtype)
-        return self._wrap(flat)
+        if not vals:
+            return self._wrap(np.empty(0, self.dtype))
+        if not self.shape:  # numpy joins no zero-dimensional arrays: one value per record
+            return self._wrap(np.array(vals, dtype=self.dtype))
+        return self._wrap(np.concatenate(vals, axis=0).reshape(-1))
 
     def fixed_width(self, arr: np.ndarray, num_records: int) -> bool:
         return (
