@@ -266,7 +266,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         return self._gather(indices, ring=True)
 
     def _gather(
-        self, indices: Sequence[int] | np.ndarray, *, ring: bool, report: bool = True
+        self, indices: Sequence[int] | np.ndarray, *, ring: bool
     ) -> dict[str, Any] | RingBatch:
         gatherer = self._gatherer
         if gatherer is None:
@@ -282,7 +282,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
                     f"have; its columns: {', '.join(have)}"
                 )
             self._columns_checked = True
-        return gatherer.gather(indices, ring=ring, report=report)
+        return gatherer.gather(indices, ring=ring)
 
     @staticmethod
     def _columns_of(gatherer: Gatherer, indices: Sequence[int] | np.ndarray) -> list[str]:

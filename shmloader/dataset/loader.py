@@ -90,8 +90,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         plane = self.dataset.runtime.plane  # type: ignore[attr-defined]
         began = time.perf_counter()  # the loop waits for data from here (workers start too) ...
-        in_process = self._plain_in_process()
-        batches = self._in_process() if in_process else self._through_torch()
+        batches = self._in_process() if self._plain_in_process() else self._through_torch()
         while True:
             plane.loop_receives = True  # rows gathered here now: consumed once received
             try:
@@ -105,10 +104,9 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             finally:
                 plane.loop_receives = False
             plane.record_wait(time.perf_counter() - began)  # ... to here
-            # Workers of this loader write no ledger, and a gather here reports nothing: rows
-            # are marked gathered here, with their delivery.
-            gathered = in_process or self.num_workers > 0
-            plane.delivered(self._recorder.issued.popleft(), gathered=gathered)
+            # Workers of this loader write no ledger: rows are marked gathered here. (A batch
+            # gathered here is marked gathered and delivered in one pass: plane.gathered.)
+            plane.delivered(self._recorder.issued.popleft(), gathered=self.num_workers > 0)
             yield batch
             began = time.perf_counter()
 
@@ -128,9 +126,9 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         return self.num_workers == 0 and not self.pin_memory
 
     def _in_process(self) -> Iterator[dict[str, Any]]:
-        gather = self.dataset._gather  # type: ignore[attr-defined]
+        getitems = self.dataset.__getitems__  # type: ignore[attr-defined]
         for indices in self._recorder:
-            yield gather(indices, ring=False, report=False)  # marked on delivery (__iter__)
+            yield getitems(indices)
 
     def _through_torch(self) -> Iterator[dict[str, Any]]:
         """torch's iterator; workers hand batches over through rings of slots (ring.py),

@@ -66,7 +66,8 @@ class DataPlane:
         # gathers then are consumed once the loop receives them (``delivered``). Rows gathered
         # otherwise are a plain DataLoader's, consumed as gathered (see ``gathered``).
         self.loop_receives = False
-        # The batch the trainer gathered last and its groups (see gathered / delivered).
+        # The batch the trainer gathered last for the loop, and its groups, until the loop
+        # receives it (see gathered / delivered).
         self._grouped: tuple[np.ndarray | None, list[SegmentRows]] = (None, [])
         self._next_slot = 0
         self._handed_out = 0  # rows the sampler handed out so far (their ranks, see reclaim)
@@ -343,19 +344,26 @@ class DataPlane:
     def gathered(self, indices: np.ndarray, groups: list[SegmentRows] | None = None) -> None:
         """The trainer itself gathered these samples (``num_workers=0``: no ledger needed).
 
-        ``groups``: ``indices`` grouped by segment already (by the gather); kept until the
-        same array is delivered, which then needs no grouping either.
+        ``groups``: ``indices`` grouped by segment already (by the gather).
 
-        Unless ``loop_receives`` (shmloader.DataLoader says what its loop received), a plain
-        DataLoader gathered them, and for it gathered is consumed: they are marked delivered
-        too. Else a plain loader used after a shmloader.DataLoader over the same dataset (which
-        turns ``complete_on_delivery`` on) never completed a task, and the next pass delivered
-        its rows again.
+        While ``loop_receives`` (shmloader.DataLoader's loop receives this batch next), they
+        are only kept: :meth:`delivered` marks them gathered and delivered in one pass over
+        the batch's segments. A batch the loop never receives (an exception in between) is
+        then neither, and its rows come again like any unconsumed row (gathered but not
+        delivered, they would too: ``complete_on_delivery``).
+
+        Otherwise a plain DataLoader gathered them, and for it gathered is consumed: they are
+        marked delivered too. Else a plain loader used after a shmloader.DataLoader over the
+        same dataset (which turns ``complete_on_delivery`` on) never completed a task, and the
+        next pass delivered its rows again.
         """
         if groups is None:
             groups = group_by_segment(indices)
-        self._grouped = (indices, groups)
-        self._mark_groups(groups, gathered=True, delivered=not self.loop_receives)
+        if self.loop_receives:
+            self._grouped = (indices, groups)
+            return
+        self._grouped = (None, [])
+        self._mark_groups(groups, gathered=True, delivered=True)
 
     def record_wait(self, seconds: float) -> None:
         """The loop waited ``seconds`` for its next batch (``shmloader.DataLoader`` only)."""
@@ -368,11 +376,13 @@ class DataPlane:
 
         ``gathered``: also mark them gathered, for batches of DataLoader workers that write no
         ledger (``shmloader.DataLoader``'s: every row the loop receives was gathered, so the
-        ledger would only say it again, later).
+        ledger would only say it again, later). The batch the trainer gathered last
+        (:meth:`gathered`) is marked gathered here in any case.
         """
         last, groups = self._grouped
-        if indices is last:
-            self._grouped = (None, [])
+        self._grouped = (None, [])
+        if last is not None and (indices is last or np.array_equal(indices, last)):
+            gathered = True
         else:
             idx = np.asarray(indices, dtype=np.int64)
             if not len(idx):

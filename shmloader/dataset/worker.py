@@ -180,14 +180,10 @@ class Gatherer:
             self._region = None
 
     def gather(
-        self, indices: Sequence[int] | np.ndarray, *, ring: bool = False, report: bool = True
+        self, indices: Sequence[int] | np.ndarray, *, ring: bool = False
     ) -> dict[str, object] | RingBatch:
         """The batch of ``indices``: a dict of tensors, or with ``ring`` in a DataLoader worker
-        of ``shmloader.DataLoader``, a :class:`RingBatch` the training process copies out.
-
-        ``report=False``: the caller marks the rows gathered itself, together with their
-        delivery (``shmloader.DataLoader`` without workers: one pass over the batch's
-        segments instead of two, and no row counts as gathered before the loop has it)."""
+        of ``shmloader.DataLoader``, a :class:`RingBatch` the training process copies out."""
         idx = np.asarray(indices, dtype=np.int64)
         into = _RingAlloc(self) if ring and self.ring_slots and in_worker() else None
         table, region = self._table, self._region
@@ -206,9 +202,9 @@ class Gatherer:
                 into.give_back()
             raise
         # Only after the copy: from now on the trainer may release these rows' segments.
-        if report and self._sink is not None and self._sink_pid == os.getpid():
+        if self._sink is not None and self._sink_pid == os.getpid():
             self._sink(idx, grouped)  # None: the plane groups them itself
-        elif report and self.write_ledger:
+        elif self.write_ledger:
             self._ledger.record(idx)
         now = time.monotonic()
         if now >= self._next_sweep or len(self._views) > MAX_CACHED_SEGMENTS:
