@@ -63,7 +63,8 @@ def source(
 
 def dataset(directory: Path, shm_dir: Path, **kwargs: Any) -> Any:
     """A small, fast dataset: short leases, small tasks, a tmp_path store. ``on_error`` and
-    ``slow`` (2 ms per record) go to the source, the rest to SharedTaskDataset."""
+    ``slow`` (2 ms per record) go to the source, the rest to SharedTaskDataset; ``src``: a
+    source of the test's own over the files instead (another schema or decode)."""
     shm_dir.mkdir(parents=True, exist_ok=True)
     options: dict[str, Any] = {
         "num_readers": 2,
@@ -75,7 +76,7 @@ def dataset(directory: Path, shm_dir: Path, **kwargs: Any) -> Any:
         "lease_timeout": 2.0,
         "shm_dir": str(shm_dir),
     }
-    src = source(
+    src = kwargs.pop("src", None) or source(
         directory,
         on_error=kwargs.pop("on_error", "raise"),
         slow=kwargs.pop("slow", False),

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from _dataset_helpers import ids_of, write_dataset
+from _dataset_helpers import dataset, ids_of, write_dataset
 from _decoders import SCALAR_TENSOR_SCHEMA, decode_batch_scalar_tensor, decode_scalar_tensor
 
 import shmloader
@@ -27,15 +27,8 @@ def test_a_tensor_column_of_shape_empty_arrives_as_one_value_per_row(
     source = shmloader.RecordFileSource(
         str(tmp_path / "data" / "*.tfrecord"), schema=SCALAR_TENSOR_SCHEMA, **{how: fn}
     )
-    with shmloader.SharedTaskDataset(
-        source,
-        num_readers=1,
-        records_per_task=32,
-        epochs=1,
-        shm_budget="8MiB",
-        shm_dir=str(tmp_path),
-        seed=2,
-    ) as ds:
+    options = {"num_readers": 1, "records_per_task": 32, "shm_budget": "8MiB", "seed": 2}
+    with dataset(tmp_path / "data", tmp_path / "shm", src=source, **options) as ds:
         got: Counter[int] = Counter()
         for batch in shmloader.DataLoader(ds, batch_size=16):
             assert batch["x"].ndim == 1 and batch["x"].shape == batch["id"].shape
