@@ -1,7 +1,8 @@
-"""Decoding for the main job's dataset, in a module of its own.
+"""Encoding and decoding of the main job's records, in a module the examples share.
 
-Reader processes import the decode function by name; kept out of the training script, it
-spares every reader from importing that script (and torch) at start-up.
+Readers import these functions by name (a function of an importable module goes by reference);
+a decode written in the training script itself would reach them by value just as well
+(docs/sources.md, "Where functions may live").
 """
 
 from __future__ import annotations

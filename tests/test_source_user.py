@@ -7,11 +7,11 @@ Two ways such a source used to go wrong without a word or with a confusing one:
   another dtype or shape than the batch before, and a batch mixing segments raised "column 'x'
   changes type or shape between segments", naming no task. Now the trainer refuses the task
   when it arrives, naming it, the first task, the column and both forms.
-* a source class defined where readers cannot import it (a script fed through stdin or
-  ``python -c``, a notebook, under ``if __name__ == "__main__":``): every reader died on
-  unpickling and was restarted until the pool gave up ("reader 0 died 11 times in a row"),
-  with two tracebacks per death. Now the first reader that cannot load it says why, and the
-  loop raises ``ConfigError`` at once.
+* a source class of a module that a reader cannot import: every reader died on unpickling
+  and was restarted until the pool gave up ("reader 0 died 11 times in a row"), with two
+  tracebacks per death. Now a reader that cannot load it says why, and when the one started
+  in its place cannot either, the loop raises ``ConfigError`` (tests/test_user_code.py; a
+  class or function of the script itself goes by value and loads everywhere).
 * read_result() returning a RecordBatch instead of a ReadResult, or a ReadResult of a Table:
   "AttributeError: 'pyarrow.lib.RecordBatch' object has no attribute 'content'" (or
   'builder'), about shmloader's internals. Now each says what was returned and what to return.
@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import datetime
 import os
-import subprocess
 import sys
 import sysconfig
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _dataset_helpers import REPO_ROOT, shm_entries, subprocess_env, write_dataset
+from _dataset_helpers import shm_entries, write_dataset
 from _decoders import SCHEMA, RetypingSource, decode
 
 import shmloader
@@ -202,52 +200,6 @@ def test_a_reader_that_once_cannot_import_the_source_is_restarted(
     assert sorted(ids) == list(range(50))
     assert len(set((tmp_path / "marks").read_text().split())) == 2
     sys.modules.pop("flaky_decoders", None)
-
-
-SCRIPT = """
-import numpy as np, pyarrow as pa, shmloader
-from shmloader.sources.base import ReadResult, Shard
-
-class MySource:
-    def __init__(self, n):
-        self.n = n
-    def plan(self):
-        return [Shard("ids", self.n)]
-    def read_result(self, shard, start, stop):
-        return ReadResult(pa.record_batch({"id": np.arange(start, stop)}))
-    def read(self, shard, start, stop):
-        return self.read_result(shard, start, stop).batch
-
-with shmloader.SharedTaskDataset(MySource(40), num_readers=2, records_per_task=10, epochs=1,
-                                 shm_dir=SHM_DIR) as ds:
-    try:
-        for batch in shmloader.DataLoader(ds, batch_size=8):
-            pass
-    except shmloader.ShmloaderError as exc:
-        print("RAISED", type(exc).__name__, exc)
-"""
-
-
-@pytest.mark.timeout(120)
-def test_a_source_readers_cannot_import_is_a_config_error_at_once(tmp_path: Path) -> None:
-    """A source class defined in a script read from stdin: readers cannot import it."""
-    (tmp_path / "shm").mkdir()
-    script = f"SHM_DIR = {str(tmp_path / 'shm')!r}\n" + textwrap.dedent(SCRIPT)
-    done = subprocess.run(
-        [sys.executable, "-"],
-        input=script,
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        timeout=100,
-        check=True,
-    )
-    assert "RAISED ConfigError reader" in done.stdout, done.stdout + done.stderr
-    assert "started twice, cannot load the source: FileNotFoundError" in done.stdout
-    assert "define them at the top level of a module" in done.stdout
-    assert "died" not in done.stdout + done.stderr  # no reader was restarted into it
-    assert shm_entries(tmp_path / "shm") == []
 
 
 class _ReadOnly:

@@ -9,9 +9,7 @@ master when its lease expires, so nothing is lost and nothing is delivered twice
 from __future__ import annotations
 
 import contextlib
-import multiprocessing.spawn
 import os
-import pickle
 import socket
 import subprocess
 import sys
@@ -23,6 +21,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ..errors import ConfigError, ShmloaderError
+from .by_value import pickle_config
 from .messages import Failed, Finished, MasterLost, Message, Ready, Sealing, Started, Unusable
 from .process import ReaderConfig
 
@@ -170,9 +169,6 @@ class ReaderPool:
         self._configured = threading.Event()  # ... and they were sent (or failed)
         self._start_error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        # What spawn would send, used only if the source refers into the training script.
-        self._prep = multiprocessing.spawn.get_preparation_data("shmloader-reader")
-        self._prep.pop("authkey", None)  # never pickled, and readers need none
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> ReaderPool:
@@ -217,9 +213,9 @@ class ReaderPool:
         self._procs[info.index] = proc
 
     def _send_config(self, info: ReaderInfo) -> None:
-        blob = pickle.dumps(self._make_config(info.index))  # a failure here is the caller's
+        pickled = pickle_config(self._make_config(info.index))  # a failure is the caller's
         with contextlib.suppress(OSError):  # it died already: the relay loop restarts it
-            self._procs[info.index].conn.send((self._prep, blob))
+            self._procs[info.index].conn.send(pickled)
 
     def stop(self, timeout: float = STOP_SECONDS) -> None:
         """Ask readers to stop, then make sure they have; idempotent."""
@@ -322,7 +318,7 @@ class ReaderPool:
                 info.unusable = True  # it exits; _reader_gone starts another
                 return
             info.finished = True  # twice in a row: every new reader would fail the same way
-            raise ConfigError(f"reader {info.index}, started twice, {message.error}")
+            raise ConfigError(f"reader {info.index} (started twice) {message.error}")
         self._on_message(info, message)
 
     def _reader_gone(self, index: int) -> None:

@@ -3,8 +3,8 @@
 A reader is started as ``python -m shmloader.reader`` rather than through
 ``multiprocessing``'s spawn, which would re-import the training script (and torch) in every
 reader: here a reader imports only pyarrow, grpc and the source, and starts in a fraction of a
-second. Only when the source refers to functions defined in the training script itself
-(``__main__``) does the reader load that script, the way spawn would.
+second. Functions the training script defines reach it by value (by_value.py): the script
+never runs in a reader.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import contextlib
 import ctypes
 import gc
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -32,6 +31,7 @@ from ..shm import hints
 from ..shm.names import new_segment_name
 from ..sources._tensor_types import schema_forms
 from ..sources.base import ReadResult, Shard, SkippedRecord, Source
+from .by_value import unpickle_config
 from .heap import keep_freed_memory
 from .messages import (
     Failed,
@@ -53,7 +53,7 @@ SWEEP_EVERY = 100  # of those looks
 
 @dataclass(frozen=True)
 class ReaderConfig:
-    """Everything a reader needs; pickled once to the new process."""
+    """Everything a reader needs; pickled once to the new process (by_value.py)."""
 
     index: int
     master_address: str
@@ -371,30 +371,6 @@ def _check_count(
     )
 
 
-def _load_config(prep: dict[str, Any], blob: bytes) -> ReaderConfig:
-    """Unpickle the config; load the training script only if the source refers into it."""
-    # The trainer's import path (its script's folder, PYTHONPATH edits) without running it.
-    sys.path[:] = [p for p in prep.get("sys_path", sys.path)]
-    try:
-        config: ReaderConfig = pickle.loads(blob)
-        return config
-    except (AttributeError, ModuleNotFoundError, ImportError):
-        import multiprocessing.spawn
-
-        try:
-            multiprocessing.spawn.prepare(prep)
-            config = pickle.loads(blob)
-        except Exception as exc:  # anything the script raises, or its file not found
-            raise ConfigError(
-                f"cannot load the source: {type(exc).__name__}: {exc}. Readers are "
-                "separate processes and import the source's class and decode functions by "
-                "name: define them at the top level of a module they can import, not in a "
-                "script run from stdin or python -c, a notebook, or under "
-                "'if __name__ == \"__main__\":' (docs/sources.md)"
-            ) from exc
-        return config
-
-
 @contextlib.contextmanager
 def _connection(fd: int) -> Iterator[Connection]:
     conn = Connection(fd)
@@ -421,9 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         # the trainer failed to start.
         if first == "stop":
             return 0
-        prep, blob = first
         try:
-            config = _load_config(prep, blob)
+            config = unpickle_config(first)
         except ConfigError as exc:
             conn.send(Unusable(str(exc)))  # the trainer raises it; a traceback here adds nothing
             return 1
