@@ -72,7 +72,22 @@ class ConfigError(ShmloaderError, ValueError):
 
 
 class ShmSpaceError(ShmloaderError):
-    """/dev/shm cannot hold the configured budget."""
+    """/dev/shm cannot hold the configured budget, or a segment cannot fit in it.
+
+    ``never_fits``: the segment is larger than the whole budget, so waiting or reading the
+    task again cannot help (the reader reports it as permanent); otherwise the space may come
+    free (other programs' files in /dev/shm, segments released soon)."""
+
+    def __init__(self, message: str, *, never_fits: bool = False) -> None:
+        super().__init__(message)
+        self.never_fits = never_fits
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_space_error, (type(self), str(self), self.never_fits))
+
+
+def _rebuild_space_error(cls: type[ShmSpaceError], message: str, never_fits: bool) -> ShmSpaceError:
+    return cls(message, never_fits=never_fits)
 
 
 class StoreClosedError(ShmloaderError, FileNotFoundError):
@@ -118,4 +133,6 @@ class NotActive(str):
 
 
 class TaskQuarantinedError(MasterError):
-    """A task exhausted its retries; its records are reported lost for this epoch."""
+    """A task failed for good (its retries exhausted, or an error a retry cannot fix): the
+    epoch cannot be delivered whole, and the training loop raises this. The last error of
+    the task is chained as ``__cause__`` where this trainer's reader raised it."""

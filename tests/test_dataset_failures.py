@@ -118,26 +118,31 @@ def test_sigkilled_readers_are_restarted_and_nothing_is_lost_or_doubled(
         assert not [n for n in os.listdir(ds.runtime.store.path) if n.startswith("tmp-")]
 
 
-def test_a_task_that_always_fails_is_quarantined_and_raised(tmp_path: Path) -> None:
+def test_a_record_decode_rejects_is_raised_as_decode_error_at_once(tmp_path: Path) -> None:
+    """A decode error fails the same way every time: the loop raises the reader's DecodeError
+    itself, decode's exception chained, after one try (was: TaskQuarantinedError after
+    max_retries identical retries, a warning each, no cause)."""
     directory = tmp_path / "data"
     # Records 200..299 of the first file are one task (records_per_task=100); all are bad.
     expected = write_dataset(directory, [500, 300], poison=range(200, 300))
-    with dataset(directory, tmp_path / "shm", epochs=1, max_retries=1) as ds:
+    with dataset(directory, tmp_path / "shm", epochs=1, max_retries=3) as ds:
         dl = shmloader.DataLoader(ds, batch_size=50)
         got: list[int] = []
-        with pytest.raises(shmloader.TaskQuarantinedError) as info:
+        with pytest.raises(shmloader.DecodeError) as info:
             for batch in dl:
                 got += ids_of(batch)
-        message = str(info.value)
-        assert str(directory / "part-00000.tfrecord") in message
-        assert "records 200..300" in message
-        assert "poison record 200" in message
+        error = info.value
+        assert error.path == str(directory / "part-00000.tfrecord")
+        assert error.index == 200 and error.offset == 200 * (16 + 9)
+        assert isinstance(error.__cause__, ValueError)
+        assert str(error.__cause__) == "poison record 200"
+        assert "in decode" in "".join(error.__notes__)  # where decode raised it
         assert not set(got) & set(range(200, 300))
         assert len(got) == len(set(got))
         assert set(got) <= set(expected)
         stats = ds.stats()
-        assert stats.quarantined_tasks == 1
-        assert stats.task_failures == 2  # the first attempt and max_retries=1 retry
+        assert stats.task_failures == 1  # not retried
+        assert stats.quarantined_tasks == 1  # the master quarantined it at once
 
 
 def test_skips_count_once_per_epoch_consumed_not_per_read(tmp_path: Path) -> None:

@@ -134,6 +134,17 @@ def test_a_failed_lease_is_retried_first_then_quarantined_at_the_cap() -> None:
     assert d.lease("c", 1, 3.0)[0].task.task_id == 2  # the quarantined task is not handed out
 
 
+def test_a_permanent_failure_is_quarantined_at_once() -> None:
+    """A record decode rejects fails the same way every time: no retry is handed out."""
+    d = make(max_retries=3)
+    d.register("c", 0.0)
+    x, y = d.lease("c", 2, 0.0)
+    d.fail(x.lease_id, "DecodeError: record 7", 1.0, permanent=True)
+    (q,) = d.progress().epochs[0].quarantined
+    assert (q.task, q.error) == (x.task, "DecodeError: record 7")
+    assert all(lease.task != x.task for lease in d.lease("c", 7, 2.0))
+
+
 def test_epoch_finishes_with_quarantined_work_reported() -> None:
     d = make(max_retries=0, epochs=1)
     d.register("c", 0.0)

@@ -108,9 +108,11 @@ def test_round_trip_of_every_rpc(master: Master, client: MasterClient) -> None:
 
     retry = client.lease("c1", 1).leases[0]  # the failed unit comes back first, same seq
     assert (retry.task_id, retry.seq, retry.attempt) == (second.task_id, second.seq, 2)
+    client.fail(retry.lease_id, "DecodeError: record 3", permanent=True)  # over the wire
+    assert [q.error for q in client.progress().quarantined] == ["DecodeError: record 3"]
     client.leave("c1")
     after = client.progress()
-    assert after.consumers == () and after.counters["released"] == 2
+    assert after.consumers == () and after.counters["released"] == 1  # the third lease
     client.leave("c1")  # leaving twice is harmless
 
     channel = grpc.insecure_channel(master.address)

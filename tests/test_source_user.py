@@ -38,8 +38,8 @@ from _dataset_helpers import shm_entries, write_dataset
 from _decoders import SCHEMA, RetypingSource, decode
 
 import shmloader
-from shmloader.errors import ConfigError, DataError, DecodeError, TaskQuarantinedError
-from shmloader.reader.messages import describe_error
+from shmloader.errors import ConfigError, DataError, DecodeError
+from shmloader.reader.failure import describe_error
 from shmloader.sources._tensor_types import forms_agree, gather_form
 
 
@@ -92,23 +92,24 @@ def test_a_task_whose_columns_differ_is_refused_naming_it(
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("where", ["read", "decode"])
 def test_a_failing_read_or_decode_says_where_it_raised(tmp_path: Path, where: str) -> None:
-    """The task fails on every retry; the quarantine error names the line of the user's code
-    (a read() of a source of the user's own, a decode function chained in a DecodeError)."""
+    """The loop raises a DataError naming the records (a read() of a source of the user's
+    own: its ValueError chained) or the DecodeError (decode's exception chained), and says
+    on which line of the user's code the error was raised, in the message or its note."""
     helpers = str(Path(__file__).with_name("_decoders.py"))
     if where == "read":
-        expected = f"ValueError: this task cannot be read (raised at {helpers}:"
-        with pytest.raises(TaskQuarantinedError, match=r"records 200\.\.300") as info:
+        with pytest.raises(DataError, match=r"records \[200, 300\) raised ValueError") as info:
             _run(tmp_path, "fails", 0, max_retries=1)
+        assert f"this task cannot be read (raised at {helpers}:" in str(info.value)
         assert ", in _read)" in str(info.value)
+        assert isinstance(info.value.__cause__, ValueError)
     else:
         write_dataset(tmp_path / "data", [300], poison=[120])
         (tmp_path / "shm").mkdir()
         src = shmloader.RecordFileSource(
             str(tmp_path / "data" / "*.tfrecord"), decode=decode, schema=SCHEMA
         )
-        expected = f"poison record 120 (raised at {helpers}:"
         with (
-            pytest.raises(TaskQuarantinedError, match=r"records 100\.\.200") as info,
+            pytest.raises(DecodeError, match=r"record 120, .*poison record 120") as info,
             shmloader.SharedTaskDataset(
                 src,
                 num_readers=1,
@@ -120,8 +121,9 @@ def test_a_failing_read_or_decode_says_where_it_raised(tmp_path: Path, where: st
         ):
             for _batch in shmloader.DataLoader(ds, batch_size=50):
                 pass
-        assert ", in decode)" in str(info.value)
-    assert expected in str(info.value)
+        notes = "".join(info.value.__notes__)
+        assert f"from {helpers}:" in notes and ", in decode" in notes, notes
+        assert isinstance(info.value.__cause__, ValueError)
 
 
 def test_a_decode_installed_as_a_package_is_named_where_it_was_called(tmp_path: Path) -> None:
@@ -295,19 +297,21 @@ def test_python_value_columns_of_two_arrow_types_agree(tmp_path: Path) -> None:
         (
             "unwrapped",
             "RetypingSource.read_result returned RecordBatch, not a shmloader.sources."
-            r"ReadResult: return ReadResult\(batch, skipped\)$",
+            r"ReadResult: return ReadResult\(batch, skipped\)\nRaised in reader 0",
         ),
         (
             "table",
             "ReadResult takes one pyarrow.RecordBatch, got pyarrow.lib.Table: make one "
-            r"RecordBatch of the rows .*_decoders.py:\d+, in _read\)$",
+            r"RecordBatch of the rows .*_decoders.py:\d+, in _read\)\nRaised in reader 0",
         ),
     ],
 )
 def test_a_read_result_of_the_wrong_type_says_what_to_return(
     tmp_path: Path, change: str, found: str
 ) -> None:
-    with pytest.raises(TaskQuarantinedError, match=found):
+    """Said at once (a retry would get the same), as ConfigError (what read_result returned)
+    or DataError (ReadResult's TypeError in the source's read, chained)."""
+    with pytest.raises((ConfigError, DataError), match=found):
         _run(tmp_path, change, 0, max_retries=1)
 
 

@@ -186,12 +186,14 @@ class CompleteManyReply(_message.Message):
     def __init__(self, not_completed: _Optional[_Iterable[_Union[LeaseProblem, _Mapping]]] = ...) -> None: ...
 
 class FailRequest(_message.Message):
-    __slots__ = ("lease_id", "error")
+    __slots__ = ("lease_id", "error", "permanent")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    PERMANENT_FIELD_NUMBER: _ClassVar[int]
     lease_id: int
     error: str
-    def __init__(self, lease_id: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    permanent: bool
+    def __init__(self, lease_id: _Optional[int] = ..., error: _Optional[str] = ..., permanent: _Optional[bool] = ...) -> None: ...
 
 class EpochInfoRequest(_message.Message):
     __slots__ = ("consumer", "epoch")

@@ -29,11 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import LeaseError, MasterError, TaskQuarantinedError
+from ..errors import LeaseError, MasterError
 from ..reader.messages import lease_clock
 from ..reader.pool import ReaderPool
 from ..shm import hints
 from .plane import DataPlane
+from .task_errors import TaskErrors
 
 # The runtime's logger, as before this thread had a module of its own: filters keep working.
 log = logging.getLogger("shmloader.dataset.runtime")
@@ -50,21 +51,6 @@ def first_unfinished(progress: Any) -> int:
     return min(open_epochs, default=progress.epochs_started)
 
 
-def fail_if_quarantined(plane: DataPlane, progress: Any) -> None:
-    """Fail the plane's ready queue if the master's ``progress`` lists a quarantined task: the
-    sampler would otherwise wait for its records for ever."""
-    lost = progress.quarantined
-    if lost:
-        q = lost[0]
-        plane.ready.fail(
-            TaskQuarantinedError(
-                f"task {q.task.task_id} ({q.task.path}, records {q.task.start}..{q.task.stop})"
-                f" of epoch {q.epoch} failed on every retry and was quarantined; its records "
-                f"are lost for this epoch. Last error: {q.error}"
-            )
-        )
-
-
 @dataclass(eq=False, kw_only=True)
 class Maintenance:
     """The maintenance thread of one runtime; ``hold_readers_back`` raises or lowers the
@@ -76,6 +62,7 @@ class Maintenance:
     store_path: str
     lease_timeout: float
     hold_readers_back: Callable[[], bool]  # returns whether readers are held back
+    task_errors: TaskErrors  # what the loop raises for a quarantined task
     # Elastic mode: readers renew their leases only while the trainer says it is alive.
     elastic: bool = False
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
@@ -147,7 +134,7 @@ class Maintenance:
         finished since (with a task quarantined, say) is among them, and a long job's
         thousands of finished epochs are not read again every few seconds."""
         progress = self.client.progress(since_epoch=self._since_epoch)
-        fail_if_quarantined(self.plane, progress)
+        self.task_errors.fail_if_quarantined(progress, self.plane.ready)
         self._since_epoch = first_unfinished(progress)
         self.plane.forget_finished(self._since_epoch)
 

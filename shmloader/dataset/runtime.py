@@ -38,10 +38,11 @@ from . import at_exit
 from .forms import FormCheck
 from .launcher import Rendezvous
 from .ledger import LedgerReader, ledger_dir
-from .maintenance import Maintenance, fail_if_quarantined, first_unfinished
+from .maintenance import Maintenance, first_unfinished
 from .master_ops import MasterOps
 from .plane import DataPlane
 from .rejoin import check_whole_share
+from .task_errors import TaskErrors
 
 log = logging.getLogger(__name__)
 SKIPPED_KEPT = 10_000  # reports of skipped records kept for a look (Runtime.skipped)
@@ -104,6 +105,7 @@ class Runtime:
         # skips of consumed tasks: see DataPlane.skipped_records).
         self.skipped: deque[SkippedRecord] = deque(maxlen=SKIPPED_KEPT)
         self.failures: list[Failed] = []
+        self.task_errors = TaskErrors()
         self._largest_segment = 0
         self._forms = FormCheck(config.columns)
         self._closed = False
@@ -177,6 +179,7 @@ class Runtime:
                 store_path=self.store.path,
                 lease_timeout=self.lease_timeout,
                 hold_readers_back=self._hold_readers_back,
+                task_errors=self.task_errors,
                 elastic=self._elastic,
             )
             self._maintenance.start()
@@ -347,16 +350,19 @@ class Runtime:
             self._hold_readers_back()
         elif isinstance(message, Failed):
             self.failures.append(message)
+            self.task_errors.reader_failed(message, info.index, self.plane.ready)
+            if not message.retry:
+                return  # raised in the loop now; a warning would only say it twice
             log.warning(
-                "reader %d failed task %d (epoch %d, %s): %s; the master retries it up to "
-                "max_retries times in an epoch, then quarantines it",
+                "reader %d failed task %d (epoch %d, %s): %s; the master tries it again, up "
+                "to max_retries times in an epoch (then the loop raises)",
                 info.index,
                 message.task_id,
                 message.epoch,
                 message.path,
                 message.error,
             )
-            fail_if_quarantined(self.plane, self.client.progress())
+            self.task_errors.fail_if_quarantined(self.client.progress(), self.plane.ready)
         elif isinstance(message, MasterLost):
             self.plane.ready.fail(MasterError(f"reader {info.index}: {message.error}"))
 

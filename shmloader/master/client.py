@@ -273,12 +273,14 @@ class MasterClient:
         reply = self._call("Taken", pb.TakenRequest(lease_ids=lease_ids), True, lease=True)
         return dict(problems_from_msg(reply.not_taken))
 
-    def fail(self, lease_id: int, error: str) -> None:
-        """Report that the lease's task could not be read; long messages are shortened."""
+    def fail(self, lease_id: int, error: str, *, permanent: bool = False) -> None:
+        """Report that the lease's task could not be read; long messages are shortened.
+        ``permanent``: a retry would fail the same way (the master quarantines the task now)."""
         if len(error) > MAX_ERROR_CHARS:
             cut = f" ... [cut: {len(error)} characters in all]"
             error = error[: MAX_ERROR_CHARS - len(cut)] + cut
-        self._call("Fail", pb.FailRequest(lease_id=lease_id, error=error), False, lease=True)
+        request = pb.FailRequest(lease_id=lease_id, error=error, permanent=permanent)
+        self._call("Fail", request, False, lease=True)
 
     # -------------------------------------------------------------------- queries
 

@@ -267,10 +267,12 @@ class Dispatcher:
             raise self._ended.not_active(lease_id)
         self._run(now, LeaseCompleted(now, lease_id))
 
-    def fail(self, lease_id: int, error: str, now: float) -> None:
-        """The holder could not read the task: retry it soon, or quarantine it at the cap."""
+    def fail(self, lease_id: int, error: str, now: float, *, permanent: bool = False) -> None:
+        """The holder could not read the task: retry it soon, or quarantine it at the cap, or
+        at once if the failure is ``permanent`` (the task's own: a retry fails the same way)."""
         lease = self.get_lease(lease_id)
-        self._run(now, LeaseFailed(now, lease_id, str(error), self._exhausted(lease)))
+        quarantine = permanent or self._exhausted(lease)
+        self._run(now, LeaseFailed(now, lease_id, str(error), quarantine))
 
     def expire(self, now: float) -> list[Update]:
         """Take back leases past their deadline and leases of consumers silent for longer than

@@ -252,7 +252,7 @@ class MasterService(pb_grpc.MasterServicer):
                 f"{MAX_ERROR_CHARS} (the client shortens longer ones)"
             )
         with self.lock:
-            self.dispatcher.fail(lease_id, request.error, time.time())
+            self.dispatcher.fail(lease_id, request.error, time.time(), permanent=request.permanent)
         return pb.Empty()
 
     # -------------------------------------------------------------------- queries

@@ -16,6 +16,7 @@ master, which talks to the network, never unpickles anything.
 from __future__ import annotations
 
 import functools
+import io
 import os
 import pickle
 import sys
@@ -28,6 +29,9 @@ from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from .process import ReaderConfig
+
+
+_DYNAMIC_CODE = "<dynamic-code>"  # cloudpickle's file name for code it sends by value
 
 
 @dataclass(frozen=True)
@@ -45,13 +49,32 @@ def trainer_sys_path(path: Sequence[str] | None = None, cwd: str | None = None) 
     return tuple(p or here for p in (sys.path if path is None else path))
 
 
+def dumps(value: object) -> bytes:
+    """``value`` pickled by cloudpickle, functions keeping the name of the file they were
+    written in. cloudpickle names every code object it sends by value ``<dynamic-code>`` (so
+    that its bytes do not depend on where the code was written); a traceback in the reader,
+    and the "raised at FILE:LINE" of the loop's error, would then name no file."""
+    import cloudpickle
+
+    class KeepFileNames(cloudpickle.Pickler):
+        def reducer_override(self, obj: object) -> object:
+            if isinstance(obj, types.CodeType):
+                rebuild, args = self.dispatch_table[types.CodeType](obj)
+                return rebuild, tuple(
+                    obj.co_filename if arg == _DYNAMIC_CODE else arg for arg in args
+                )
+            return super().reducer_override(obj)
+
+    out = io.BytesIO()
+    KeepFileNames(out, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return out.getvalue()
+
+
 def pickle_config(config: ReaderConfig) -> PickledConfig:
     """The configuration as a reader unpickles it; ConfigError, naming the cause, when some
     part of the source cannot be pickled (an open file, a lock, a socket it refers to)."""
-    import cloudpickle
-
     try:
-        blob = cloudpickle.dumps(config, protocol=pickle.HIGHEST_PROTOCOL)
+        blob = dumps(config)
     except Exception as exc:  # what cloudpickle raises depends on the object: any is ours
         found = unpicklable_part(config.source, "source")
         where = f" (the part that cannot: {found})" if found else ""
@@ -90,10 +113,8 @@ def unpicklable_part(value: object, name: str, depth: int = 4) -> str | None:
     "source.decode's global 'PAYLOAD', a Struct"); None if ``value`` pickles, or nothing
     smaller than it is to blame. Looks into attributes, containers, and a function's closure
     variables and the globals its code uses: what cloudpickle sends by value with it."""
-    import cloudpickle
-
     try:
-        cloudpickle.dumps(value)
+        dumps(value)
         return None
     except Exception:
         pass

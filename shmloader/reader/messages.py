@@ -2,30 +2,11 @@
 
 from __future__ import annotations
 
-import functools
-import os
-import sysconfig
 import time
-import traceback
 from dataclasses import dataclass
 
-from ..errors import ShmloaderError
 from ..sources.base import SkippedRecord
-
-_SHMLOADER = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "")
-
-
-@functools.cache
-def _not_users() -> tuple[str, ...]:
-    """Where code that is not the user's lies: frames there are passed over when saying where
-    an error was raised (the standard library, installed packages, shmloader itself). Found on
-    the first error, not at import: every reader imports this module as it starts."""
-    found = {
-        os.path.join(os.path.realpath(p), "")
-        for key in ("stdlib", "platstdlib", "purelib", "platlib")
-        if (p := sysconfig.get_paths().get(key))
-    }
-    return tuple(found | {_SHMLOADER})
+from .failure import Link
 
 
 def lease_clock() -> float:
@@ -88,39 +69,22 @@ class Ready:
     forms: tuple[tuple[str, bool, str], ...] = ()
 
 
-def describe_error(exc: BaseException) -> str:
-    """``Failed.error``: the exception's type and text and, for one that is not shmloader's
-    (or one of ours chained to one that is not, as a ``DecodeError`` is to what decode
-    raised), where that was raised. It crosses into the trainer as text, without its
-    traceback, and a read() or decode of the user's own failing with ``IndexError: list
-    index out of range`` said nothing of where. The place is the innermost frame in the
-    user's code (not the standard library, an installed package or shmloader); else, for the
-    user's code installed as a package, the outermost frame outside shmloader (the function
-    shmloader called: the innermost could be a line of ``json/decoder.py`` the user's
-    decode called); else the innermost frame."""
-    text = f"{type(exc).__name__}: {exc}"
-    cause: BaseException | None = exc
-    while isinstance(cause, ShmloaderError):  # e.g. a DecodeError chained to decode's error
-        cause = cause.__cause__
-    frames = traceback.extract_tb(cause.__traceback__) if cause is not None else []
-    if not frames:
-        return text
-    not_users = _not_users()
-    users = [f for f in frames if not os.path.realpath(f.filename).startswith(not_users)]
-    foreign = [f for f in frames if not os.path.realpath(f.filename).startswith(_SHMLOADER)]
-    frame = users[-1] if users else foreign[0] if foreign else frames[-1]
-    return f"{text} (raised at {frame.filename}:{frame.lineno}, in {frame.name})"
-
-
 @dataclass(frozen=True)
 class Failed:
-    """Reading the task raised; the lease was reported failed to the master."""
+    """Reading the task raised; the lease is reported failed to the master right after.
+
+    ``error`` is the text the master keeps; ``raised`` the exception and its causes, which
+    the trainer raises in the loop as they were (failure.py). ``retry``: the master tries the
+    task again (up to ``max_retries``); if False the failure is the task's own, the master
+    quarantines it at once, and the trainer raises ``raised`` without waiting."""
 
     lease_id: int
     epoch: int
     task_id: int
     path: str
     error: str
+    raised: tuple[Link, ...] = ()
+    retry: bool = True
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from ..shm.names import new_segment_name
 from ..sources._tensor_types import schema_forms
 from ..sources.base import ReadResult, Shard, SkippedRecord, Source
 from .by_value import unpickle_config
+from .failure import as_ours, describe_error, pack_exception, retry_may_help
 from .heap import keep_freed_memory
 from .messages import (
     Failed,
@@ -41,7 +42,6 @@ from .messages import (
     Sealing,
     Started,
     Unusable,
-    describe_error,
     lease_clock,
     task_key,
 )
@@ -310,10 +310,16 @@ class Reader:
                 _check_count(lease, info.num_rows, result.skipped, lambda: store.release(info.name))
         except StoreClosedError:
             raise
-        except Exception as exc:
-            error = describe_error(exc)
-            self.client.fail(lease.lease_id, error)
-            self.conn.send(Failed(lease.lease_id, lease.epoch, lease.task_id, lease.path, error))
+        except Exception as raised_here:
+            exc = as_ours(raised_here, lease.path, lease.start, lease.stop)
+            error, retry = describe_error(exc), retry_may_help(exc)
+            raised = pack_exception(exc)
+            # The trainer first: it raises the exception itself (a permanent failure), not the
+            # quarantine it would otherwise learn of from the master.
+            self.conn.send(
+                Failed(lease.lease_id, lease.epoch, lease.task_id, lease.path, error, raised, retry)
+            )
+            self.client.fail(lease.lease_id, error, permanent=not retry)
             return True
         if info is None:  # stopped, or gave way, while waiting for budget; nothing written
             return not gave_way

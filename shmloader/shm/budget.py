@@ -198,7 +198,8 @@ def reserve(
             f"a segment of {format_size(nbytes)} ({nbytes} bytes) cannot fit in shm_budget "
             f"{format_size(budget)} ({budget} bytes) even when nothing else is in use; raise "
             f"shm_budget, or make tasks smaller (a lower records_per_task) unless a task is one "
-            f"record already"
+            f"record already",
+            never_fits=True,
         )
     start = time.monotonic()
     deadline = None if timeout is None else start + timeout
