@@ -56,6 +56,10 @@ class DispatcherOps:
     def epoch_records(self, epoch: int) -> int:
         return self._queue(epoch)[1]
 
+    def epochs_over(self, epoch: int) -> int | None:
+        epochs = self.d.config.epochs
+        return epochs if epochs is not None and epoch >= epochs else None
+
     def whereabouts(self, epoch: int, seqs: list[int]) -> list[str]:
         return self.d.whereabouts(self.consumer, epoch, seqs)  # elastic mode: seq == unit
 

@@ -39,3 +39,37 @@ def test_bench_refuses_what_does_not_fit(tmp_path, capsys) -> None:
     assert main(["bench", str(table), "--decode", "json:JSONDecoder.no_such"]) == 1
     assert "no attribute 'no_such'" in capsys.readouterr().err
     assert main(["bench", str(table), "--epochs", "0"]) == 2
+
+
+def test_a_decode_batch_module_in_the_current_folder_is_found(tmp_path) -> None:
+    """Through the installed console script, whose sys.path does not hold the current folder
+    (``python -m`` adds it): ``--decode-batch mod:func`` of ./mod.py is imported all the same,
+    by the trainer and by its readers."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shmloader.write_records(str(tmp_path / "r.tfrecord"), [bytes([i % 256]) * 8 for i in range(60)])
+    (tmp_path / "my_batches.py").write_text(
+        "import numpy as np\n"
+        "def decode_batch(payloads):\n"
+        "    return {'b': np.frombuffer(b''.join(payloads), np.uint8).reshape(-1, 8)[:, 0]}\n"
+    )
+    script = Path(sys.executable).with_name("shmloader")
+    if not script.exists():  # the package is not installed with its console script here
+        import pytest
+
+        pytest.skip("no shmloader console script beside this Python")
+    args = [str(script), "bench", "r.tfrecord", "--decode-batch", "my_batches:decode_batch"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [*args, "--readers", "1", "--records-per-task", "20", "--epochs", "1", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert [e["samples"] for e in json.loads(done.stdout)["epochs"]] == [60]

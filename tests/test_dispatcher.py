@@ -138,7 +138,7 @@ def test_a_permanent_failure_is_quarantined_at_once() -> None:
     """A record decode rejects fails the same way every time: no retry is handed out."""
     d = make(max_retries=3)
     d.register("c", 0.0)
-    x, y = d.lease("c", 2, 0.0)
+    x, _ = d.lease("c", 2, 0.0)
     d.fail(x.lease_id, "DecodeError: record 7", 1.0, permanent=True)
     (q,) = d.progress().epochs[0].quarantined
     assert (q.task, q.error) == (x.task, "DecodeError: record 7")

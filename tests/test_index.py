@@ -36,6 +36,21 @@ def data(tmp_path: Path) -> str:
     return str(path)
 
 
+def test_a_file_named_for_its_kind_gets_one_suffix_and_older_names_are_still_read(
+    tmp_path: Path,
+) -> None:
+    data = str(tmp_path / "train.tfrecord")
+    Path(data).write_bytes(b"x" * 90)
+    assert sidecar_path(data, "tfrecord") == data + ".shmidx"
+    assert sidecar_path(data, "tfrecord-gzip") == data + ".tfrecord-gzip.shmidx"
+    assert save_offsets(data, "tfrecord", OFFSETS) == data + ".shmidx"
+    # An index written under the earlier name (train.tfrecord.tfrecord.shmidx) is used as it is.
+    os.rename(data + ".shmidx", data + ".tfrecord.shmidx")
+    found = read_index(data, "tfrecord")
+    assert found is not None and found.where == data + ".tfrecord.shmidx"
+    np.testing.assert_array_equal(found.offsets, OFFSETS)
+
+
 def test_round_trip_and_location(data: str) -> None:
     assert load_offsets(data, "lines") is None
     where = save_offsets(data, "lines", OFFSETS)

@@ -41,7 +41,7 @@ class RegisterRequest(_message.Message):
     def __init__(self, consumer: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("consumer", "rank", "world_size", "lease_timeout", "consumer_timeout", "epochs", "num_tasks", "total_records", "paths")
+    __slots__ = ("consumer", "rank", "world_size", "lease_timeout", "consumer_timeout", "epochs", "num_tasks", "total_records", "paths", "records", "records_per_task")
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,8 @@ class RegisterReply(_message.Message):
     NUM_TASKS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_RECORDS_FIELD_NUMBER: _ClassVar[int]
     PATHS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_PER_TASK_FIELD_NUMBER: _ClassVar[int]
     consumer: str
     rank: int
     world_size: int
@@ -60,7 +62,9 @@ class RegisterReply(_message.Message):
     num_tasks: int
     total_records: int
     paths: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, consumer: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., lease_timeout: _Optional[float] = ..., consumer_timeout: _Optional[float] = ..., epochs: _Optional[int] = ..., num_tasks: _Optional[int] = ..., total_records: _Optional[int] = ..., paths: _Optional[_Iterable[str]] = ...) -> None: ...
+    records: _containers.RepeatedScalarFieldContainer[int]
+    records_per_task: int
+    def __init__(self, consumer: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., lease_timeout: _Optional[float] = ..., consumer_timeout: _Optional[float] = ..., epochs: _Optional[int] = ..., num_tasks: _Optional[int] = ..., total_records: _Optional[int] = ..., paths: _Optional[_Iterable[str]] = ..., records: _Optional[_Iterable[int]] = ..., records_per_task: _Optional[int] = ...) -> None: ...
 
 class ConsumerRequest(_message.Message):
     __slots__ = ("consumer",)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -64,6 +65,11 @@ def _function(spec: str, option: str) -> Callable[..., Any]:
     module, sep, name = spec.partition(":")
     if not sep or not module or not name:
         raise ShmloaderError(f"{option} {spec!r}: give MODULE:FUNCTION, e.g. my_decoders:decode")
+    # As `python -m` would: a module in the current folder is found (a console script's
+    # sys.path starts with its own bin folder instead); readers get the same sys.path.
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
     try:
         found: Any = importlib.import_module(module)
         for part in name.split("."):  # MODULE:OBJECT.METHOD too

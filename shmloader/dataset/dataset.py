@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch.utils.data
 
-from ..errors import ConfigError, ShmloaderError
+from ..errors import ConfigError, DataError, ShmloaderError
 from ..reader.pool import ReaderProcess, launch_readers, stop_readers
 from ..shm.sizes import parse_size
 from ..shm.store import SegmentStore
 from ..sources.base import Source
 from . import ring
+from .gather import ROW_BITS, encode_indices, gather, segment_views
 from .launcher import TORCHRUN, Rendezvous, rendezvous_from_env
 from .ring import RingBatch
 from .sampler import DEFAULT_SHUFFLE_WINDOW, TaskBatchSampler, TaskSampler
@@ -39,6 +40,44 @@ _UNCONFIGURED_STOP = 0.0
 def collate(batch: Any) -> Any:
     """The collate function to give a DataLoader: ``__getitems__`` has already built the batch."""
     return batch
+
+
+def _one_row(batch: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v[0] if isinstance(v, (list, torch.Tensor)) else v) for k, v in batch.items()}
+
+
+def read_record(source: Source, index: int, columns: Sequence[str] | None) -> dict[str, Any]:
+    """Record ``index`` of ``source`` (negative: from the end), in plan order, as a batch of
+    one row; IndexError past the end (so ``for record in ds`` ends), DataError if the source
+    skipped it (``on_error="skip"``)."""
+    shards = source.plan()
+    total = sum(shard.num_records for shard in shards)
+    at = index + total if index < 0 else index
+    if not 0 <= at < total:
+        raise IndexError(f"record {index} of a dataset of {total} records")
+    for shard in shards:
+        if at < shard.num_records:
+            break
+        at -= shard.num_records
+    result = source.read_result(shard, at, at + 1)
+    if result.batch.num_rows == 0:
+        why = result.skipped[0].error if result.skipped else "the source gave no row"
+        raise DataError(f"record {at} was skipped: {why}", path=shard.path, index=at)
+    views = segment_views(result.batch)
+    names = list(columns) if columns else result.batch.schema.names
+    return gather(lambda slot: views, encode_indices(0, np.zeros(1, np.int64)), names)
+
+
+def _check_count(name: str, value: object, least: int, example: str) -> None:
+    """ConfigError unless ``value`` is an int of at least ``least``: ``num_readers="auto"``
+    or ``records_per_task=4096.0`` would fail later with a TypeError about a comparison."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(
+            f"{name} must be a whole number (at least {least}): {example}; got "
+            f"{value!r} ({type(value).__name__})"
+        )
+    if value < least:
+        raise ConfigError(f"{name} must be at least {least}, got {value}")
 
 
 class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
@@ -83,8 +122,12 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
                 f"source must be a shmloader source, got {type(source).__name__}, which has no "
                 f"{' and no '.join(f'{m}()' for m in lacks)} (the protocol: docs/sources.md)"
             )
-        if num_readers < 1:
-            raise ConfigError(f"num_readers must be at least 1, got {num_readers}")
+        _check_count("num_readers", num_readers, 1, "reader processes, e.g. 2 (the default)")
+        _check_count("records_per_task", records_per_task, 1, "records per task, e.g. 4096")
+        _check_count("shuffle_window", shuffle_window, 1, "tasks shuffled together, e.g. 8")
+        _check_count("max_retries", max_retries, 0, "retries of a failed task, e.g. 3")
+        if epochs is not None:
+            _check_count("epochs", epochs, 1, "epochs, or None for no end")
         if master_host is not None and not master_host.strip():
             raise ConfigError("master_host must name an interface ('0.0.0.0': all of them)")
         self._rendezvous: Rendezvous | None = None
@@ -256,9 +299,16 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         return len(self.sampler())
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        batch = self._gather([index], ring=False)
-        assert isinstance(batch, dict)
-        return {k: (v[0] if isinstance(v, (list, torch.Tensor)) else v) for k, v in batch.items()}
+        """Record ``index`` of the dataset, counted in plan order (file by file), as a dict of
+        its columns (a batch's, without the batch axis): ``ds[0]`` to look at the data. It is
+        read from the source in this process, not through the readers, and consumes nothing
+        of any epoch. An index the dataset's sampler handed out (all are at least 2**32:
+        torch's unbatched mode, ``batch_size=None``) gives that row of shared memory."""
+        if index >= 1 << ROW_BITS:
+            batch = self._gather([index], ring=False)
+            assert isinstance(batch, dict)
+            return _one_row(batch)
+        return _one_row(read_record(self.source, index, self._columns))
 
     def __getitems__(self, indices: Sequence[int] | np.ndarray) -> dict[str, Any] | RingBatch:
         """The batch: a dict of tensors; in a worker of ``shmloader.DataLoader``, a

@@ -46,6 +46,18 @@ class _RecordingBatchSampler(TaskBatchSampler):
         return sum(len(batch) for batch in self.issued)
 
 
+# What shmloader.DataLoader sets itself, and where the user's choice goes instead.
+_SET_BY_THE_DATASET = {
+    "shuffle": "the order is the dataset's: SharedTaskDataset(..., shuffle=True, seed=...) "
+    "shuffles the tasks of each epoch and the rows within a window of them",
+    "sampler": "the dataset's own sampler gives the order (it knows which rows are ready)",
+    "batch_sampler": "batches are drawn by the dataset's sampler (batch_size= and drop_last= "
+    "choose their size)",
+    "collate_fn": "the dataset builds whole batches in __getitems__; transform a batch in the "
+    "loop, or per record in decode",
+}
+
+
 class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     """A ``torch.utils.data.DataLoader`` over a :class:`SharedTaskDataset`.
 
@@ -69,9 +81,11 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                 "shmloader.DataLoader gathers whole batches and does not take batch_size=None; "
                 "for one row per step use batch_size=1 (each column then has a batch axis of 1)"
             )
-        for name in ("sampler", "batch_sampler", "shuffle", "collate_fn"):
+        for name, instead in _SET_BY_THE_DATASET.items():
             if kwargs.get(name) not in (None, False):
-                raise ConfigError(f"shmloader.DataLoader sets {name} itself; do not pass it")
+                raise ConfigError(
+                    f"shmloader.DataLoader takes no {name}=: {instead}, so leave it out"
+                )
             kwargs.pop(name, None)
         if kwargs.get("in_order") is False:
             raise ConfigError("shmloader.DataLoader needs in_order=True to know what was delivered")

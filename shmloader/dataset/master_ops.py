@@ -43,6 +43,11 @@ class MasterOps:
         # A pass after the last planned epoch is empty (len 0), not a master error.
         return self._epochs is not None and epoch >= self._epochs
 
+    def epochs_over(self, epoch: int) -> int | None:
+        """The number of epochs the master plans, if ``epoch`` comes after the last of them
+        (a pass over it is empty); None while epochs are left (or there is no last)."""
+        return self._epochs if self._past_the_end(epoch) else None
+
     def epoch_tasks(self, epoch: int) -> int:
         return 0 if self._past_the_end(epoch) else int(self._epoch(epoch).num_tasks)
 

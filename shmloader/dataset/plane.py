@@ -69,7 +69,9 @@ class DataPlane:
         # The batch the trainer gathered last for the loop, and its groups, until the loop
         # receives it (see gathered / delivered).
         self._grouped: tuple[np.ndarray | None, list[SegmentRows]] = (None, [])
-        self._next_slot = 0
+        # Slot 0 is never used: every index a sampler hands out (slot << 32 | row) is then at
+        # least 2**32, never a record number (SharedTaskDataset.__getitem__).
+        self._next_slot = 1
         self._handed_out = 0  # rows the sampler handed out so far (their ranks, see reclaim)
         self._slots: dict[int, SlotState] = {}
         self._epochs: dict[int, EpochState] = {}
@@ -177,6 +179,9 @@ class DataPlane:
     def epoch_to_iterate(self) -> int:
         with self._lock:
             return self._iter_epoch
+
+    def epochs_over(self, epoch: int) -> int | None:
+        return self._master.epochs_over(epoch)
 
     def epoch_rows(self, epoch: int) -> int:
         return self._master.epoch_records(epoch)

@@ -45,6 +45,10 @@ class LeaseOps(Protocol):
 
     def epoch_records(self, epoch: int) -> int: ...
 
+    def epochs_over(self, epoch: int) -> int | None:
+        """The number of epochs planned, if ``epoch`` is past the last; else None."""
+        ...
+
     def whereabouts(self, epoch: int, seqs: list[int]) -> list[str]:
         """Where tasks ``seqs`` are (``Dispatcher.whereabouts``), as this consumer sees it."""
         ...

@@ -40,6 +40,7 @@ from .launcher import Rendezvous
 from .ledger import LedgerReader, ledger_dir
 from .maintenance import Maintenance, first_unfinished
 from .master_ops import MasterOps
+from .plan_check import check_same_plan
 from .plane import DataPlane
 from .rejoin import check_whole_share
 from .task_errors import TaskErrors
@@ -138,6 +139,8 @@ class Runtime:
             local = self.embedded.local_stub() if self.embedded is not None else None
             self.client = MasterClient(address, token=config.token, local=local)
             info = self.client.register(self.consumer, config.rank)
+            if self.embedded is None:  # another process planned the tasks: the same plan?
+                check_same_plan(config.source.plan(), config.records_per_task, info, address)
             self.lease_timeout = float(info.lease_timeout)
             self._elastic = info.world_size is None  # trainers share the master's epochs
             self.client.start_heartbeat(self.consumer)

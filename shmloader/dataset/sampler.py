@@ -48,6 +48,10 @@ class Feed(Protocol):
         """Task positions of ``epoch`` not yet admitted, in order."""
         ...
 
+    def epochs_over(self, epoch: int) -> int | None:
+        """The master's number of epochs if ``epoch`` is past its last one, else None."""
+        ...
+
     def reclaim(self, epoch: int) -> np.ndarray:
         """Indices emitted earlier in ``epoch`` but never consumed (an abandoned pass)."""
         ...
@@ -133,6 +137,8 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         self.seed = seed
         self.window = window
         self._warned_order = False  # see _warn_out_of_order
+        self._warned_empty = False  # see _warn_empty
+        self._passes = 0  # passes begun: the first one may join a master whose epochs ended
 
     def __len__(self) -> int:
         return self.pass_rows(rest_alone=False)
@@ -169,11 +175,16 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         """
         feed = self._get_feed()
         epoch = feed.epoch_to_iterate()
+        self._passes += 1
         if rest_alone:
             rest = feed.rest_of_last_pass(epoch)
             if len(rest):
                 yield rest
                 return
+        planned = feed.epochs_over(epoch)
+        if planned is not None:
+            self._warn_empty(planned)
+            return
         leftover = feed.reclaim(epoch)
         if len(leftover):
             yield leftover
@@ -223,6 +234,25 @@ class TaskSampler(torch.utils.data.Sampler[int]):
                 yield indices
         yield from self._strays(feed, epoch)
         feed.finish_epoch(epoch)
+
+    def _warn_empty(self, planned: int) -> None:
+        """Say (once) why a pass yields nothing: a loop of ``for epoch in range(5)`` over a
+        dataset of ``epochs=1`` trained once and then silently did nothing four times."""
+        if self._warned_empty:
+            return
+        self._warned_empty = True
+        joined = (
+            " before this trainer's first pass (it joined a master that had finished)"
+            if self._passes == 1
+            else ""
+        )
+        log.warning(
+            "this pass is empty: the master's %d epoch(s) are over%s. Each full pass of the "
+            "loop is one epoch; for more passes make the dataset (or start the standalone "
+            "master) with more epochs, or epochs=None for no end (said once)",
+            planned,
+            joined,
+        )
 
     def _warn_out_of_order(self, epoch: int, missing: list[int], got: list[int]) -> None:
         """Say (once) that the order stopped being a function of the configuration: ``take``

@@ -112,9 +112,20 @@ def _check_kind(kind: str) -> None:
 
 
 def sidecar_path(path: str, kind: str) -> str:
-    """``<data path>.<kind>.shmidx``: the preferred location, next to the data."""
+    """``<data path>.<kind>.shmidx``: the preferred location, next to the data; a data file
+    whose name already ends in ``.<kind>`` gets ``<data path>.shmidx`` (``x.tfrecord.shmidx``,
+    not ``x.tfrecord.tfrecord.shmidx``)."""
     _check_kind(kind)
+    if path.endswith(f".{kind}"):
+        return f"{path}{INDEX_SUFFIX}"
     return f"{path}.{kind}{INDEX_SUFFIX}"
+
+
+def _older_sidecar_path(path: str, kind: str) -> str | None:
+    """Where shmloader 0.1 put the sidecar of a file named ``x.<kind>`` (``x.<kind>.<kind>
+    .shmidx``): still read, so an indexed dataset is not indexed again; never written."""
+    older = f"{path}.{kind}{INDEX_SUFFIX}"
+    return older if older != sidecar_path(path, kind) else None
 
 
 def default_index_dir(index_dir: str | None = None) -> str:
@@ -148,8 +159,13 @@ def _is_local(path: str) -> bool:
 
 
 def _candidates(path: str, kind: str, index_dir: str | None) -> list[str]:
-    sidecar = sidecar_path(_canonical(path), kind)
-    return [sidecar, fallback_index_path(path, kind, index_dir=index_dir)]
+    canonical = _canonical(path)
+    older = _older_sidecar_path(canonical, kind)
+    return [
+        sidecar_path(canonical, kind),
+        *([older] if older else []),
+        fallback_index_path(path, kind, index_dir=index_dir),
+    ]
 
 
 def read_index(path: str, kind: str, *, index_dir: str | None = None) -> IndexEntry | None:

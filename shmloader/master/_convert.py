@@ -86,6 +86,8 @@ class ConsumerInfo:
     num_tasks: int
     total_records: int
     paths: list[str]
+    records: list[int] = field(default_factory=list)  # of each path; empty: not said
+    records_per_task: int | None = None  # None: not said (an older master)
 
 
 # ----------------------------------------------------------------- leases and register
@@ -170,6 +172,8 @@ def register_to_msg(
         num_tasks=len(table),
         total_records=table.total_records,
         paths=table.paths,
+        records=table.shard_records.tolist(),
+        records_per_task=table.records_per_task,
     )
 
 
@@ -184,6 +188,8 @@ def register_from_msg(m: pb.RegisterReply) -> ConsumerInfo:
         num_tasks=m.num_tasks,
         total_records=m.total_records,
         paths=list(m.paths),
+        records=list(m.records),
+        records_per_task=m.records_per_task or None,
     )
 
 
