@@ -25,16 +25,16 @@ import textwrap
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-MODULE = '''
+MODULE = """
 import numpy as np
 
 def decode(payload):
     x = np.frombuffer(payload, dtype="<f4", count=16)
     return {"x": x, "label": int(x[0])}
-'''
+"""
 
 # The script: decode either imported from the module above, or defined right here.
-SCRIPT = '''
+SCRIPT = """
 import sys, time
 import numpy as np
 import shmloader
@@ -54,7 +54,7 @@ if __name__ == "__main__":
         for batch in shmloader.DataLoader(ds, batch_size=256):
             print(f"FIRST {{time.perf_counter() - t0:.4f}}", flush=True)
             break
-'''
+"""
 
 PLACEMENTS = ("module", "script")
 

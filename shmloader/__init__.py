@@ -72,6 +72,8 @@ _EXPORTS: dict[str, str] = {
     "TaskSampler": "shmloader.dataset.sampler",
     "TaskBatchSampler": "shmloader.dataset.sampler",
     "Stats": "shmloader.stats.stats",
+    # augmentation
+    "task_rng": "shmloader.augment",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

@@ -433,7 +433,14 @@ def test_a_master_gone_for_good_is_one_error_and_a_prompt_close(
     directory, _ = data
     monkeypatch.setenv("SHMLOADER_MASTER_RETRY", "10")  # readers inherit it
     with shmloader.Master(source(directory), records_per_task=20, epochs=None) as master:
-        ds = dataset(directory, tmp_path, master=master.address, epochs=None, shm_budget="1MiB")
+        ds = dataset(
+            directory,
+            tmp_path,
+            master=master.address,
+            records_per_task=20,
+            epochs=None,
+            shm_budget="1MiB",
+        )
         loader = shmloader.DataLoader(ds, batch_size=16)
         next(iter(loader))
         master.stop(grace=None)
@@ -458,7 +465,7 @@ def test_ctrl_c_with_the_master_unreachable_exits_at_once(
     directory, _ = data
     monkeypatch.setenv("SHMLOADER_MASTER_RETRY", "60")  # a bound, not a measurement, below
     with shmloader.Master(source(directory), records_per_task=20, epochs=None) as master:
-        ds = dataset(directory, tmp_path, master=master.address, epochs=None)
+        ds = dataset(directory, tmp_path, master=master.address, records_per_task=20, epochs=None)
         loader = shmloader.DataLoader(ds, batch_size=16)
         with pytest.raises(KeyboardInterrupt), ds:
             next(iter(loader))

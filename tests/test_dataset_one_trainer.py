@@ -129,4 +129,4 @@ def test_misuse_is_named(tmp_path):
             ds.batch_sampler(-1)
         ds.start()
         with pytest.raises(FileNotFoundError, match=r"without sampler=ds\.sampler\(\)"):
-            ds[0]  # an index the sampler never issued
+            ds.__getitems__([0, 1])  # positions 0..len-1, as torch's own sampler gives them

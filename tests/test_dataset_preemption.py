@@ -90,7 +90,7 @@ def test_a_preempted_trainer_hands_back_what_it_consumed_at_exit(
             "dead",
             data=str(directory),
             shm_dir=str(shm_dir),
-            dataset={"master": master.address, "num_readers": 1},
+            dataset={"master": master.address, "num_readers": 1, "records_per_task": BATCH},
             batch_size=BATCH,
             preempt=[AT, FINISH],
             then="exit",  # no close(): interpreter exit leaves the master, handing back

@@ -48,3 +48,11 @@ def test_ddp_under_torchrun_gets_equal_shares_of_every_record() -> None:
             in out
         )
     assert "2 ranks, master at 127.0.0.1:" in out
+
+
+def test_augment_is_reproducible_under_its_seed_and_differs_per_epoch() -> None:
+    out = run_example(sys.executable, "augment.py", "--records", "1500")
+    assert "1500 records x 2 epochs, each record once per epoch: True" in out
+    assert "two runs with seed 7 saw the same augmented images: True" in out
+    differ = int(re.search(r"differently in epoch 1 than in epoch 0: (\d+) of 1500", out)[1])
+    assert differ > 1300, out  # a flip and a crop of 25 places: few repeat by chance

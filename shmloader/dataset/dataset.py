@@ -42,6 +42,9 @@ def collate(batch: Any) -> Any:
     return batch
 
 
+DEFAULT_RECORDS_PER_TASK = 4096
+
+
 def _one_row(batch: dict[str, Any]) -> dict[str, Any]:
     return {k: (v[0] if isinstance(v, (list, torch.Tensor)) else v) for k, v in batch.items()}
 
@@ -99,7 +102,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         source: Source,
         *,
         num_readers: int = 2,
-        records_per_task: int = 4096,
+        records_per_task: int | None = None,
         shuffle: bool = True,
         seed: int = 0,
         shm_budget: int | str = "1GiB",
@@ -123,7 +126,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
                 f"{' and no '.join(f'{m}()' for m in lacks)} (the protocol: docs/sources.md)"
             )
         _check_count("num_readers", num_readers, 1, "reader processes, e.g. 2 (the default)")
-        _check_count("records_per_task", records_per_task, 1, "records per task, e.g. 4096")
+        if records_per_task is not None:
+            _check_count("records_per_task", records_per_task, 1, "records per task, e.g. 4096")
         _check_count("shuffle_window", shuffle_window, 1, "tasks shuffled together, e.g. 8")
         _check_count("max_retries", max_retries, 0, "retries of a failed task, e.g. 3")
         if epochs is not None:
@@ -145,7 +149,11 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             raise ConfigError("give both rank and world_size (DDP), or neither")
         self.source = source
         self.num_readers = num_readers
-        self.records_per_task = records_per_task
+        # Left out: the embedded master's default; a standalone master's own (runtime.py).
+        self._records_per_task_given = records_per_task is not None
+        self.records_per_task = (
+            DEFAULT_RECORDS_PER_TASK if records_per_task is None else records_per_task
+        )
         self.shuffle = shuffle
         self.seed = seed
         self.shm_budget = parse_size(shm_budget, what="shm_budget")
@@ -243,6 +251,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             source=self.source,
             num_readers=self.num_readers,
             records_per_task=self.records_per_task,
+            records_per_task_given=self._records_per_task_given,
             shuffle=self.shuffle,
             seed=self.seed,
             epochs=self.epochs,

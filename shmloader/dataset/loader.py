@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -53,8 +53,8 @@ _SET_BY_THE_DATASET = {
     "sampler": "the dataset's own sampler gives the order (it knows which rows are ready)",
     "batch_sampler": "batches are drawn by the dataset's sampler (batch_size= and drop_last= "
     "choose their size)",
-    "collate_fn": "the dataset builds whole batches in __getitems__; transform a batch in the "
-    "loop, or per record in decode",
+    "collate_fn": "the dataset builds whole batches in __getitems__; give transform= for a "
+    "function of each batch, or augment each record in decode (shmloader.task_rng())",
 }
 
 
@@ -64,6 +64,11 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     Takes the usual keyword arguments (``num_workers``, ``pin_memory``, ``persistent_workers``,
     ``prefetch_factor``, ``multiprocessing_context``, ...) except ``sampler``,
     ``batch_sampler``, ``shuffle`` and ``collate_fn``, which the dataset provides.
+
+    ``transform``: a function of each batch (the dict of tensors) whose result the loop gets
+    instead, called in the training process once the batch is counted delivered: for
+    per-batch work such as normalising, mixing rows (mixup) or moving to a device. Per-record
+    augmentation belongs in ``decode``, in the readers (``shmloader.task_rng()``).
     """
 
     def __init__(
@@ -72,8 +77,12 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         batch_size: int = 1,
         *,
         drop_last: bool = False,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        if transform is not None and not callable(transform):
+            raise ConfigError(f"transform must be a function of a batch, got {transform!r}")
+        self.transform = transform
         if not isinstance(dataset, SharedTaskDataset):
             raise ConfigError("shmloader.DataLoader takes a SharedTaskDataset")
         if batch_size is None:  # torch's "one sample per step, no collate" mode
@@ -121,7 +130,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             # Workers of this loader write no ledger: rows are marked gathered here. (A batch
             # gathered here is marked gathered and delivered in one pass: plane.gathered.)
             plane.delivered(self._recorder.issued.popleft(), gathered=self.num_workers > 0)
-            yield batch
+            yield batch if self.transform is None else self.transform(batch)
             began = time.perf_counter()
 
     def _check_open(self, cause: Exception | None = None) -> None:

@@ -18,10 +18,11 @@ SHOWN = 3  # files named of each side's difference
 
 
 def check_same_plan(
-    plan: Sequence[Shard], records_per_task: int, info: ConsumerInfo, address: str
+    plan: Sequence[Shard], records_per_task: int | None, info: ConsumerInfo, address: str
 ) -> None:
     """ConfigError unless the master at ``address`` (as ``register`` told: ``info``) planned
-    the files and records this trainer's source plans, in tasks of ``records_per_task``."""
+    the files and records this trainer's source plans, in tasks of ``records_per_task`` (None:
+    the trainer left the task size to the master)."""
     ours = [shard.path for shard in plan]
     fix = (
         "; give the trainer the source the master was started with (the same files, "
@@ -48,7 +49,7 @@ def check_same_plan(
             f"{info.total_records}{fix}"
         )
     theirs_per_task = info.records_per_task
-    if theirs_per_task is not None and theirs_per_task != records_per_task:
+    if None not in (theirs_per_task, records_per_task) and theirs_per_task != records_per_task:
         raise ConfigError(
             f"records_per_task={records_per_task} here, but the master at {address} splits "
             f"the files into tasks of {theirs_per_task} records: use "

@@ -59,6 +59,8 @@ class RuntimeConfig:
     source: Source
     num_readers: int
     records_per_task: int
+    # Chosen by the user, not the default: a standalone master's must then be the same.
+    records_per_task_given: bool
     shuffle: bool
     seed: int
     epochs: int | None
@@ -140,7 +142,8 @@ class Runtime:
             self.client = MasterClient(address, token=config.token, local=local)
             info = self.client.register(self.consumer, config.rank)
             if self.embedded is None:  # another process planned the tasks: the same plan?
-                check_same_plan(config.source.plan(), config.records_per_task, info, address)
+                chosen = config.records_per_task if config.records_per_task_given else None
+                check_same_plan(config.source.plan(), chosen, info, address)
             self.lease_timeout = float(info.lease_timeout)
             self._elastic = info.world_size is None  # trainers share the master's epochs
             self.client.start_heartbeat(self.consumer)
@@ -280,6 +283,7 @@ class Runtime:
             token=config.token,
             rank=config.rank,
             skip_tasks=config.skip_tasks,
+            seed=config.seed,
         )
 
     def _readers_failed(self, exc: BaseException) -> None:

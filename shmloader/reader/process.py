@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from .. import augment
 from ..errors import ConfigError, DataError, LeaseError, MasterError, StoreClosedError
 
 # At the top, not where the client is made: a reader imports it (grpc, about 0.1 s) while it
@@ -68,6 +69,7 @@ class ReaderConfig:
     lease_ahead: int = 4  # tasks asked for per lease call
     # (epoch, seq) consumed before a resume: announced empty, not read again
     skip_tasks: frozenset[tuple[int, int]] = frozenset()
+    seed: int = 0  # the dataset's: with epoch and task, the seed of task_rng() (augment.py)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -288,6 +290,7 @@ class Reader:
                 self._announce(lease, began, "", 0, 0, ())
                 return True
             shard = Shard(lease.path, lease.stop)
+            augment.begin_task(self.config.seed, lease.epoch, lease.task_id)
             result = self.config.source.read_result(shard, lease.start, lease.stop)
             if not isinstance(result, ReadResult):  # else an AttributeError about "content"
                 raise ConfigError(

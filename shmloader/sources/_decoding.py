@@ -22,6 +22,7 @@ from typing import Any, overload
 
 import pyarrow as pa
 
+from ..augment import outside_task
 from ..errors import ConfigError, DataError, DecodeError
 from .base import SkippedRecord
 from .columns import BatchBuilder, FixedColumns
@@ -222,12 +223,15 @@ def infer_schema_from(
     """``schema_of(path, item)`` of the first candidate for which it does not raise.
 
     Failures are passed over even with ``on_error="raise"``: reading their own range reports
-    them properly. After :data:`INFER_ATTEMPTS` of them the data is taken to be wrong.
+    them properly. After :data:`INFER_ATTEMPTS` of them the data is taken to be wrong. A
+    reader infers the schema in its first task: ``task_rng()`` is the one of no task meanwhile,
+    or that task's records would draw other numbers than when another reader reads it.
     """
     failures: list[str] = []
     for path, at, item in candidates:
         try:
-            return schema_of(path, item)
+            with outside_task():
+                return schema_of(path, item)
         except Exception as exc:
             failures.append(f"{path}, record {at.index}, byte offset {at.offset}: {exc!r}")
         if len(failures) >= INFER_ATTEMPTS:
