@@ -86,6 +86,22 @@ def dataset(directory: Path, shm_dir: Path, **kwargs: Any) -> Any:
     return shmloader.SharedTaskDataset(src, **options)
 
 
+def data_loader(ds: Any, kind: str, batch_size: int, num_workers: int = 0) -> Any:
+    """``shmloader.DataLoader`` (``kind="shmloader"``) or a plain torch DataLoader given the
+    dataset's sampler and collate, as docs/dataset.md shows both."""
+    import torch.utils.data
+
+    if kind == "shmloader":
+        return shmloader.DataLoader(ds, batch_size=batch_size, num_workers=num_workers)
+    return torch.utils.data.DataLoader(
+        ds,
+        batch_size=batch_size,
+        sampler=ds.sampler(),
+        collate_fn=ds.collate,
+        num_workers=num_workers,
+    )
+
+
 def ids_of(batch: dict[str, Any]) -> list[int]:
     """The batch's record ids, after checking its columns are aligned."""
     ids = batch["id"].numpy()

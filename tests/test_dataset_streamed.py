@@ -8,8 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch.utils.data
-from _dataset_helpers import ids_of, shm_entries, write_dataset
+from _dataset_helpers import data_loader, ids_of, shm_entries, write_dataset
 from _decoders import SCHEMA, decode_batch_padded, encode_padded
 
 import shmloader
@@ -42,16 +41,7 @@ def test_blocks_streamed_into_segments_deliver_every_good_record_once(
     with shmloader.SharedTaskDataset(
         source, shm_budget="64MiB", shm_dir=str(shm_dir), **options
     ) as ds:
-        if kind == "shmloader":
-            dl = shmloader.DataLoader(ds, batch_size=32, num_workers=num_workers)
-        else:
-            dl = torch.utils.data.DataLoader(
-                ds,
-                batch_size=32,
-                sampler=ds.sampler(),
-                collate_fn=ds.collate,
-                num_workers=num_workers,
-            )
+        dl = data_loader(ds, kind, 32, num_workers)
         expected = sorted(set(range(sum(SIZES))) - POISONED)
         for _ in range(2):
             got = Counter(i for batch in dl for i in ids_of(batch))

@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
-from _dataset_helpers import shm_entries, write_dataset
+from _dataset_helpers import data_loader, shm_entries, write_dataset
 from _decoders import PAYLOAD
 
 import shmloader
@@ -29,7 +28,7 @@ RECORD = 16 + PAYLOAD.size  # framing (length, its CRC, payload CRC) plus the pa
 def _epoch(
     tmp_path: Path,
     decode: Callable[[bytes], dict[str, Any]],
-    loader: str = "ours",
+    loader: str = "shmloader",
     num_workers: int = 0,
     **options: Any,
 ) -> list[int]:
@@ -47,17 +46,7 @@ def _epoch(
     got: list[int] = []
     try:
         with shmloader.SharedTaskDataset(src, **settings) as ds:
-            if loader == "ours":
-                dl: Any = shmloader.DataLoader(ds, batch_size=32, num_workers=num_workers)
-            else:
-                dl = torch.utils.data.DataLoader(
-                    ds,
-                    batch_size=32,
-                    sampler=ds.sampler(),
-                    collate_fn=ds.collate,
-                    num_workers=num_workers,
-                )
-            for batch in dl:
+            for batch in data_loader(ds, loader, 32, num_workers):
                 got += batch["id"].tolist()
     finally:
         assert shm_entries(tmp_path / "shm") == []
@@ -75,7 +64,7 @@ def _poisoned(bad: int) -> Callable[[bytes], dict[str, Any]]:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("loader", "num_workers"), [("ours", 0), ("torch", 0), ("torch", 2)])
+@pytest.mark.parametrize(("loader", "num_workers"), [("shmloader", 0), ("torch", 0), ("torch", 2)])
 def test_a_decode_error_is_caught_as_decode_error_with_its_cause(
     tmp_path: Path, loader: str, num_workers: int, caplog: pytest.LogCaptureFixture
 ) -> None:

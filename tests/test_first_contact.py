@@ -51,7 +51,7 @@ def test_arguments_of_the_wrong_kind_are_a_config_error(
     ("option", "says"),
     [
         ("shuffle", r"SharedTaskDataset\(\.\.\., shuffle=True, seed=\.\.\.\)"),
-        ("collate_fn", "per record in decode"),
+        ("collate_fn", "give transform= for a function of each batch"),
     ],
 )
 def test_our_loader_says_where_a_torch_option_goes_instead(
