@@ -72,6 +72,7 @@ class DataPlane:
         # Slot 0 is never used: every index a sampler hands out (slot << 32 | row) is then at
         # least 2**32, never a record number (SharedTaskDataset.__getitem__).
         self._next_slot = 1
+        self._ledger_rows = 0  # rows a plain DataLoader's workers reported gathered, in all
         self._handed_out = 0  # rows the sampler handed out so far (their ranks, see reclaim)
         self._slots: dict[int, SlotState] = {}
         self._epochs: dict[int, EpochState] = {}
@@ -182,6 +183,11 @@ class DataPlane:
 
     def epochs_over(self, epoch: int) -> int | None:
         return self._master.epochs_over(epoch)
+
+    def ledger_rows(self) -> int:
+        """Rows a plain DataLoader's workers reported gathered so far (the ledger, as last
+        polled): they count as delivered, whether or not the loop received them."""
+        return self._ledger_rows
 
     def epoch_rows(self, epoch: int) -> int:
         return self._master.epoch_records(epoch)
@@ -338,6 +344,7 @@ class DataPlane:
         # offsets and deletes finished files, so one at a time.
         with self._poll_lock:
             gathered = self._ledger.poll()
+            self._ledger_rows += len(gathered)
             if len(gathered):
                 # Only a plain DataLoader's workers write the ledger (shmloader.DataLoader's
                 # write none), and for it a gathered row is consumed: delivered as well, so

@@ -52,6 +52,10 @@ class Feed(Protocol):
         """The master's number of epochs if ``epoch`` is past its last one, else None."""
         ...
 
+    def ledger_rows(self) -> int:
+        """Rows a plain DataLoader's workers reported gathered so far (consumed as gathered)."""
+        ...
+
     def reclaim(self, epoch: int) -> np.ndarray:
         """Indices emitted earlier in ``epoch`` but never consumed (an abandoned pass)."""
         ...
@@ -139,6 +143,9 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         self._warned_order = False  # see _warn_out_of_order
         self._warned_empty = False  # see _warn_empty
         self._passes = 0  # passes begun: the first one may join a master whose epochs ended
+        # The epoch of the pass begun last and the ledger's rows then, until it ends the epoch.
+        self._open_pass: tuple[int, int] | None = None
+        self._warned_prefetch = False  # see _warn_prefetched
 
     def __len__(self) -> int:
         return self.pass_rows(rest_alone=False)
@@ -185,7 +192,8 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         if planned is not None:
             self._warn_empty(planned)
             return
-        leftover = feed.reclaim(epoch)
+        leftover = feed.reclaim(epoch)  # polls the ledger: what the last pass's workers did
+        self._warn_prefetched(epoch, feed.ledger_rows())
         if len(leftover):
             yield leftover
         pending = feed.remaining_seqs(epoch)
@@ -234,6 +242,30 @@ class TaskSampler(torch.utils.data.Sampler[int]):
                 yield indices
         yield from self._strays(feed, epoch)
         feed.finish_epoch(epoch)
+        self._open_pass = None
+
+    def _warn_prefetched(self, epoch: int, ledger_rows: int) -> None:
+        """A pass begins; if the last one left ``epoch`` unfinished (a ``break``) while a
+        plain DataLoader's workers gathered rows of it, say (once) what that cost: torch had
+        prefetched batches the loop never received, and the dataset counted them delivered
+        (it cannot see which batches reach the loop; shmloader.DataLoader can)."""
+        last, self._open_pass = self._open_pass, (epoch, ledger_rows)
+        if last is None or last[0] != epoch or self._warned_prefetch:
+            return
+        gathered = ledger_rows - last[1]
+        if gathered <= 0:
+            return
+        self._warned_prefetch = True
+        log.warning(
+            "the last pass over epoch %d ended early (a break?) under a plain "
+            "torch.utils.data.DataLoader with workers: of the %d rows its workers gathered, "
+            "those of the batches torch had prefetched and not handed to the loop yet (up to "
+            "num_workers * prefetch_factor batches) never reached it, and do not come again "
+            "this epoch. shmloader.DataLoader knows which batches reach the loop and "
+            "delivers the others in the next pass (said once)",
+            epoch,
+            gathered,
+        )
 
     def _warn_empty(self, planned: int) -> None:
         """Say (once) why a pass yields nothing: a loop of ``for epoch in range(5)`` over a
