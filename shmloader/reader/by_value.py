@@ -54,6 +54,15 @@ def dumps(value: object) -> bytes:
     written in. cloudpickle names every code object it sends by value ``<dynamic-code>`` (so
     that its bytes do not depend on where the code was written); a traceback in the reader,
     and the "raised at FILE:LINE" of the loop's error, would then name no file."""
+    out = io.BytesIO()
+    _pickler()(out, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return out.getvalue()
+
+
+@functools.cache
+def _pickler() -> type:
+    """cloudpickle's Pickler, keeping file names (see :func:`dumps`); made on first use, so
+    that cloudpickle is imported only when something is pickled."""
     import cloudpickle
 
     class KeepFileNames(cloudpickle.Pickler):
@@ -65,9 +74,7 @@ def dumps(value: object) -> bytes:
                 )
             return super().reducer_override(obj)
 
-    out = io.BytesIO()
-    KeepFileNames(out, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
-    return out.getvalue()
+    return KeepFileNames
 
 
 def pickle_config(config: ReaderConfig) -> PickledConfig:
@@ -95,7 +102,7 @@ def unpickle_config(pickled: PickledConfig) -> ReaderConfig:
     try:
         config: ReaderConfig = pickle.loads(pickled.blob)
     except Exception as exc:  # an import error, or whatever a module raises as it is imported
-        missing = getattr(exc, "name", None)
+        missing = exc.name if isinstance(exc, ImportError) else None
         what = f"module {missing!r}" if missing else "a module the source refers to"
         raise ConfigError(
             f"cannot load the source: {type(exc).__name__}: {exc}. Readers import the "
@@ -109,8 +116,8 @@ def unpickle_config(pickled: PickledConfig) -> ReaderConfig:
 
 
 def unpicklable_part(value: object, name: str, depth: int = 4) -> str | None:
-    """Where in ``value`` the part that cannot be pickled is, as a path of names ("the
-    "source.decode's global 'PAYLOAD', a Struct"); None if ``value`` pickles, or nothing
+    """Where in ``value`` the part that cannot be pickled is, as a path of names
+    ("source.decode's global 'PAYLOAD', a Struct"); None if ``value`` pickles, or nothing
     smaller than it is to blame. Looks into attributes, containers, and a function's closure
     variables and the globals its code uses: what cloudpickle sends by value with it."""
     try:
