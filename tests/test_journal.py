@@ -105,6 +105,32 @@ def test_a_torn_last_record_is_ignored_and_truncated(tmp_path: Path) -> None:
         assert decode_frames(data)[1] == len(data)
 
 
+def test_a_damaged_complete_last_record_is_refused_not_taken_for_a_torn_write(
+    tmp_path: Path,
+) -> None:
+    """A bit flip in the last record, complete on disk: truncating it as a torn write lost
+    an acknowledged completion after the restart. Bytes that never landed (zeros) still are
+    a torn write."""
+    with _open(tmp_path) as j:
+        _drive(j.dispatcher)
+        (segment,) = _files(tmp_path, "journal-")
+    whole = (tmp_path / segment).read_bytes()
+    payloads, _ = decode_frames(whole)
+    last = len(whole) - len(payloads[-1]) - 16
+    damaged = bytearray(whole)
+    damaged[last + 12 + 5] ^= 0x01  # a payload byte of the last record
+    (tmp_path / segment).write_bytes(bytes(damaged))
+    with pytest.raises(CorruptRecordError, match="complete but its checksum fails") as info:
+        _open(tmp_path)
+    assert info.value.path == str(tmp_path / segment) and info.value.offset == last
+    assert (tmp_path / segment).read_bytes() == bytes(damaged)  # nothing truncated
+    never_landed = bytearray(whole)
+    never_landed[last + 12 + 20 :] = bytes(len(whole) - last - 32)  # zeros from there on
+    (tmp_path / segment).write_bytes(bytes(never_landed))
+    with _open(tmp_path, now=5.0) as j:
+        assert j.recovery is not None and j.recovery.torn_bytes == len(whole) - last
+
+
 def test_corruption_before_more_records_is_an_error_naming_the_file(tmp_path: Path) -> None:
     with _open(tmp_path) as j:
         _drive(j.dispatcher)

@@ -284,6 +284,11 @@ def test_token_is_required_on_every_call() -> None:
             )
         )
         assert got == grpc.StatusCode.UNAUTHENTICATED
+        # Garbage bytes without a token: refused for the token, before anything is parsed
+        # (was INTERNAL, from parsing them).
+        garbage = channel.unary_unary("/shmloader.master.Master/Lease")
+        got, _ = _code(lambda: garbage(b"\xff\xfe\x00 not a LeaseRequest", timeout=5))
+        assert got == grpc.StatusCode.UNAUTHENTICATED
         channel.close()
         with MasterClient(m.address, token="s3cret") as c:
             assert c.register("c").num_tasks == NUM_TASKS

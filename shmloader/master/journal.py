@@ -28,6 +28,7 @@ from typing import Any
 
 from .. import _flock
 from ..errors import ConfigError, CorruptRecordError, MasterError
+from ..formats._framing import FRAME_OVERHEAD, HEADER
 from ..formats.checksum import masked_crc32c
 from ..formats.tfrecord import decode_frames, encode_frame
 from ..sources.base import Shard
@@ -283,6 +284,7 @@ class Journal:
                 data = f.read()
             payloads, end = decode_frames(data, path=path)
             if end < len(data) and i == len(segments) - 1:
+                _refuse_a_damaged_last_record(data, end, path)
                 torn_path, torn_bytes = path, len(data) - end
                 os.truncate(path, end)
             offset = 0
@@ -424,6 +426,34 @@ class Journal:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _refuse_a_damaged_last_record(data: bytes, end: int, path: str) -> None:
+    """CorruptRecordError if what follows the valid records at ``end`` is a complete last
+    record whose checksum fails, rather than a torn write. A crash mid-write leaves a frame
+    cut short, or one whose bytes never landed (zeros: the file grew before its data was
+    written); a complete frame of written bytes (a JSON payload has no NUL byte, and its CRC
+    is not four zero bytes) whose CRC fails was acknowledged and then damaged on disk.
+    Truncated as a torn write, that completion would be lost without a word."""
+    if len(data) - end < HEADER.size:
+        return
+    length, length_crc = HEADER.unpack_from(data, end)
+    if masked_crc32c(data[end : end + 8]) != length_crc:
+        return  # a header that never landed whole (decode_frames allows only zeros after)
+    frame_end = end + length + FRAME_OVERHEAD
+    if frame_end > len(data):
+        return  # cut short
+    payload = data[end + HEADER.size : frame_end - 4]
+    if b"\x00" in payload or data[frame_end - 4 : frame_end] == b"\x00" * 4:
+        return  # bytes that never landed
+    raise CorruptRecordError(
+        f"the journal's last record ({length} bytes) is complete but its checksum fails: it "
+        "was written whole and then damaged, not cut short by a crash, so the master will "
+        "not start and lose what it recorded (a completion, a lease). Restore the file from "
+        "a backup, or start the master without this journal (its progress is then lost)",
+        path=path,
+        offset=end,
+    )
 
 
 def _close(fd: int) -> None:

@@ -337,11 +337,10 @@ def _deny(request: Any, context: grpc.ServicerContext) -> Any:
 
 
 def _refusal(handler: Any) -> Any:
-    """A handler of the same kind as ``handler`` that refuses the call."""
-    serde = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
+    """A handler of the same kind as ``handler`` that refuses the call. It takes the request's
+    bytes as they are: parsed first, garbage from a caller without the token got INTERNAL
+    (a parse error) instead of UNAUTHENTICATED, telling it that it reached the service."""
+    serde = {"request_deserializer": None, "response_serializer": handler.response_serializer}
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(_deny, **serde)
     if handler.unary_stream is not None:
