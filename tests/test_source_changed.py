@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
 import struct
 import tarfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -176,3 +178,52 @@ def test_an_arrow_file_rewritten_shorter_with_as_many_batches_is_an_error(tmp_pa
         got = reader.read(shard, 10, 20)
         pytest.fail(f"read ids {got.column('id').to_pylist()} as records [10, 20) of 12 rows")
     assert str(path) in str(info.value)
+
+
+@pytest.mark.timeout(120)
+def test_a_file_replaced_by_rename_mid_epoch_is_refused_naming_it(tmp_path: Path) -> None:
+    """Another valid file of the same size and record count renamed over one of the dataset's
+    while it runs: its tasks read after that would have mixed both files' ids into one epoch
+    without a word. Now the reader of such a task refuses it, and the loop says which file."""
+    directory = tmp_path / "data"
+    write_dataset(directory, [500])
+    target = directory / "part-00000.tfrecord"
+    write_dataset(tmp_path / "other", [500], first_id=10_000)  # same sizes, other ids
+    replacement = tmp_path / "other" / "part-00000.tfrecord"
+    assert replacement.stat().st_size == target.stat().st_size
+    replaced = tmp_path / "replaced"
+
+    def decode_after_task_0(payload: bytes) -> dict[str, Any]:
+        # Records past the first task wait until the file was replaced: the reader is then
+        # inside task 1 (read from the file it opened), and every later task starts after.
+        record = decode(payload)
+        while record["id"] >= 100 and not os.path.exists(replaced):
+            time.sleep(0.005)
+        return record
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    source = shmloader.RecordFileSource(
+        str(directory / "*.tfrecord"), decode=decode_after_task_0, schema=SCHEMA
+    )
+    got: list[int] = []
+    with shmloader.SharedTaskDataset(
+        source,
+        num_readers=1,
+        records_per_task=100,
+        shuffle=False,
+        epochs=1,
+        shm_budget="16MiB",
+        shm_dir=str(shm),
+    ) as ds:
+        with pytest.raises(shmloader.DataError, match="changed while the dataset ran") as info:
+            for batch in shmloader.DataLoader(ds, batch_size=50):
+                got += ids_of(batch)
+                if len(got) == 100:
+                    os.replace(replacement, target)  # atomically, as a writer would
+                    replaced.touch()
+        assert info.value.path == str(target)
+        assert "inode" in str(info.value)
+    # Task 0, and task 1 if the loop took it before the error came: the file as planned.
+    assert sorted(got) in (list(range(100)), list(range(200)))
+    assert not list(shm.iterdir())

@@ -30,6 +30,7 @@ from ..master import forked
 from ..reader.messages import Failed, MasterLost, Message, Ready
 from ..reader.pool import STOP_SECONDS, ReaderInfo, ReaderPool, ReaderProcess
 from ..reader.process import ReaderConfig
+from ..reader.unchanged import identities
 from ..shm import hints, lifecycle
 from ..shm.budget import reap_dead_writers
 from ..shm.store import SegmentStore
@@ -177,6 +178,7 @@ class Runtime:
             )
             # The source's own plan, not the master's word: readers open only these files.
             self._allowed = frozenset(shard.path for shard in config.source.plan())
+            self._files = identities(self._allowed)  # readers refuse a file changed since
             self.pool.configure()
             self._maintenance = Maintenance(
                 plane=self.plane,
@@ -284,6 +286,7 @@ class Runtime:
             rank=config.rank,
             skip_tasks=config.skip_tasks,
             seed=config.seed,
+            files=self._files,
         )
 
     def _readers_failed(self, exc: BaseException) -> None:

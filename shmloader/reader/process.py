@@ -17,8 +17,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -46,6 +46,7 @@ from .messages import (
     lease_clock,
     task_key,
 )
+from .unchanged import FileIdentity, check_unchanged
 
 PR_SET_PDEATHSIG = 1
 AHEAD_POLL = 0.005  # seconds between looks while the trainer holds enough ready tasks
@@ -70,6 +71,8 @@ class ReaderConfig:
     # (epoch, seq) consumed before a resume: announced empty, not read again
     skip_tasks: frozenset[tuple[int, int]] = frozenset()
     seed: int = 0  # the dataset's: with epoch and task, the seed of task_rng() (augment.py)
+    # Each local file's identity when the dataset started: a file replaced since is refused.
+    files: Mapping[str, FileIdentity] = field(default_factory=dict)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -286,6 +289,7 @@ class Reader:
         try:
             if lease.path not in self.config.allowed_paths:
                 raise ConfigError(f"{lease.path}: not a file of the planned dataset; not opened")
+            check_unchanged(lease.path, self.config.files.get(lease.path))
             if (lease.epoch, lease.seq) in self.config.skip_tasks:
                 self._announce(lease, began, "", 0, 0, ())
                 return True
