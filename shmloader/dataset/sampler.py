@@ -16,6 +16,7 @@ consumed, one filling).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
@@ -32,6 +33,17 @@ log = logging.getLogger(__name__)
 DEFAULT_SHUFFLE_WINDOW = 8
 # Yielded by ``TaskSampler.chunks`` when a batcher must hand out the rows it holds (see there).
 LET_GO = np.empty(0, dtype=np.int64)
+# How long the rows handed out to a batcher the sampler cannot see stay unconsumed, while the
+# task waited for has no room, before that is taken for what it is (see _NoProgress).
+STALL_SECONDS = 8.0  # under ready.STUCK_WARN: the error comes instead of that warning
+PINNED_BY_TORCH = (
+    "shm_budget is full with the segments of rows handed out to torch's BatchSampler (a "
+    "DataLoader given sampler=ds.sampler()), which keeps them for its next batch and cannot "
+    "hand out a short one, and the task the sampler waits for has no room beside them, so "
+    "nothing can move: raise shm_budget to hold two shuffle windows of tasks (or lower "
+    "records_per_task or shuffle_window), or use shmloader.DataLoader or "
+    "batch_sampler=ds.batch_sampler(batch_size), which hand such rows out as a short batch"
+)
 STRAY_POLL = 0.1  # seconds between asking the master where tasks given up as elsewhere are
 
 
@@ -83,6 +95,10 @@ class Feed(Protocol):
 
     def dead_end(self) -> bool:
         """True when a task waited for has no room and nothing handed out is unconsumed."""
+        ...
+
+    def unconsumed_rows(self) -> int:
+        """Rows handed out and not consumed yet (in flight to the loop, or held by a batcher)."""
         ...
 
     def want(self, epoch: int, seqs: list[int]) -> None:
@@ -161,7 +177,12 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         return len(rest) if len(rest) else feed.pass_rows(epoch)
 
     def __iter__(self) -> Iterator[int]:
-        for chunk in self.chunks():
+        """One index at a time, for torch's BatchSampler (a DataLoader given this sampler),
+        which keeps what it was given until it has a whole batch: when those rows fill the
+        budget and the next task has no room, nothing can move, and this raises."""
+        for chunk in self.chunks(stuck=_NoProgress(self._get_feed())):
+            if chunk is LET_GO:
+                raise ShmSpaceError(PINNED_BY_TORCH)
             yield from chunk.tolist()
 
     def chunks(
@@ -455,6 +476,28 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
     def __len__(self) -> int:
         n = self.sampler.pass_rows(rest_alone=True)  # as __iter__ will walk it
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+class _NoProgress:
+    """``stuck()`` for a batcher the sampler cannot see (torch's BatchSampler): true once the
+    rows handed out and not consumed stayed as many for ``STALL_SECONDS`` while no task the
+    sampler waits for is ready and a reader of one has no room. Nothing else could consume
+    them: the loop does not run while torch asks the sampler for indices, and workers gather
+    the batches they were given in milliseconds (the wait allows for workers that are still
+    starting). ``ReadyTasks.take`` asks it only while starved with nothing ready."""
+
+    def __init__(self, feed: Feed, stall: float = STALL_SECONDS) -> None:
+        self._feed = feed
+        self._stall = stall
+        self._rows: int | None = None
+        self._since = 0.0
+
+    def __call__(self) -> bool:
+        rows, now = self._feed.unconsumed_rows(), time.monotonic()
+        if rows != self._rows:
+            self._rows, self._since = rows, now
+            return False
+        return rows > 0 and self._feed.blocked() and now - self._since >= self._stall
 
 
 def block_grid(first: int, window: int) -> tuple[int, int]:
