@@ -86,19 +86,30 @@ def dataset(directory: Path, shm_dir: Path, **kwargs: Any) -> Any:
     return shmloader.SharedTaskDataset(src, **options)
 
 
-def data_loader(ds: Any, kind: str, batch_size: int, num_workers: int = 0) -> Any:
-    """``shmloader.DataLoader`` (``kind="shmloader"``) or a plain torch DataLoader given the
-    dataset's sampler and collate, as docs/dataset.md shows both."""
+def data_loader(
+    ds: Any, kind: str, batch_size: int, num_workers: int = 0, *, drop_last: bool = False
+) -> Any:
+    """The loaders docs/dataset.md shows: ``"shmloader"`` (shmloader.DataLoader),
+    ``"batch_sampler"`` (a plain DataLoader given ``ds.batch_sampler(...)``) or ``"torch"`` (a
+    plain DataLoader given the dataset's sampler and collate)."""
     import torch.utils.data
 
     if kind == "shmloader":
-        return shmloader.DataLoader(ds, batch_size=batch_size, num_workers=num_workers)
+        return shmloader.DataLoader(
+            ds, batch_size=batch_size, num_workers=num_workers, drop_last=drop_last
+        )
+    if kind == "batch_sampler":
+        batches = ds.batch_sampler(batch_size, drop_last=drop_last)
+        return torch.utils.data.DataLoader(
+            ds, batch_sampler=batches, collate_fn=ds.collate, num_workers=num_workers
+        )
     return torch.utils.data.DataLoader(
         ds,
         batch_size=batch_size,
         sampler=ds.sampler(),
         collate_fn=ds.collate,
         num_workers=num_workers,
+        drop_last=drop_last,
     )
 
 

@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.utils.data
-from _dataset_helpers import dataset, ids_of, source, write_dataset
+from _dataset_helpers import data_loader, dataset, ids_of, source, write_dataset
 
 import shmloader
 from shmloader.errors import StoreClosedError
@@ -25,23 +24,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
 
 
 def loader(ds: Any, kind: str, num_workers: int, drop_last: bool = False) -> Any:
-    if kind == "shmloader":
-        return shmloader.DataLoader(
-            ds, batch_size=BATCH, num_workers=num_workers, drop_last=drop_last
-        )
-    if kind == "batch_sampler":
-        batches = ds.batch_sampler(BATCH, drop_last=drop_last)
-        return torch.utils.data.DataLoader(
-            ds, batch_sampler=batches, collate_fn=ds.collate, num_workers=num_workers
-        )
-    return torch.utils.data.DataLoader(
-        ds,
-        batch_size=BATCH,
-        sampler=ds.sampler(),
-        collate_fn=ds.collate,
-        num_workers=num_workers,
-        drop_last=drop_last,
-    )
+    return data_loader(ds, kind, BATCH, num_workers, drop_last=drop_last)
 
 
 def first_batches(dl: Any, n: int) -> list[int]:
