@@ -6,8 +6,8 @@ checked and its payloads sliced, decoded and copied into shared memory. Mapped, 
 the page cache's own pages: the CRCs are computed over them, ``views=True`` payloads are
 ``memoryview`` slices of them, and ``views=False`` payloads are ``bytes`` copied straight out
 of them, so every byte is copied once less. For a task of 12-KiB images that saved 1-1.5 µs
-per record of a reader's 5-7 µs of reading, slicing and copying (``benchmarks/``; see
-docs/performance-history.md, "Fourteenth session").
+per record of a reader's 5-7 µs of reading, slicing and copying
+(``benchmarks/bench_reader_steps.py``).
 
 One mapping covers one range read (a task's records); it lives while any view of it does,
 like the blocks read before did, and unmaps when the last one goes. A file that shrinks
