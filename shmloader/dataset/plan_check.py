@@ -62,8 +62,9 @@ def _files(paths: Sequence[str]) -> str:
 
 
 def _difference(ours: Sequence[str], theirs: Sequence[str]) -> str:
-    only_ours = [p for p in ours if p not in set(theirs)]
-    only_theirs = [p for p in theirs if p not in set(ours)]
+    ours_set, theirs_set = set(ours), set(theirs)
+    only_ours = [p for p in ours if p not in theirs_set]
+    only_theirs = [p for p in theirs if p not in ours_set]
     parts = []
     if only_ours:
         parts.append(f"only this trainer's: {_some(only_ours)}")

@@ -18,6 +18,7 @@ thread records them, the maintenance thread asks for the error of a quarantined 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 
 from ..errors import TaskQuarantinedError
 from ..master.progress import Progress, QuarantinedTask
@@ -25,27 +26,32 @@ from ..reader.failure import unpack_exception
 from ..reader.messages import Failed
 from .ready import ReadyTasks
 
+KEPT = 1000  # tasks whose last error is kept: a long job's I/O retries must not pile up
+
 
 class TaskErrors:
     """The exceptions this trainer's readers raised, by (epoch, task id)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._raised: dict[tuple[int, int], tuple[BaseException, bool]] = {}
+        self._raised: OrderedDict[tuple[int, int], tuple[BaseException, bool]] = OrderedDict()
 
-    def reader_failed(self, failed: Failed, reader: int, ready: ReadyTasks) -> BaseException:
-        """Keep the exception ``failed`` carries; a permanent one fails ``ready`` now (the
-        loop raises it). Returns the exception."""
+    def reader_failed(self, failed: Failed, reader: int, ready: ReadyTasks) -> None:
+        """Keep the exception ``failed`` carries (the last one of each of the latest ``KEPT``
+        tasks); a permanent one fails ``ready`` now (the loop raises it)."""
         where = (
             f"in reader {reader}, reading task {failed.task_id} of epoch {failed.epoch} "
             f"({failed.path})"
         )
         exc = unpack_exception(failed.raised, where)
+        key = (failed.epoch, failed.task_id)
         with self._lock:
-            self._raised[(failed.epoch, failed.task_id)] = (exc, failed.retry)
+            self._raised.pop(key, None)
+            self._raised[key] = (exc, failed.retry)
+            while len(self._raised) > KEPT:
+                self._raised.popitem(last=False)
         if not failed.retry:
             ready.fail(exc)
-        return exc
 
     def fail_if_quarantined(self, progress: Progress, ready: ReadyTasks) -> None:
         """Fail ``ready`` if the master's ``progress`` lists a quarantined task: the sampler
