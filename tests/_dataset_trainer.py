@@ -6,6 +6,10 @@ lines to ``config["out"]`` as it goes, so the test sees what was delivered even 
 dies: ``{"info": {...}}`` once the dataset has started (store path, reader pids),
 ``{"pass": p, "ids": [...]}`` per batch, ``{"state": ...}`` when it saves a checkpoint.
 
+``"sleep": s``: each step takes ``s`` seconds more (a trainer slower than another).
+``"pause_at": [p, b, path]``: after ``b`` batches of pass ``p`` the step waits until the file
+``path`` exists (``{"paused": true}``), holding its leases as a slow step would.
+
 ``"preempt": [k, n]``: a preemption handler (it sets a flag, as schedulers' users write them)
 is installed before the dataset; after ``k`` batches of the first pass the step waits for
 SIGTERM (``{"waiting": true}``), then, once the flag is seen (``{"preempted": true}``), the
@@ -60,6 +64,12 @@ def main(config_path: str) -> int:
     for p in range(cfg.get("passes", 1)):
         for b, batch in enumerate(dl):
             emit(**{"pass": p, "ids": ids_of(batch)})
+            time.sleep(cfg.get("sleep", 0.0))
+            pause = cfg.get("pause_at")
+            if pause is not None and [p, b + 1] == pause[:2]:
+                emit(paused=True)
+                while not os.path.exists(pause[2]):
+                    time.sleep(0.02)
             if stop_at is not None and [p, b + 1] == stop_at:
                 return stop(cfg, ds, dl, emit)
             if preempt is not None and p == 0 and b + 1 == preempt[0]:

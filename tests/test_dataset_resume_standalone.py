@@ -45,9 +45,13 @@ def _crash_after_saving(trainer: Trainer) -> list[int]:
     return trainer.ids(0)
 
 
+@pytest.mark.parametrize("restart", ["after_the_lapse", "at_once"])
 def test_a_trainer_resumed_twice_against_a_standalone_master_delivers_each_row_once(
-    tmp_path: Path, data: tuple[Path, list[int]]
+    tmp_path: Path, data: tuple[Path, list[int]], restart: str
 ) -> None:
+    # "at_once": each restart comes well within consumer_timeout, while the master still
+    # counts the killed trainer's leases as a live trainer's; the restarted one takes over
+    # what that trainer had consumed of them (its state names them).
     directory, expected = data
     with shmloader.Master(
         source(directory),
@@ -55,7 +59,7 @@ def test_a_trainer_resumed_twice_against_a_standalone_master_delivers_each_row_o
         epochs=1,
         seed=7,
         lease_timeout=2.0,
-        consumer_timeout=2.0,
+        consumer_timeout=2.0 if restart == "after_the_lapse" else 30.0,
     ) as master:
         common = {
             "data": str(directory),
@@ -67,7 +71,8 @@ def test_a_trainer_resumed_twice_against_a_standalone_master_delivers_each_row_o
         first_state, second_state = tmp_path / "first.json", tmp_path / "second.json"
         first = Trainer(tmp_path, "first", **common, stop_at=[0, 5], save_state=str(first_state))
         before = _crash_after_saving(first)
-        _forgotten(master)
+        if restart == "after_the_lapse":
+            _forgotten(master)
         second = Trainer(
             tmp_path,
             "second",
@@ -77,7 +82,8 @@ def test_a_trainer_resumed_twice_against_a_standalone_master_delivers_each_row_o
             save_state=str(second_state),
         )
         between = _crash_after_saving(second)
-        _forgotten(master)
+        if restart == "after_the_lapse":
+            _forgotten(master)
         saved = json.loads(second_state.read_text())
         third = Trainer(tmp_path, "third", **common, load_state=str(second_state), passes=1)
         assert third.finish() == 0, third.output()
@@ -86,5 +92,49 @@ def test_a_trainer_resumed_twice_against_a_standalone_master_delivers_each_row_o
     delivered = Counter(before + between + third.ids(0))
     assert [i for i, n in delivered.items() if n > 1] == []
     assert delivered == Counter(expected)
-    assert saved.get("position") != "master", saved
-    assert saved["partial_seqs"], saved  # rows of partly consumed tasks, left out
+    if restart == "after_the_lapse":
+        assert saved.get("position") != "master", saved
+        assert saved["partial_seqs"], saved  # rows of partly consumed tasks, left out
+    assert saved["held"], saved  # the leases of partly consumed tasks, with their rows
+
+
+def test_a_sharing_trainer_restarted_at_once_takes_over_what_its_state_names(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    # Two trainers share the epoch (elastic mode); one saves its state, is SIGKILLed and is
+    # restarted from that state at once, while the master still counts it alive. The state
+    # says the master holds the position, and names the leases of the tasks it was in the
+    # middle of: the restarted trainer hands them back for it, so nobody delivers the rows its
+    # loop had received again.
+    directory, expected = data
+    with shmloader.Master(
+        source(directory),
+        records_per_task=20,
+        epochs=1,
+        seed=7,
+        lease_timeout=30.0,
+        consumer_timeout=30.0,  # the killed trainer's leases would wait for this
+    ) as master:
+        common = {
+            "data": str(directory),
+            "shm_dir": str(tmp_path / "shm"),
+            "dataset": {"records_per_task": 20, "shuffle_window": 4, "master": master.address},
+            "batch_size": BATCH,
+        }
+        state = tmp_path / "state.json"
+        go = tmp_path / "go"
+        slow = Trainer(tmp_path, "slow", **common, pause_at=[0, 3, str(go)])
+        slow.wait_for("paused")  # it has done tasks: the next trainer shares the epoch
+        first = Trainer(
+            tmp_path, "first", **common, stop_at=[0, 3], save_state=str(state), then="wait"
+        )
+        before = _crash_after_saving(first)
+        saved = json.loads(state.read_text())
+        go.touch()
+        again = Trainer(tmp_path, "again", **common, load_state=str(state))
+        assert again.finish(120) == 0, again.output()
+        assert slow.finish(120) == 0, slow.output()
+    assert saved.get("position") == "master" and saved["held"], saved
+    delivered = Counter(before + slow.ids(0) + again.ids(0))
+    assert [i for i, n in delivered.items() if n > 1] == []
+    assert delivered == Counter(expected)

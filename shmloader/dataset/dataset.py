@@ -29,6 +29,7 @@ from .worker import Gatherer
 
 if TYPE_CHECKING:
     from ..stats.stats import Stats
+    from .handover import Handover
     from .runtime import Runtime, RuntimeConfig
 
 
@@ -178,6 +179,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._resumed_records = 0  # of _start_epoch, consumed before a resume (state.py)
         self._loaded: dict[int, list[tuple[int, int]]] | None = None  # its ranges (state.py)
         self._finished = False  # a state saved after the last epoch was loaded (state.py)
+        self._handover: Handover | None = None  # a loaded elastic state's (handover.py)
         self._runtime: Runtime | None = None
         self._sampler: TaskSampler | None = None
         self._lock = threading.Lock()
@@ -270,6 +272,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             start_epoch=self._start_epoch,
             resume=self._resume,
             loaded=self._loaded,
+            handover=self._handover,
             # Two windows: the block the sampler takes next and the one after it.
             ready_ahead=2 * self.shuffle_window,
             columns=None if self._columns is None else tuple(self._columns),

@@ -66,6 +66,11 @@ class Outbox:
             if state is not None:
                 self._completing[lease_id] = state
 
+    def unconfirmed(self) -> list[SlotState]:
+        """Slots whose completion is queued or being sent: the master may not have it yet."""
+        with self._lock:
+            return list(self._completing.values())
+
     def taken(self, state: SlotState) -> None:
         """The sampler took the slot's task: queue marking its lease taken, and warn now if
         its lease already went to another trainer."""

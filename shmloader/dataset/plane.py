@@ -19,10 +19,12 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from ..errors import ShmloaderError
+from ..master.tasks import merge_ranges
 from . import plane_state as known
 from .awaited import Awaited
 from .consumed import Ranges, rows_in
 from .gather import SegmentRows, encode_indices, group_by_segment
+from .handover import RecordRanges
 from .lease_check import LeaseCheck
 from .ledger import LedgerReader
 from .outbox import Outbox
@@ -49,6 +51,9 @@ class DataPlane:
         prior: Ranges | None = None,
         done_before: frozenset[tuple[int, int]] = frozenset(),
         partial_before: Mapping[int, np.ndarray] | None = None,  # seq -> rows, start_epoch's
+        # Records a crashed trainer's loop consumed of tasks (epoch, seq), whose leases this one
+        # took over from its checkpoint (handover.py): left out of any copy that comes here.
+        taken_over: Mapping[tuple[int, int], RecordRanges] | None = None,
         consumer: str | None = None,  # this trainer's consumer id at the master
         lease_timeout: float | None = None,  # the master's: check ready tasks' leases
     ) -> None:
@@ -60,6 +65,7 @@ class DataPlane:
         self._starved = starved or (lambda: False)
         self._blocked = blocked or (lambda: False)
         self._exclude = exclude or (lambda epoch, task_id: None)
+        self._taken_over = dict(taken_over or {})
         self._lock = threading.RLock()
         self._poll_lock = threading.Lock()  # taken before _lock, never inside it
         # True while shmloader.DataLoader's loop waits for its next batch: rows the trainer
@@ -140,6 +146,9 @@ class DataPlane:
                 self.outbox.complete(lease_id)
                 return
             self._announced.add((epoch, seq))
+        before = self._taken_over.get((epoch, seq))
+        if before:
+            consumed = tuple(merge_ranges([*consumed, *before]))
         task = ReadyTask(
             epoch, seq, task_id, segment, num_rows, lease_id, start, stop, skipped, consumed, path
         )
@@ -511,6 +520,18 @@ class DataPlane:
         with self._lock:
             parts = known.partly_consumed(self._slots.values(), self._complete_on_delivery)
             return {state.task.lease_id: state.records_of(rows) for state, rows in parts}
+
+    def held_for_handover(self) -> list[tuple[int, int, int, list[tuple[int, int]]]]:
+        """(lease id, epoch, seq, records consumed) of the leases this trainer holds whose
+        tasks the loop consumed part of, or all of while the master may not know it yet (the
+        completion is queued): what an elastic trainer's checkpoint names, for the trainer
+        resumed from it to hand back (handover.py)."""
+        whole = self.outbox.unconfirmed()  # before the plane's lock (the outbox's lock order)
+        with self._lock:
+            parts = known.partly_consumed(self._slots.values(), self._complete_on_delivery)
+            held = [(s.task, s.records_of(rows)) for s, rows in parts]
+        held += [(s.task, [s.task.records()]) for s in whole]
+        return [(t.lease_id, t.epoch, t.seq, ranges) for t, ranges in held]
 
     def _tasks(self, epoch: int) -> int:
         return self._master.epoch_tasks(epoch)

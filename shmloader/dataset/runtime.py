@@ -37,6 +37,7 @@ from ..shm.store import SegmentStore
 from ..sources.base import SkippedRecord, Source
 from . import at_exit
 from .forms import FormCheck
+from .handover import Handover, held_leases
 from .launcher import Rendezvous
 from .ledger import LedgerReader, ledger_dir
 from .maintenance import Maintenance, first_unfinished
@@ -88,6 +89,8 @@ class RuntimeConfig:
     ready_ahead: int = 16
     # columns= of the batches: only their forms must agree between tasks (forms.py).
     columns: tuple[str, ...] | None = None
+    # A loaded elastic state's: the saving trainer's leases, taken over at the start.
+    handover: Handover | None = None
 
 
 def _nothing() -> None:
@@ -152,6 +155,8 @@ class Runtime:
             ops = MasterOps(self.client, self.consumer, info.epochs)  # caches epoch sizes
             if self.embedded is None and (config.skip_tasks or config.exclude):
                 self.config = config = self._unless_resumed(config, info, ops)
+            if config.handover is not None and self.embedded is None:
+                config.handover.take_over(self.client)  # before the readers lease anything
             start = config.start_epoch
             if self.embedded is None:  # a running master may be past this trainer's start
                 start = max(start, self._first_unfinished_epoch())
@@ -173,6 +178,7 @@ class Runtime:
                     for (epoch, seq), rows in config.exclude.items()
                     if epoch == start == config.start_epoch
                 },
+                taken_over=None if config.handover is None else config.handover.consumed_of(),
                 consumer=self.consumer,
                 lease_timeout=self.lease_timeout if self._elastic else None,
             )
@@ -263,7 +269,17 @@ class Runtime:
         whole = sum(shard.num_records for shard in config.source.plan())
         if ops.epoch_records(config.start_epoch) >= whole:
             return config
-        return dataclasses.replace(config, skip_tasks=frozenset(), exclude={}, loaded=None)
+        return dataclasses.replace(
+            config, skip_tasks=frozenset(), exclude={}, loaded=None, handover=None
+        )
+
+    def handover(self) -> Handover | None:
+        """What a checkpoint of this trainer hands over to the trainer resumed from it
+        (handover.py): its consumer id and the leases of tasks its loop consumed rows of.
+        None unless it shares a standalone master's epochs (elastic mode)."""
+        if self.embedded is not None or not self._elastic:
+            return None
+        return Handover(self.consumer, held_leases(self.plane.held_for_handover()))
 
     def _first_unfinished_epoch(self) -> int:
         """The oldest epoch the master has not finished (the next to start if none is open):

@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..master.tasks import TaskTable
 from .consumed import Ranges, count, union
+from .handover import Handover
 
 if TYPE_CHECKING:
     from .dataset import SharedTaskDataset
@@ -35,7 +36,12 @@ def _identity(ds: SharedTaskDataset) -> dict[str, Any]:
 
 
 def loader_state(ds: SharedTaskDataset) -> dict[str, Any]:
-    plane = ds.runtime.plane
+    runtime = ds.runtime
+    plane = runtime.plane
+    # Elastic mode: the leases of the tasks the loop consumed rows of, for the trainer resumed
+    # from this state to take over (handover.py).
+    handover = runtime.handover()
+    taken = {} if handover is None else handover.to_json()
     if plane.shares_epochs:
         # Other trainers took part of the epoch (elastic mode), or it was partly done before
         # this trainer started: what this one consumed is not where the epoch stands. The
@@ -45,10 +51,12 @@ def loader_state(ds: SharedTaskDataset) -> dict[str, Any]:
             "dataset": _identity(ds),
             "epoch": plane.epoch_to_iterate(),
             "position": "master",
-            "master": ds.runtime.address,
+            "master": runtime.address,
+            **taken,
         }
     epoch, completed, partial, consumed = plane.checkpoint()
     return {
+        **taken,
         "format": STATE_FORMAT,
         "dataset": _identity(ds),
         "epoch": epoch,
@@ -123,6 +131,7 @@ def restore_state(ds: SharedTaskDataset, state: dict[str, Any]) -> None:
     if diffs:
         raise ConfigError(f"the state was saved for another dataset; differing: {diffs}")
     _forget_loaded(ds)
+    handover = Handover.from_state(state)
     if state.get("position") == "master":
         if ds.master is None:
             raise ConfigError(
@@ -130,7 +139,8 @@ def restore_state(ds: SharedTaskDataset, state: dict[str, Any]) -> None:
                 f"{state.get('master')} with other trainers (elastic mode): that master keeps "
                 "the position. Connect to it (master=...) to go on where the job stands"
             )
-        return  # the master hands out what is left
+        ds._handover = handover  # the master hands out what is left, less what it names
+        return
     epoch = int(state["epoch"])
     if not (state.get("merged") or state.get("resumed")) and all(
         mine[k] == theirs.get(k) for k in _WORLD
@@ -149,6 +159,7 @@ def restore_state(ds: SharedTaskDataset, state: dict[str, Any]) -> None:
             if ds._loaded is not None
             else sum(len(rows) for rows in ds._exclude.values())
         )
+        ds._handover = handover if ds.master is not None else None
         _past_the_end(ds)
         return
     if "consumed" not in state:
@@ -184,6 +195,7 @@ def _forget_loaded(ds: SharedTaskDataset) -> None:
     every-record-consumed ``resume``: the mid-epoch resume delivered the wrong rows."""
     ds._start_epoch, ds._resume, ds._finished = 0, None, False
     ds._skip_tasks, ds._exclude, ds._resumed_records, ds._loaded = set(), {}, 0, None
+    ds._handover = None
 
 
 def _past_the_end(ds: SharedTaskDataset) -> None:
@@ -200,6 +212,7 @@ def _past_the_end(ds: SharedTaskDataset) -> None:
     ds._start_epoch, ds._finished = ds.epochs - 1, True
     ds._resume = {task: [(a, b)] for task, (a, b) in enumerate(spans)}
     ds._skip_tasks, ds._exclude, ds._resumed_records, ds._loaded = set(), {}, 0, None
+    ds._handover = None
 
 
 _WORLD = ("world_size", "rank")
