@@ -1,7 +1,8 @@
 """A training loop in a process of its own, for tests that kill it, signal it or resume it.
 
 ``python tests/_dataset_trainer.py CONFIG.json`` (with the repo and tests/ on PYTHONPATH).
-The config says which dataset and loader to build and what to do; the script appends JSON
+The config says which dataset and loader (``"kind"``: shmloader.DataLoader, or a plain one as
+``data_loader`` builds it) to build and what to do; the script appends JSON
 lines to ``config["out"]`` as it goes, so the test sees what was delivered even if the process
 dies: ``{"info": {...}}`` once the dataset has started (store path, reader pids),
 ``{"pass": p, "ids": [...]}`` per batch, ``{"state": ...}`` when it saves a checkpoint.
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _dataset_helpers import dataset, ids_of
+from _dataset_helpers import data_loader, dataset, ids_of
 
 import shmloader
 
@@ -52,7 +53,11 @@ def main(config_path: str) -> int:
         signal.signal(signal.SIGTERM, on_sigterm)
 
     ds = dataset(Path(cfg["data"]), Path(cfg["shm_dir"]), **cfg.get("dataset", {}))
-    dl = shmloader.DataLoader(ds, batch_size=cfg.get("batch_size", 64), **cfg.get("loader", {}))
+    kind = cfg.get("kind", "shmloader")  # a plain DataLoader: see data_loader
+    if kind == "shmloader":
+        dl = shmloader.DataLoader(ds, batch_size=cfg.get("batch_size", 64), **cfg.get("loader", {}))
+    else:
+        dl = data_loader(ds, kind, cfg.get("batch_size", 64), **cfg.get("loader", {}))
     if cfg.get("load_state"):
         with open(cfg["load_state"]) as f:
             dl.load_state_dict(json.load(f))

@@ -140,6 +140,67 @@ def test_a_task_a_dead_trainer_had_taken_comes_back_in_the_next_pass(tmp_path):
         assert d.finished
 
 
+def consume_as_it_goes(store, plane, sampler) -> list[int]:
+    """One pass of a trainer's loop that gathers each chunk as the sampler yields it (as a
+    DataLoader's workers do), so nothing handed out stays unconsumed for long."""
+    gatherer = Gatherer(store.handle(), ["id"])
+    ids: list[int] = []
+    for chunk in sampler.chunks():
+        if len(chunk):
+            ids += gatherer.gather(chunk)["id"].tolist()
+        plane.poll()
+    return ids
+
+
+def b_dies_later(d: Dispatcher, a, delay: float = 0.5) -> threading.Thread:
+    """After ``delay``: b falls silent and the master drops it (its leases go back), and a's
+    readers lease and read what is left."""
+
+    def run() -> None:
+        time.sleep(delay)
+        d.leave("b", time.time())
+        for lease in d.lease("a", 20, time.time()):
+            announce(a[0], a[1], lease)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_the_last_epoch_waits_for_tasks_another_trainer_took_in_hand(tmp_path):
+    # No pass comes after the master's last epoch: had a's pass ended without 3 and 4, and b
+    # died, nobody would deliver them. With every row it handed out consumed, a waits.
+    d = dispatcher(epochs=1)
+    a = trainer(d, "a", tmp_path / "a")
+    d.register("b", time.time())
+    with a[0], maintained(a[1]):
+        b_holds_3_and_4(d, a, taken=True)
+        thread = b_dies_later(d, a)
+        got = consume_as_it_goes(*a)
+        thread.join()
+        assert sorted(got) == list(range(TOTAL))
+        assert d.finished and a[2].left_open is None
+
+
+def test_the_last_epoch_is_left_open_while_rows_are_in_flight(tmp_path, caplog):
+    # Rows a handed out are not consumed (a batcher keeps them, or the loop gets them only
+    # once the pass ends): waiting could close a cycle with b waiting for a, so the pass ends
+    # with the epoch open, says so, and the next pass waits for the rest.
+    d = dispatcher(epochs=1)
+    a = trainer(d, "a", tmp_path / "a")
+    d.register("b", time.time())
+    with a[0], maintained(a[1]):
+        b_holds_3_and_4(d, a, taken=True)
+        (first,) = concurrently(a)  # gathers only once the pass has ended
+        assert a[2].left_open == 0
+        assert "epoch 0, the master's last, is not over" in caplog.text
+        assert sorted(first) == sorted(set(range(TOTAL)) - set(_records(d, 0, (3, 4))))
+        b_dies_later(d, a, delay=0.3).join()
+        (rest,) = concurrently(a)
+        assert sorted(first + rest) == list(range(TOTAL))
+        assert d.finished and a[2].left_open is None
+
+
 def test_a_task_another_trainer_takes_while_this_one_waits_is_not_waited_for(tmp_path):
     d = dispatcher(epochs=1)
     store, plane, sampler = trainer(d, "a", tmp_path / "a")

@@ -64,10 +64,7 @@ class Awaited:
         trainer's readers, or held by another trainer's readers before that trainer took it
         (it may die first). Strays found done are forgotten. Asks the master, once per epoch
         with strays."""
-        with self._lock:
-            by_epoch: dict[int, list[int]] = {}
-            for epoch, seq in sorted(self.strays):
-                by_epoch.setdefault(epoch, []).append(seq)
+        by_epoch = self._by_epoch()
         unsettled = False
         for epoch, seqs in by_epoch.items():
             where = self._master.whereabouts(epoch, seqs)
@@ -78,6 +75,25 @@ class Awaited:
             with self._lock:
                 self.strays -= finished
         return unsettled
+
+    def taken_elsewhere(self) -> int:
+        """How many strays another trainer took in hand (not done yet): not waited for, but
+        at the end of the master's last epoch (TaskSampler._strays). Asks the master, once per
+        epoch with strays."""
+        by_epoch = self._by_epoch()
+        return sum(
+            w == known.TAKEN_ELSEWHERE
+            for epoch, seqs in by_epoch.items()
+            for w in self._master.whereabouts(epoch, seqs)
+        )
+
+    def _by_epoch(self) -> dict[int, list[int]]:
+        """The strays' seqs by epoch, sorted."""
+        by_epoch: dict[int, list[int]] = {}
+        with self._lock:
+            for epoch, seq in sorted(self.strays):
+                by_epoch.setdefault(epoch, []).append(seq)
+        return by_epoch
 
     def take_strays(self) -> list[ReadyTask]:
         """Strays that came to this trainer, ready now (not waited for)."""

@@ -113,7 +113,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         plane = self.dataset.runtime.plane  # type: ignore[attr-defined]
         began = time.perf_counter()  # the loop waits for data from here (workers start too) ...
-        batches = self._in_process() if self._plain_in_process() else self._through_torch()
+        batches = self._passes()
         while True:
             plane.loop_receives = True  # rows gathered here now: consumed once received
             try:
@@ -141,6 +141,17 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         store = dataset._store
         if dataset._closed and store is not None:
             raise closed_error(store.path) from cause
+
+    def _passes(self) -> Iterator[dict[str, Any]]:
+        """A pass of the sampler; and, if it left the master's last epoch open (elastic mode:
+        other trainers held tasks of it, which it could not wait for while batches of its own
+        were in flight: TaskSampler._strays), one more, which waits for them with nothing in
+        flight and delivers those that come here (a trainer that died had them)."""
+        sampler = self._recorder.sampler
+        while True:
+            yield from self._in_process() if self._plain_in_process() else self._through_torch()
+            if sampler.left_open is None:
+                return
 
     def _plain_in_process(self) -> bool:
         # No worker and nothing to pin: torch's single-process iterator would only add its

@@ -240,6 +240,12 @@ class DataPlane:
     def want_strays(self) -> None:
         self.awaited.want_strays()
 
+    def strays_taken_elsewhere(self) -> int:
+        return self.awaited.taken_elsewhere()
+
+    def completes_on_delivery(self) -> bool:
+        return self._complete_on_delivery
+
     def take_strays(self) -> list[ReadyTask]:
         return self.awaited.take_strays()
 

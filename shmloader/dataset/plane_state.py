@@ -23,6 +23,7 @@ MAY_COME = frozenset({"todo", "mine", "quarantined"})
 # takes it in hand). One another trainer took in hand ("taken") comes back only if that trainer
 # dies: kept as a stray (see take_strays), but not waited for.
 DONE_ELSEWHERE = frozenset({"done"})
+TAKEN_ELSEWHERE = "taken"
 MAY_BE_WAITED_FOR = frozenset({"todo", "mine", "other", "quarantined"})
 UNRANKED = np.iinfo(np.int64).max  # the rank of a row never handed out (SlotState.ranks_of)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Protocol
 
 import numpy as np
@@ -44,7 +44,13 @@ PINNED_BY_TORCH = (
     "records_per_task or shuffle_window), or use shmloader.DataLoader or "
     "batch_sampler=ds.batch_sampler(batch_size), which hand such rows out as a short batch"
 )
+# Yielded by ``TaskSampler.chunks(flush=True)`` when a batcher must hand out the rows it keeps.
+FLUSH = np.empty(0, dtype=np.int64)
 STRAY_POLL = 0.1  # seconds between asking the master where tasks given up as elsewhere are
+# After this long waiting at the end of the last epoch for tasks other trainers hold, say so.
+LAST_EPOCH_WARN = 10.0
+# How long a plain DataLoader's workers are given to gather the batches handed to them.
+GATHER_GRACE = 2.0
 
 
 class Feed(Protocol):
@@ -124,6 +130,15 @@ class Feed(Protocol):
         """Whether a task given up as elsewhere may still come here (see DataPlane)."""
         ...
 
+    def strays_taken_elsewhere(self) -> int:
+        """How many tasks given up as elsewhere another trainer took in hand (not done)."""
+        ...
+
+    def completes_on_delivery(self) -> bool:
+        """Whether rows count as consumed only once the loop receives them (shmloader's
+        DataLoader), not as they are gathered."""
+        ...
+
     def want_strays(self) -> None:
         """The sampler is about to wait for the tasks given up as elsewhere."""
         ...
@@ -162,6 +177,11 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         # The epoch of the pass begun last and the ledger's rows then, until it ends the epoch.
         self._open_pass: tuple[int, int] | None = None
         self._warned_prefetch = False  # see _warn_prefetched
+        self._warned_open = False  # see _warn_left_open
+        self._warned_wait = False  # see _note_waiting
+        # The master's last epoch, when a pass over it ended with tasks of it in other
+        # trainers' hands that it could not wait for (see _strays): the next pass finishes it.
+        self.left_open: int | None = None
 
     def __len__(self) -> int:
         return self.pass_rows(rest_alone=False)
@@ -186,7 +206,11 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             yield from chunk.tolist()
 
     def chunks(
-        self, stuck: Callable[[], bool] | None = None, *, rest_alone: bool = False
+        self,
+        stuck: Callable[[], bool] | None = None,
+        *,
+        rest_alone: bool = False,
+        flush: bool = False,
     ) -> Iterator[np.ndarray]:
         """The epoch's indices in order, a block at a time (for batchers that slice arrays).
 
@@ -200,10 +224,15 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         epoch; the next pass starts the next epoch. For batchers that never drop rows unsaid
         (ours): torch's BatchSampler with ``drop_last`` would drop such a short pass every
         time, so for it they come first in the next epoch's pass instead.
+
+        ``flush``: the batcher takes :data:`FLUSH`, yielded at the end of the master's last
+        epoch before the pass waits for tasks other trainers hold (see ``_strays``): it hands
+        out (or with ``drop_last`` drops) the rows it keeps, as at the end of the pass.
         """
         feed = self._get_feed()
         epoch = feed.epoch_to_iterate()
         self._passes += 1
+        self.left_open = None
         if rest_alone:
             rest = feed.rest_of_last_pass(epoch)
             if len(rest):
@@ -261,9 +290,12 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             indices = self._block_indices(feed, epoch, tasks + feed.take_strays())
             if len(indices):
                 yield indices
-        yield from self._strays(feed, epoch)
-        feed.finish_epoch(epoch)
+        over = yield from self._strays(feed, epoch, flush)
         self._open_pass = None
+        if over:
+            feed.finish_epoch(epoch)
+        else:
+            self.left_open = epoch
 
     def _warn_prefetched(self, epoch: int, ledger_rows: int) -> None:
         """A pass begins; if the last one left ``epoch`` unfinished (a ``break``) while a
@@ -326,27 +358,97 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             got,
         )
 
-    def _strays(self, feed: Feed, epoch: int) -> Iterator[np.ndarray]:
+    def _strays(self, feed: Feed, epoch: int, flush: bool) -> Generator[np.ndarray, None, bool]:
         """The end of a pass that gave tasks up as elsewhere (elastic mode: other trainers took
         them): wait until each is done or in some trainer's hands, delivering those that come
         here after all (their holder died and this trainer's readers leased them again).
+        Returns whether the epoch is over for this trainer.
 
-        Tasks other trainers took in hand are not waited for: they wait for ours just so, and
-        rows this pass yielded last may sit in a batch that the loop gets only once the pass
-        ends (a DataLoader's last, short batch). So the pass ends; should such a trainer die,
+        Tasks other trainers took in hand are not waited for while rows this trainer handed
+        out are not consumed yet: those trainers may wait for ours just so, and rows this pass
+        yielded last may sit in a batch that the loop gets only once the pass ends (a
+        DataLoader's last, short batch, or one torch prefetched). Should such a trainer die,
         its tasks come here as strays of the next pass.
+
+        The master's last epoch has no next pass, and a trainer that died with tasks of it in
+        hand would have them lost, silently. So there, once every row handed out here is
+        consumed (``flush``: the batcher first hands out the rows it keeps), the pass waits
+        for those tasks too: nothing of this trainer's is in flight,
+        so nobody waits on it and the waits cannot close a cycle; a dead trainer's tasks come
+        here once its leases lapse. While rows of its own are in flight, the pass ends with
+        the epoch left open (``left_open``): the next pass waits for them, with nothing in
+        flight (shmloader.DataLoader makes that pass itself; a plain DataLoader is told).
         """
+        last = feed.epochs_over(epoch + 1) is not None
+        waited_since: float | None = None
+        kept = flush  # the batcher may keep rows of the pass: FLUSH before waiting
         try:
             while True:
                 indices = self._block_indices(feed, epoch, feed.take_strays())
                 if len(indices):
                     yield indices
+                    kept = flush
                 if not feed.unsettled_strays():
-                    return
+                    if not last:
+                        return True
+                    held = feed.strays_taken_elsewhere()
+                    if not held:
+                        return True
+                    if kept:
+                        kept = False
+                        yield FLUSH
+                    if not _all_consumed(feed):
+                        self._warn_left_open(feed, epoch, held)
+                        return False
+                    waited_since = self._note_waiting(epoch, held, waited_since)
                 feed.want_strays()
                 feed.ready.wait(STRAY_POLL)
         finally:
             feed.want(epoch, [])
+
+    def _note_waiting(self, epoch: int, held: int, since: float | None) -> float:
+        """Say that the end of the last epoch waits for tasks other trainers hold: at once in
+        the log's info, and as a warning (once) when it has waited ``LAST_EPOCH_WARN`` s."""
+        now = time.monotonic()
+        if since is None:
+            log.info(
+                "epoch %d, the master's last: waiting for %d task(s) of it that other trainers "
+                "hold (they deliver them, or, should one have died, this trainer does once its "
+                "leases lapse)",
+                epoch,
+                held,
+            )
+            return now
+        if now - since >= LAST_EPOCH_WARN and not self._warned_wait:
+            self._warned_wait = True
+            log.warning(
+                "epoch %d, the master's last: still waiting after %.0f s for %d task(s) of it "
+                "that other trainers hold; one that died with them gives them up once the "
+                "master's lease_timeout (consumer_timeout, for a task its loop had begun) has "
+                "passed since it was last heard from (said once)",
+                epoch,
+                now - since,
+                held,
+            )
+        return since
+
+    def _warn_left_open(self, feed: Feed, epoch: int, held: int) -> None:
+        """The pass over the master's last epoch ends with tasks of it in other trainers'
+        hands, and rows of this trainer's not consumed yet, so it cannot wait for them (see
+        ``_strays``). shmloader.DataLoader then makes another pass, which waits; a plain
+        DataLoader is told (once) that one is needed."""
+        if feed.completes_on_delivery() or self._warned_open:
+            return
+        self._warned_open = True
+        log.warning(
+            "epoch %d, the master's last, is not over: other trainers hold %d task(s) of it. "
+            "Should one of them have died, its tasks come to this trainer once its leases "
+            "lapse, but only in one more pass over the loader (it waits for them, delivers "
+            "what comes, and ends): iterate it once more after the last epoch, or use "
+            "shmloader.DataLoader, which does so itself (said once)",
+            epoch,
+            held,
+        )
 
     def _block_indices(self, feed: Feed, epoch: int, tasks: list[ReadyTask]) -> np.ndarray:
         """The rows of a block's tasks, admitted, shuffled with the block's own seed.
@@ -423,7 +525,13 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         carry = np.empty(0, dtype=np.int64)
         self._held = 0
         # arrays: no work per sample
-        for chunk in self.sampler.chunks(stuck=self._stuck, rest_alone=True):
+        for chunk in self.sampler.chunks(stuck=self._stuck, rest_alone=True, flush=True):
+            if chunk is FLUSH:
+                if len(carry):
+                    yield from self._end_of_pass(carry)
+                carry = np.empty(0, dtype=np.int64)
+                self._held = 0
+                continue
             if chunk is LET_GO:
                 self._let_go(len(carry))
                 yield self._issue(np.sort(carry))
@@ -438,7 +546,11 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
             for i in range(0, full, size):
                 yield self._issue(np.sort(chunk[i : i + size]))
         self._held = 0
-        # Only a pass that ran to its end drops: one left early (``break``) resumes with these.
+        yield from self._end_of_pass(carry)
+
+    def _end_of_pass(self, carry: np.ndarray) -> Iterator[np.ndarray]:
+        """The rows kept for a batch the pass does not fill: a short batch, or dropped.
+        Only a pass that ran to its end drops: one left early (``break``) resumes with them."""
         if len(carry) and self.drop_last:
             self.on_drop(carry)
         elif len(carry):
@@ -498,6 +610,17 @@ class _NoProgress:
             self._rows, self._since = rows, now
             return False
         return rows > 0 and self._feed.blocked() and now - self._since >= self._stall
+
+
+def _all_consumed(feed: Feed, grace: float = GATHER_GRACE) -> bool:
+    """Whether every row handed out is consumed, allowing a plain DataLoader's workers
+    ``grace`` seconds to gather the batches they were given (they do so without the loop)."""
+    deadline = time.monotonic() + (0.0 if feed.completes_on_delivery() else grace)
+    while feed.unconsumed_rows():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(STRAY_POLL / 4)
+    return True
 
 
 def block_grid(first: int, window: int) -> tuple[int, int]:

@@ -1,0 +1,100 @@
+"""The end of the master's last epoch in elastic mode, when a trainer dies holding tasks of it.
+
+Trainers that share a standalone master's epochs do not wait, at the end of a pass, for tasks
+another trainer took in hand: those come to them as strays of the next pass should that
+trainer die. The last epoch has no next pass: a trainer SIGKILLed shortly before the survivor
+finished had its tasks of it lost, the survivor exiting 0 without a word. The survivor now
+waits for them once nothing of its own is in flight, and delivers those that come to it when
+the dead trainer's leases lapse (a plain DataLoader that cannot wait is told so).
+
+Real processes, a real standalone master over gRPC, real files, a real SIGKILL.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from _dataset_helpers import Trainer, shm_entries, source, wait_gone, write_dataset
+
+import shmloader
+from shmloader.master.client import MasterClient
+from shmloader.shm.reap import reap_stale
+
+SIZES = [300, 200, 160]  # 33 tasks of 20
+BATCH = 32
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
+    directory = tmp_path_factory.mktemp("data")
+    return directory, write_dataset(directory, SIZES)
+
+
+def _until_only_taken_tasks_are_left(master: shmloader.Master, timeout: float = 120.0) -> None:
+    """Until every task of epoch 0 is done or taken in hand by a trainer, some of them taken:
+    the moment a trainer of the pass's end stops waiting for others (taken tasks are not
+    waited for while rows are in flight), so the moment to kill their holder."""
+    client = MasterClient(master.address)
+    client.register("probe")
+    try:
+        seqs = list(range(master.progress().num_tasks))
+        deadline = time.monotonic() + timeout
+        while True:
+            where = Counter(client.whereabouts("probe", 0, seqs))
+            if where["taken"] and where["taken"] + where["done"] == len(seqs):
+                return
+            assert time.monotonic() < deadline, where
+            time.sleep(0.02)
+    finally:
+        client.leave("probe")
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("kind", "workers"),
+    [("shmloader", 0), ("shmloader", 2), ("batch_sampler", 2)],
+    ids=["shmloader-in-process", "shmloader-workers", "plain-workers"],
+)
+def test_the_survivor_delivers_what_a_trainer_that_died_in_the_last_epoch_held(
+    tmp_path: Path, data: tuple[Path, list[int]], kind: str, workers: int
+) -> None:
+    directory, expected = data
+    with shmloader.Master(
+        source(directory),
+        records_per_task=20,
+        epochs=1,
+        seed=7,
+        lease_timeout=5.0,  # longer than the survivor's pass after the kill
+        consumer_timeout=5.0,
+    ) as master:
+        common = {
+            "data": str(directory),
+            "shm_dir": str(tmp_path / "shm"),
+            "dataset": {"records_per_task": 20, "shuffle_window": 4, "master": master.address},
+            "batch_size": BATCH,
+        }
+        # A slow trainer: by the time the fast one ends its pass, every task left is in the
+        # slow one's hands (its readers lease none ahead once the queue is empty).
+        slow = {**common, "dataset": {**common["dataset"], "shuffle_window": 1}}
+        dying = Trainer(tmp_path, "dying", **slow, sleep=1.0)
+        dying.wait_for("pass")
+        survivor = Trainer(
+            tmp_path, "survivor", **common, kind=kind, loader={"num_workers": workers}
+        )
+        _until_only_taken_tasks_are_left(master)
+        dying.proc.kill()
+        dying.proc.wait()
+        assert survivor.finish(120) == 0, survivor.output()
+        assert master.progress().finished, master.progress()
+    by_dying, by_survivor = Counter(dying.ids(0)), Counter(survivor.ids(0))
+    assert [i for i, n in by_survivor.items() if n > 1] == []
+    # The dead trainer's partly consumed tasks come again whole: their rows twice in all.
+    assert set(by_dying) | set(by_survivor) == set(expected)
+    # The dead trainer's store goes with the next reaping (any new dataset reaps; so does
+    # ``shmloader clean``), once its readers followed it.
+    assert wait_gone(dying.wait_for("info")["info"]["readers"]) == []
+    reap_stale(tmp_path / "shm")
+    assert shm_entries(tmp_path / "shm") == []
