@@ -6,12 +6,13 @@ reached the training loop (each once, none lost) by collecting the ``id`` column
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -202,3 +203,33 @@ def wait_gone(pids: Iterable[int], timeout: float = 60.0) -> list[int]:
         left = [p for p in left if start_token(p) is not None]
         time.sleep(0.02)
     return left
+
+
+# A standalone master over write_dataset(directory, STANDALONE_SIZES): 33 tasks of 20.
+STANDALONE_SIZES = [300, 200, 160]
+STANDALONE_BATCH = 32
+
+
+@contextlib.contextmanager
+def standalone_master(
+    directory: Path, tmp_path: Path, *, lease_timeout: float, consumer_timeout: float
+) -> Iterator[tuple[shmloader.Master, dict[str, Any]]]:
+    """A standalone master (one epoch of tasks of 20, seed 7) over ``directory``, and the
+    configuration its ``Trainer``s share (add ``stop_at``, ``save_state``, ...)."""
+    with shmloader.Master(
+        source(directory),
+        records_per_task=20,
+        epochs=1,
+        seed=7,
+        lease_timeout=lease_timeout,
+        consumer_timeout=consumer_timeout,
+    ) as master:
+        yield (
+            master,
+            {
+                "data": str(directory),
+                "shm_dir": str(tmp_path / "shm"),
+                "dataset": {"records_per_task": 20, "shuffle_window": 4, "master": master.address},
+                "batch_size": STANDALONE_BATCH,
+            },
+        )

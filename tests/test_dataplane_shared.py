@@ -101,45 +101,6 @@ def b_holds_3_and_4(d: Dispatcher, a, *, taken: bool) -> None:
             d.mark_taken([lease.lease_id], time.time())
 
 
-def test_the_pass_waits_for_tasks_a_dead_trainers_readers_held(tmp_path):
-    d = dispatcher(epochs=1)
-    a = trainer(d, "a", tmp_path / "a")
-    d.register("b", time.time())
-    with a[0], maintained(a[1]):
-        b_holds_3_and_4(d, a, taken=False)
-
-        def b_dies() -> None:
-            time.sleep(0.3)  # a's pass has given tasks 3 and 4 up and waits to see them go
-            d.leave("b", time.time())  # (what the master does when b falls silent)
-            for lease in d.lease("a", 20, time.time()):
-                announce(a[0], a[1], lease)
-
-        thread = threading.Thread(target=b_dies)
-        thread.start()
-        (got,) = concurrently(a)
-        thread.join()
-        assert sorted(got) == list(range(TOTAL))
-        assert d.finished
-
-
-def test_a_task_a_dead_trainer_had_taken_comes_back_in_the_next_pass(tmp_path):
-    d = dispatcher(epochs=2)
-    a = trainer(d, "a", tmp_path / "a")
-    d.register("b", time.time())
-    with a[0], maintained(a[1]):
-        b_holds_3_and_4(d, a, taken=True)  # in b's sampler: not waited for
-        (first,) = concurrently(a)
-        assert sorted(first) == sorted(set(range(TOTAL)) - set(_records(d, 0, (3, 4))))
-        d.leave("b", time.time())  # b died before its loop got those rows
-        leases = d.lease("a", 20, time.time())
-        assert [(x.epoch, x.unit) for x in leases[:2]] == [(0, 3), (0, 4)]
-        for lease in leases:
-            announce(a[0], a[1], lease)
-        (second,) = concurrently(a)  # epoch 1, with epoch 0's strays
-        assert sorted(first + second) == sorted(list(range(TOTAL)) * 2)
-        assert d.finished
-
-
 def consume_as_it_goes(store, plane, sampler) -> list[int]:
     """One pass of a trainer's loop that gathers each chunk as the sampler yields it (as a
     DataLoader's workers do), so nothing handed out stays unconsumed for long."""
@@ -165,6 +126,38 @@ def b_dies_later(d: Dispatcher, a, delay: float = 0.5) -> threading.Thread:
     thread = threading.Thread(target=run)
     thread.start()
     return thread
+
+
+def test_the_pass_waits_for_tasks_a_dead_trainers_readers_held(tmp_path):
+    d = dispatcher(epochs=1)
+    a = trainer(d, "a", tmp_path / "a")
+    d.register("b", time.time())
+    with a[0], maintained(a[1]):
+        b_holds_3_and_4(d, a, taken=False)
+        # By then a's pass has given tasks 3 and 4 up and waits to see them go.
+        thread = b_dies_later(d, a, delay=0.3)
+        (got,) = concurrently(a)
+        thread.join()
+        assert sorted(got) == list(range(TOTAL))
+        assert d.finished
+
+
+def test_a_task_a_dead_trainer_had_taken_comes_back_in_the_next_pass(tmp_path):
+    d = dispatcher(epochs=2)
+    a = trainer(d, "a", tmp_path / "a")
+    d.register("b", time.time())
+    with a[0], maintained(a[1]):
+        b_holds_3_and_4(d, a, taken=True)  # in b's sampler: not waited for
+        (first,) = concurrently(a)
+        assert sorted(first) == sorted(set(range(TOTAL)) - set(_records(d, 0, (3, 4))))
+        d.leave("b", time.time())  # b died before its loop got those rows
+        leases = d.lease("a", 20, time.time())
+        assert [(x.epoch, x.unit) for x in leases[:2]] == [(0, 3), (0, 4)]
+        for lease in leases:
+            announce(a[0], a[1], lease)
+        (second,) = concurrently(a)  # epoch 1, with epoch 0's strays
+        assert sorted(first + second) == sorted(list(range(TOTAL)) * 2)
+        assert d.finished
 
 
 def test_the_last_epoch_waits_for_tasks_another_trainer_took_in_hand(tmp_path):

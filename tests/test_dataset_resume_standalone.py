@@ -14,18 +14,23 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from _dataset_helpers import Trainer, source, write_dataset
+from _dataset_helpers import (
+    STANDALONE_BATCH,
+    STANDALONE_SIZES,
+    Trainer,
+    standalone_master,
+    write_dataset,
+)
 
 import shmloader
 
-SIZES = [300, 200, 160]  # 33 tasks of 20
-BATCH = 32
+BATCH = STANDALONE_BATCH
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
     directory = tmp_path_factory.mktemp("data")
-    return directory, write_dataset(directory, SIZES)
+    return directory, write_dataset(directory, STANDALONE_SIZES)
 
 
 def _forgotten(master: shmloader.Master, timeout: float = 30.0) -> None:
@@ -53,21 +58,12 @@ def test_a_trainer_resumed_twice_against_a_standalone_master_delivers_each_row_o
     # counts the killed trainer's leases as a live trainer's; the restarted one takes over
     # what that trainer had consumed of them (its state names them).
     directory, expected = data
-    with shmloader.Master(
-        source(directory),
-        records_per_task=20,
-        epochs=1,
-        seed=7,
-        lease_timeout=2.0,
-        consumer_timeout=2.0 if restart == "after_the_lapse" else 30.0,
-    ) as master:
-        common = {
-            "data": str(directory),
-            "shm_dir": str(tmp_path / "shm"),
-            "dataset": {"records_per_task": 20, "shuffle_window": 4, "master": master.address},
-            "batch_size": BATCH,
-            "then": "wait",
-        }
+    lapse = 2.0 if restart == "after_the_lapse" else 30.0
+    with standalone_master(directory, tmp_path, lease_timeout=2.0, consumer_timeout=lapse) as (
+        master,
+        shared,
+    ):
+        common = {**shared, "then": "wait"}
         first_state, second_state = tmp_path / "first.json", tmp_path / "second.json"
         first = Trainer(tmp_path, "first", **common, stop_at=[0, 5], save_state=str(first_state))
         before = _crash_after_saving(first)
@@ -107,20 +103,11 @@ def test_a_sharing_trainer_restarted_at_once_takes_over_what_its_state_names(
     # middle of: the restarted trainer hands them back for it, so nobody delivers the rows its
     # loop had received again.
     directory, expected = data
-    with shmloader.Master(
-        source(directory),
-        records_per_task=20,
-        epochs=1,
-        seed=7,
-        lease_timeout=30.0,
-        consumer_timeout=30.0,  # the killed trainer's leases would wait for this
-    ) as master:
-        common = {
-            "data": str(directory),
-            "shm_dir": str(tmp_path / "shm"),
-            "dataset": {"records_per_task": 20, "shuffle_window": 4, "master": master.address},
-            "batch_size": BATCH,
-        }
+    # The killed trainer's leases would wait for consumer_timeout.
+    with standalone_master(directory, tmp_path, lease_timeout=30.0, consumer_timeout=30.0) as (
+        master,
+        common,
+    ):
         state = tmp_path / "state.json"
         go = tmp_path / "go"
         slow = Trainer(tmp_path, "slow", **common, pause_at=[0, 3, str(go)])
@@ -134,6 +121,7 @@ def test_a_sharing_trainer_restarted_at_once_takes_over_what_its_state_names(
         again = Trainer(tmp_path, "again", **common, load_state=str(state))
         assert again.finish(120) == 0, again.output()
         assert slow.finish(120) == 0, slow.output()
+        assert master.progress().finished
     assert saved.get("position") == "master" and saved["held"], saved
     delivered = Counter(before + slow.ids(0) + again.ids(0))
     assert [i for i, n in delivered.items() if n > 1] == []

@@ -17,20 +17,24 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from _dataset_helpers import Trainer, shm_entries, source, wait_gone, write_dataset
+from _dataset_helpers import (
+    STANDALONE_SIZES,
+    Trainer,
+    shm_entries,
+    standalone_master,
+    wait_gone,
+    write_dataset,
+)
 
 import shmloader
 from shmloader.master.client import MasterClient
 from shmloader.shm.reap import reap_stale
 
-SIZES = [300, 200, 160]  # 33 tasks of 20
-BATCH = 32
-
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
     directory = tmp_path_factory.mktemp("data")
-    return directory, write_dataset(directory, SIZES)
+    return directory, write_dataset(directory, STANDALONE_SIZES)
 
 
 def _until_only_taken_tasks_are_left(master: shmloader.Master, timeout: float = 120.0) -> None:
@@ -62,20 +66,11 @@ def test_the_survivor_delivers_what_a_trainer_that_died_in_the_last_epoch_held(
     tmp_path: Path, data: tuple[Path, list[int]], kind: str, workers: int
 ) -> None:
     directory, expected = data
-    with shmloader.Master(
-        source(directory),
-        records_per_task=20,
-        epochs=1,
-        seed=7,
-        lease_timeout=5.0,  # longer than the survivor's pass after the kill
-        consumer_timeout=5.0,
-    ) as master:
-        common = {
-            "data": str(directory),
-            "shm_dir": str(tmp_path / "shm"),
-            "dataset": {"records_per_task": 20, "shuffle_window": 4, "master": master.address},
-            "batch_size": BATCH,
-        }
+    # Leases last longer than the survivor's pass after the kill.
+    with standalone_master(directory, tmp_path, lease_timeout=5.0, consumer_timeout=5.0) as (
+        master,
+        common,
+    ):
         # A slow trainer: by the time the fast one ends its pass, every task left is in the
         # slow one's hands (its readers lease none ahead once the queue is empty).
         slow = {**common, "dataset": {**common["dataset"], "shuffle_window": 1}}

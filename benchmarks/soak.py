@@ -1,0 +1,357 @@
+"""Fault-injection soak: elastic trainers, a journaled standalone master, random SIGKILLs.
+
+Run by hand (not a test): ``python benchmarks/soak.py [--rounds R] [--seed S]``.
+
+Each round writes a dataset of ``--records`` records (ids 0..N-1) in ``--files`` record files,
+starts ``shmloader master --journal`` (``--epochs`` epochs, short lease and consumer timeouts)
+and ``--trainers`` elastic trainers (``benchmarks/_soak_trainer.py``, shmloader.DataLoader,
+a state saved every few batches). Then, at random intervals drawn from ``random.Random(seed +
+round)``, it SIGKILLs one of:
+
+- a **reader** of a random trainer (the trainer's pool starts another);
+- a **trainer**, right after it saved its state (it is told to stop there), restarted at once
+  from that state: well within ``consumer_timeout``, while the master still counts it alive;
+- the **master**, restarted on the same port from its journal.
+
+A round ends when every trainer has exited 0 (or fails after ``--round-timeout``: a hang).
+What a killed trainer delivered counts up to its last save (its later steps died with it);
+over the round every id must then come exactly ``--epochs`` times. The report gives rounds,
+kills of each kind, records lost and duplicated (silently: in rounds where every trainer
+exited 0), hung rounds, rounds where a trainer's loop raised (with the exception classes: a
+loud failure, whose round is not counted as lost), and shared memory left. A round that went
+wrong keeps its folder (logs, states, journal) and prints its path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+import shmloader
+from shmloader.shm.reap import reap_stale
+
+HERE = Path(__file__).resolve().parent
+TRAINER = HERE / "_soak_trainer.py"
+
+
+@dataclass
+class Totals:
+    rounds: int = 0
+    kills: Counter[str] = field(default_factory=Counter)
+    deliveries: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    hung: int = 0
+    failed: int = 0  # rounds where a trainer's loop raised (loud: not counted as lost)
+    errors: Counter[str] = field(default_factory=Counter)  # what they raised, by class
+    shm_left: int = 0
+    seconds: float = 0.0
+
+
+class Master:
+    """``shmloader master`` in a process of its own, restarted on its port and journal."""
+
+    def __init__(self, args: argparse.Namespace, data: Path, journal: Path) -> None:
+        self.argv = [
+            sys.executable,
+            "-m",
+            "shmloader",
+            "master",
+            str(data / "*.tfrecord"),
+            "--records-per-task",
+            str(args.records_per_task),
+            "--epochs",
+            str(args.epochs),
+            "--journal",
+            str(journal),
+            "--lease-timeout",
+            "2",
+            "--consumer-timeout",
+            "5",
+            # A lease that lapses counts as a failed try of its task (a task that kills its
+            # reader must end quarantined). Trainers die here far more often than in any job,
+            # and a restart slower than the lease timeout lets their readers' leases lapse:
+            # with the default 3 tries a task leased by four killed trainers was quarantined.
+            "--max-retries",
+            str(args.max_retries),
+        ]
+        self.port = 0
+        self.proc = self._start()
+
+    def _start(self) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [*self.argv, "--port", str(self.port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            found = re.search(r"listening on (\S+):(\d+)", line)
+            if found:
+                self.port = int(found.group(2))
+                return proc
+        raise RuntimeError(f"the master exited with {proc.wait()} before listening")
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def kill_and_restart(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.proc = self._start()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Trainer:
+    """One trainer slot: its incarnations, what each delivered, restarts from its state."""
+
+    def __init__(self, args: argparse.Namespace, work: Path, index: int, master: str) -> None:
+        self.work = work
+        self.index = index
+        self.arm = work / f"arm-{index}"
+        self.config = {
+            "data": str(work / "data"),
+            "master": master,
+            "readers": args.readers,
+            "shm_dir": str(work / "shm"),
+            "batch_size": args.batch_size,
+            "save_every": args.save_every,
+            "step_seconds": args.step_seconds,
+            "state": str(work / f"state-{index}.json"),
+            "arm": str(self.arm),
+        }
+        self.counted: list[int] = []  # deliveries that count: finished or up to a save
+        self.incarnation = 0
+        self._start()
+
+    def _start(self) -> None:
+        self.incarnation += 1
+        self.out = self.work / f"trainer-{self.index}-{self.incarnation}.jsonl"
+        config = self.work / f"trainer-{self.index}-{self.incarnation}.json"
+        config.write_text(json.dumps({**self.config, "out": str(self.out)}))
+        log = open(self.work / f"trainer-{self.index}-{self.incarnation}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, str(TRAINER), str(config)], stdout=log, stderr=log
+        )
+        log.close()
+
+    def lines(self) -> list[dict[str, Any]]:
+        if not self.out.exists():
+            return []
+        return [json.loads(x) for x in self.out.read_text().splitlines() if x.endswith("}")]
+
+    def readers(self) -> list[int]:
+        try:
+            children = psutil.Process(self.proc.pid).children()
+        except psutil.NoSuchProcess:
+            return []
+        return [c.pid for c in children if "shmloader.reader" in " ".join(_cmdline(c))]
+
+    def kill_after_save(self, timeout: float = 10.0) -> bool:
+        """SIGKILL right after its next save, and start it again from that state; False if it
+        saved no more in ``timeout`` (its epochs are ending)."""
+        self.arm.touch()
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                if any("armed" in line for line in self.lines()):
+                    break
+                time.sleep(0.02)
+            else:
+                return False
+        finally:
+            self.arm.unlink()
+        self.proc.kill()
+        self.proc.wait()
+        self._count(killed=True)
+        self._start()
+        return True
+
+    def _count(self, *, killed: bool) -> None:
+        counted: list[int] = []
+        pending: list[int] = []
+        for line in self.lines():
+            if "ids" in line:
+                pending += line["ids"]
+            elif "saved" in line or "done" in line:
+                counted, pending = counted + pending, []
+        self.counted += counted if killed else counted + pending
+
+    def errors(self) -> list[str]:
+        """The exception classes that ended its incarnations (last line of each log)."""
+        out = []
+        for log in self.work.glob(f"trainer-{self.index}-*.log"):
+            lines = log.read_text(errors="replace").strip().splitlines()
+            if lines and re.match(r"[\w.]+(Error|Exception)\b", lines[-1]):
+                out.append(lines[-1].split(":", 1)[0].rsplit(".", 1)[-1])
+        return out
+
+    def finish(self) -> None:
+        self._count(killed=False)
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+@contextlib.contextmanager
+def _workdir(keep: bool) -> Iterator[Path]:
+    """A round's folder (data, journal, states, logs), removed afterwards unless ``keep``, or
+    the round went wrong (a file ``KEEP`` in it): then its logs show what happened."""
+    path = Path(tempfile.mkdtemp(prefix="shmloader-soak-"))
+    try:
+        yield path
+    finally:
+        if not keep and not (path / "KEEP").exists():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def one_round(args: argparse.Namespace, index: int, totals: Totals) -> None:
+    rng = random.Random(args.seed + index)
+    with _workdir(args.keep) as work:
+        data = work / "data"
+        data.mkdir()
+        (work / "shm").mkdir()
+        per_file = -(-args.records // args.files)
+        for f in range(args.files):
+            ids = range(f * per_file, min(args.records, (f + 1) * per_file))
+            shmloader.write_records(
+                data / f"part-{f:03d}.tfrecord", (i.to_bytes(8, "little") for i in ids)
+            )
+        master = Master(args, data, work / "journal")
+        trainers = [Trainer(args, work, i, master.address) for i in range(args.trainers)]
+        began = time.monotonic()
+        hung = False
+        try:
+            while any(t.proc.poll() is None for t in trainers):
+                if time.monotonic() - began > args.round_timeout:
+                    hung = True
+                    break
+                time.sleep(rng.uniform(0.5, 2.0))
+                live = [t for t in trainers if t.proc.poll() is None]
+                if not live:
+                    break
+                kind = rng.choices(["reader", "trainer", "master"], weights=[3, 2, 1])[0]
+                if kind == "reader":
+                    pids = rng.choice(live).readers()
+                    if pids:
+                        os.kill(rng.choice(pids), signal.SIGKILL)
+                        totals.kills["reader"] += 1
+                elif kind == "trainer":
+                    if rng.choice(live).kill_after_save():
+                        totals.kills["trainer"] += 1
+                else:
+                    master.kill_and_restart()
+                    totals.kills["master"] += 1
+        finally:
+            for t in trainers:
+                if t.proc.poll() is None:
+                    t.proc.kill()
+                    hung = True
+                t.proc.wait()
+                t.finish()
+            master.stop()
+        failed = [t.index for t in trainers if t.proc.returncode != 0]
+        errors = sorted({e for t in trainers for e in t.errors()})
+        delivered = Counter(i for t in trainers for i in t.counted)
+        want = args.epochs
+        lost = sum(max(0, want - delivered[i]) for i in range(args.records))
+        duplicated = sum(max(0, n - want) for n in delivered.values())
+        if failed:  # a loud failure: the loop raised (and its trainer handed nothing over)
+            totals.failed += 1
+            totals.errors.update(errors)
+            lost = duplicated = 0
+        time.sleep(1.0)  # readers of killed trainers follow them
+        reap_stale(work / "shm")
+        left = len(os.listdir(work / "shm"))
+        wrong = bool(lost or duplicated or hung or failed or left)
+        if wrong:
+            (work / "KEEP").touch()
+        totals.rounds += 1
+        totals.deliveries += sum(delivered.values())
+        totals.lost += lost
+        totals.duplicated += duplicated
+        totals.hung += hung
+        totals.shm_left += left
+        print(
+            f"round {index}{f' ({work})' if args.keep or wrong else ''}: "
+            f"{time.monotonic() - began:.0f} s, kills {dict(totals.kills)} so far, "
+            f"lost {lost}, duplicated {duplicated}, hung {hung}, failed trainers {failed} "
+            f"{errors}, shm left {left}",
+            flush=True,
+        )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--records", type=int, default=3000)
+    p.add_argument("--files", type=int, default=3)
+    p.add_argument("--records-per-task", type=int, default=100)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--trainers", type=int, default=2)
+    p.add_argument("--readers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--save-every", type=int, default=10)
+    p.add_argument("--step-seconds", type=float, default=0.01, help="sleep per batch")
+    p.add_argument("--round-timeout", type=float, default=300.0)
+    p.add_argument("--max-retries", type=int, default=10, help="the master's")
+    p.add_argument("--first-round", type=int, default=0, help="rounds are seeded seed + round")
+    p.add_argument("--keep", action="store_true", help="keep each round's files (logs, states)")
+    args = p.parse_args()
+    totals = Totals()
+    began = time.monotonic()
+    for r in range(args.first_round, args.first_round + args.rounds):
+        one_round(args, r, totals)
+    totals.seconds = time.monotonic() - began
+    print(
+        json.dumps(
+            {
+                "rounds": totals.rounds,
+                "kills": dict(totals.kills),
+                "deliveries": totals.deliveries,
+                "lost": totals.lost,
+                "duplicated": totals.duplicated,
+                "hung_rounds": totals.hung,
+                "failed_rounds": totals.failed,
+                "errors": dict(totals.errors),
+                "shm_entries_left": totals.shm_left,
+                "seconds": round(totals.seconds),
+                "seed": args.seed,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
