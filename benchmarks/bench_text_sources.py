@@ -92,7 +92,12 @@ def main() -> None:
         bench("JSONLSource (decode)", JSONLSource(str(paths["jsonl"]), decode=jsonl_keep), r, k)
         bench("CSVSource", CSVSource(str(paths["csv"])), r, k)
         bench("WebDatasetSource (raw)", WebDatasetSource(str(paths["wds"])), r, k)
-        bench("WebDatasetSource (decode)", WebDatasetSource(str(paths["wds"]), wds_decode), r, k)
+        bench(
+            "WebDatasetSource (decode)",
+            WebDatasetSource(str(paths["wds"]), decode=wds_decode),
+            r,
+            k,
+        )
 
 
 if __name__ == "__main__":

@@ -5,13 +5,17 @@ records into Arrow buffers in shared memory; :class:`SharedTaskDataset` indexes 
 zero-copy so DataLoader workers shuffle and collate without pickling.
 
 Names are imported on first use, so ``import shmloader`` stays cheap for the CLI and for
-spawned reader processes that never touch torch.
+spawned reader processes that never touch torch; type checkers and IDEs see them all, typed.
+The top level holds what users build and catch (sources, the dataset and its loader, errors,
+record-file helpers, ``Master`` and ``MasterClient`` for a standalone master, ``merge_states``);
+the parts inside (the dispatcher, journal, segment store, samplers) are imported from their
+modules.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -58,25 +62,106 @@ _EXPORTS: dict[str, str] = {
     # master
     "Master": "shmloader.master.server",
     "MasterClient": "shmloader.master.client",
-    "Dispatcher": "shmloader.master.dispatcher",
-    "DispatcherConfig": "shmloader.master.progress",
-    "Journal": "shmloader.master.journal",
     "Progress": "shmloader.master.progress",
-    # shared memory
-    "SegmentStore": "shmloader.shm.store",
-    "parse_size": "shmloader.shm.sizes",
     # dataset
     "SharedTaskDataset": "shmloader.dataset.dataset",
     "DataLoader": "shmloader.dataset.loader",
     "merge_states": "shmloader.dataset.state",
-    "TaskSampler": "shmloader.dataset.sampler",
-    "TaskBatchSampler": "shmloader.dataset.sampler",
     "Stats": "shmloader.stats.stats",
     # augmentation
     "task_rng": "shmloader.augment",
 }
 
-__all__ = sorted([*_EXPORTS, "__version__"])
+# The same names for type checkers and IDEs; at run time each loads on first use.
+if TYPE_CHECKING:
+    from shmloader.augment import task_rng
+    from shmloader.dataset.dataset import SharedTaskDataset
+    from shmloader.dataset.loader import DataLoader
+    from shmloader.dataset.state import merge_states
+    from shmloader.errors import (
+        ConfigError,
+        CorruptRecordError,
+        DataError,
+        DecodeError,
+        IndexMismatchError,
+        LeaseError,
+        MasterError,
+        SchemaMismatchError,
+        ShmloaderError,
+        ShmSpaceError,
+        StoreClosedError,
+        TaskQuarantinedError,
+        TruncatedRecordError,
+    )
+    from shmloader.formats.example import (
+        ExampleBatchDecoder,
+        ExampleDecoder,
+        FixedLenFeature,
+        VarLenFeature,
+        decode_example,
+        encode_example,
+    )
+    from shmloader.formats.payloads import payload_rows
+    from shmloader.formats.tfrecord import RecordFile, RecordWriter, read_records, write_records
+    from shmloader.master.client import MasterClient
+    from shmloader.master.progress import Progress
+    from shmloader.master.server import Master
+    from shmloader.sources.arrow import ArrowSource
+    from shmloader.sources.base import ReadResult, Shard, SkippedRecord, Source
+    from shmloader.sources.csv import CSVSource
+    from shmloader.sources.factory import source_for_paths
+    from shmloader.sources.jsonl import JSONLSource
+    from shmloader.sources.parquet import ParquetSource
+    from shmloader.sources.records import RecordFileSource
+    from shmloader.sources.webdataset import WebDatasetSource
+    from shmloader.stats.stats import Stats
+
+__all__ = [
+    "ArrowSource",
+    "CSVSource",
+    "ConfigError",
+    "CorruptRecordError",
+    "DataError",
+    "DataLoader",
+    "DecodeError",
+    "ExampleBatchDecoder",
+    "ExampleDecoder",
+    "FixedLenFeature",
+    "IndexMismatchError",
+    "JSONLSource",
+    "LeaseError",
+    "Master",
+    "MasterClient",
+    "MasterError",
+    "ParquetSource",
+    "Progress",
+    "ReadResult",
+    "RecordFile",
+    "RecordFileSource",
+    "RecordWriter",
+    "SchemaMismatchError",
+    "Shard",
+    "SharedTaskDataset",
+    "ShmSpaceError",
+    "ShmloaderError",
+    "SkippedRecord",
+    "Source",
+    "Stats",
+    "StoreClosedError",
+    "TaskQuarantinedError",
+    "TruncatedRecordError",
+    "VarLenFeature",
+    "WebDatasetSource",
+    "__version__",
+    "decode_example",
+    "encode_example",
+    "merge_states",
+    "payload_rows",
+    "read_records",
+    "source_for_paths",
+    "task_rng",
+    "write_records",
+]
 
 
 def __getattr__(name: str) -> Any:

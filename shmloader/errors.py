@@ -7,6 +7,12 @@ user with a terabyte of shards can find the bad one; the original exception is c
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
+# What a source does with a bad record: raise it (the loop stops), or skip it and count it.
+OnError = Literal["raise", "skip"]
+ON_ERROR_CHOICES: tuple[str, ...] = get_args(OnError)
+
 
 class ShmloaderError(Exception):
     """Base class of every exception raised by shmloader."""

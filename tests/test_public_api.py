@@ -84,3 +84,31 @@ def test_dir_of_the_master_package_lists_its_names_before_they_load():
     )
     out = _in_fresh_python(code)
     assert out.stdout.split() == ["[]", "True", "False"], out.stdout
+
+
+def test_type_checkers_see_every_exported_name_from_its_module():
+    # The lazy table and the TYPE_CHECKING imports name the same things from the same places:
+    # mypy and IDEs see each name as what the import at run time gives.
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(shmloader.__file__).read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.dump(n))
+    seen = {
+        alias.name: node.module
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert seen == shmloader._EXPORTS
+    assert set(shmloader.__all__) == {*shmloader._EXPORTS, "__version__"}
+
+
+def test_internals_are_not_at_the_top_level():
+    # What users build and catch is at the top; the parts inside come from their modules.
+    for name in ("Dispatcher", "DispatcherConfig", "Journal", "SegmentStore", "TaskSampler"):
+        assert name not in shmloader.__all__
+    from shmloader.dataset.sampler import TaskSampler
+    from shmloader.master import Dispatcher, Journal
+
+    assert TaskSampler and Dispatcher and Journal

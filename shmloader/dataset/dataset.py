@@ -28,6 +28,7 @@ from .sampler import DEFAULT_SHUFFLE_WINDOW, TaskBatchSampler, TaskSampler
 from .worker import Gatherer
 
 if TYPE_CHECKING:
+    from ..master.tasks import DdpPolicy
     from ..stats.stats import Stats
     from .handover import Handover
     from .runtime import Runtime, RuntimeConfig
@@ -114,7 +115,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         token: str | None = None,
         rank: int | None = None,
         world_size: int | None = None,
-        ddp_policy: str = "pad",
+        ddp_policy: DdpPolicy = "pad",
         lease_timeout: float = 30.0,
         max_retries: int = 3,
         shm_dir: str | None = None,

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import MasterError
 from ..master import forked
+from ..master.tasks import DdpPolicy
 from ..reader.messages import Failed, MasterLost, Message, Ready
 from ..reader.pool import STOP_SECONDS, ReaderInfo, ReaderPool, ReaderProcess
 from ..reader.process import ReaderConfig
@@ -72,7 +73,7 @@ class RuntimeConfig:
     token: str | None
     rank: int | None
     world_size: int | None
-    ddp_policy: str
+    ddp_policy: DdpPolicy
     lease_timeout: float
     max_retries: int
     complete_on_delivery: bool

@@ -24,7 +24,7 @@ from types import TracebackType
 
 import numpy as np
 
-from ..errors import ConfigError, CorruptRecordError
+from ..errors import ON_ERROR_CHOICES, ConfigError, CorruptRecordError, OnError
 from . import _framing, _resync
 from ._compression import Progress, Sink, check_compression, open_source, resolve_compression
 from ._framing import FRAME_OVERHEAD, U32, Bad, Run, decode_frames, encode_frame, frame_header
@@ -50,7 +50,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 _NO_LOST = np.zeros(0, dtype=np.uint64)
 
-ON_ERROR_CHOICES = ("raise", "skip")
 # The writer hands the file system this much at a time instead of four writes per record.
 _WRITE_BUFFER = 1 << 20
 
@@ -326,7 +325,7 @@ class RecordFile:
         return int(self.offsets[i])
 
     def read_range(
-        self, start: int, stop: int, *, on_error: str = "raise", verify: bool = True
+        self, start: int, stop: int, *, on_error: OnError = "raise", verify: bool = True
     ) -> Iterator[tuple[int, int, bytes | CorruptRecordError]]:
         """``(record index, byte offset, payload)`` for records ``[start, stop)``.
 
@@ -342,7 +341,7 @@ class RecordFile:
         start: int,
         stop: int,
         *,
-        on_error: str = "raise",
+        on_error: OnError = "raise",
         verify: bool = True,
         views: bool = False,
         mapped: bool = False,
@@ -362,7 +361,7 @@ class RecordFile:
         skip_bad = self._skip_bad(start, stop, on_error)
         return self._iter_runs(start, stop, skip_bad, verify, views, mapped)
 
-    def _skip_bad(self, start: int, stop: int | None, on_error: str) -> bool:
+    def _skip_bad(self, start: int, stop: int | None, on_error: OnError) -> bool:
         """Check a range read's arguments; whether corrupt records are skipped."""
         if on_error not in ON_ERROR_CHOICES:
             raise ConfigError(f"on_error={on_error!r}; use one of {ON_ERROR_CHOICES}")

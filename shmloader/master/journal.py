@@ -24,7 +24,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, get_args
 
 from .. import _flock
 from ..errors import ConfigError, CorruptRecordError, MasterError
@@ -39,7 +39,9 @@ from .updates import Update, update_from_dict, update_to_dict
 
 log = logging.getLogger(__name__)
 
-FSYNC_POLICIES = ("always", "batch", "never")
+# When the journal fsyncs: every record, once per batch of records, or never (the OS decides).
+Fsync = Literal["always", "batch", "never"]
+FSYNC_POLICIES: tuple[str, ...] = get_args(Fsync)
 JOURNAL_FORMAT = 1
 _SEGMENT = re.compile(r"^journal-(\d{20})\.log$")
 _SNAPSHOT = re.compile(r"^snapshot-(\d{20})\.json$")
@@ -69,7 +71,7 @@ class Journal:
         directory: str,
         dispatcher: Dispatcher,
         *,
-        fsync: str,
+        fsync: Fsync,
         snapshot_every: int,
         batch_records: int,
         batch_seconds: float,
@@ -99,7 +101,7 @@ class Journal:
         config: DispatcherConfig,
         now: float,
         *,
-        fsync: str = "batch",
+        fsync: Fsync = "batch",
         snapshot_every: int = 10_000,
         batch_records: int = 256,
         batch_seconds: float = 1.0,

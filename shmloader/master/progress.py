@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, MasterError
-from .tasks import DDP_POLICIES, Task, merge_ranges
+from .tasks import DDP_POLICIES, DdpPolicy, Task, merge_ranges
 
 # Settings that shape the task schedule: a journal or state_dict only fits a dispatcher that
 # agrees on all of them (and on the plan). The others may change between restarts.
@@ -34,7 +34,7 @@ class DispatcherConfig:
     consumer_timeout: float = 60.0
     max_retries: int = 3
     world_size: int | None = None
-    ddp_policy: str = "pad"
+    ddp_policy: DdpPolicy = "pad"
     # Epochs before this one count as done: a job resumed from a checkpoint starts here.
     first_epoch: int = 0
     # Records of ``first_epoch`` a checkpoint already consumed (task id -> [start, stop)

@@ -29,10 +29,11 @@ from ..errors import ConfigError, MasterError
 from ..sources.base import Shard, Source
 from . import forked
 from .dispatcher import Dispatcher
-from .journal import FSYNC_POLICIES, Journal
+from .journal import FSYNC_POLICIES, Fsync, Journal
 from .local import LocalStub
 from .progress import DispatcherConfig, Progress
 from .service import MasterService
+from .tasks import DdpPolicy
 from .wire import MAX_REQUEST_BYTES
 
 log = logging.getLogger(__name__)
@@ -62,12 +63,12 @@ class Master:
         shuffle: bool = True,
         seed: int = 0,
         world_size: int | None = None,
-        ddp_policy: str = "pad",
+        ddp_policy: DdpPolicy = "pad",
         lease_timeout: float = 60.0,
         consumer_timeout: float = 60.0,
         max_retries: int = 3,
         journal: str | os.PathLike[str] | None = None,
-        fsync: str = "batch",
+        fsync: Fsync = "batch",
         host: str = "127.0.0.1",
         port: int = 0,
         token: str | None = None,

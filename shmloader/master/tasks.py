@@ -13,13 +13,16 @@ from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Literal, get_args
 
 import numpy as np
 
 from ..errors import ConfigError
 from ..sources.base import Shard
 
-DDP_POLICIES = ("pad", "drop")
+# How DDP evens out the ranks' shares: repeat records ("pad") or leave the remainder out.
+DdpPolicy = Literal["pad", "drop"]
+DDP_POLICIES: tuple[str, ...] = get_args(DdpPolicy)
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,7 @@ class EpochSchedule:
         return sum(stop - start for _, start, stop in self.dropped)
 
 
-def records_per_rank(total: int, world_size: int, policy: str) -> int:
+def records_per_rank(total: int, world_size: int, policy: DdpPolicy) -> int:
     """Records each rank reads per epoch: ``ceil`` (pad) or ``floor`` (drop) of total / N."""
     return -(-total // world_size) if policy == "pad" else total // world_size
 
@@ -177,7 +180,7 @@ def build_schedule(
     seed: int,
     shuffle: bool,
     world_size: int | None,
-    policy: str = "pad",
+    policy: DdpPolicy = "pad",
     consumed: Mapping[int, Sequence[tuple[int, int]]] | None = None,
 ) -> EpochSchedule:
     """The units of ``epoch``: the task order cut into per-rank queues of equal record totals.

@@ -23,7 +23,7 @@ from typing import Any, overload
 import pyarrow as pa
 
 from ..augment import outside_task
-from ..errors import ConfigError, DataError, DecodeError
+from ..errors import ConfigError, DataError, DecodeError, OnError
 from .base import SkippedRecord
 from .columns import BatchBuilder, FixedColumns
 
@@ -68,7 +68,7 @@ class Locations(Sequence[At]):
 
 
 def record_failure(
-    path: str, at: At, exc: Exception, on_error: str, skipped: list[SkippedRecord]
+    path: str, at: At, exc: Exception, on_error: OnError, skipped: list[SkippedRecord]
 ) -> None:
     """A record failed to parse or decode: raise an error naming it, or add it to ``skipped``.
 
@@ -99,7 +99,7 @@ def decode_to_batch(
     *,
     parse: Callable[[str, Any], Any] | None,
     decode: Callable[[Any], Any] | None,
-    on_error: str,
+    on_error: OnError,
     skipped: list[SkippedRecord],
     fixed: bool = False,
 ) -> pa.RecordBatch | FixedColumns:
@@ -182,7 +182,7 @@ def decode_columns_to_batch(
     where: Sequence[At],
     *,
     decode_batch: Callable[[list[bytes]], Any],
-    on_error: str,
+    on_error: OnError,
     skipped: list[SkippedRecord],
 ) -> pa.RecordBatch | FixedColumns:
     """One ``decode_batch`` call and one conversion for all ``payloads`` (no per-record work);

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._fs import expand_paths
-from ..errors import ConfigError
+from ..errors import ConfigError, OnError
 from ..formats.index import INDEX_SUFFIX, cached_offsets
 from ._decoding import (
     INFER_ATTEMPTS,
@@ -60,7 +60,7 @@ class IndexedSource(BaseSource):
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
         decode: Decode | None,
-        on_error: str,
+        on_error: OnError,
         schema: pa.Schema | None,
         index_dir: str | None,
     ) -> None:

@@ -38,8 +38,8 @@ class ArrowSource(BaseSource):
     def __init__(
         self,
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-        columns: Sequence[str] | None = None,
         *,
+        columns: Sequence[str] | None = None,
         tensors: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         super().__init__()

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 import pyarrow as pa
 
-from ..errors import ConfigError, DataError
+from ..errors import ON_ERROR_CHOICES, ConfigError, DataError, OnError
 from .streamed import StreamedColumns
 
 if TYPE_CHECKING:
     from .columns import FixedColumns
-
-ON_ERROR_CHOICES = ("raise", "skip")
 
 
 @dataclass(frozen=True)
@@ -203,7 +201,7 @@ def check_held(path: str, start: int, stop: int, held: int) -> None:
         )
 
 
-def check_on_error(on_error: str) -> str:
+def check_on_error(on_error: str) -> OnError:
     if on_error not in ON_ERROR_CHOICES:
         raise ConfigError(f"on_error must be one of {ON_ERROR_CHOICES}, got {on_error!r}")
-    return on_error
+    return cast(OnError, on_error)

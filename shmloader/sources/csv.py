@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
-from ..errors import ConfigError, DataError, DecodeError
+from ..errors import ConfigError, DataError, DecodeError, OnError
 from ._indexed import At, Decode, IndexedSource
 from ._lines import read_span, scan_lines
 from ._tabular import check_options, to_batch
@@ -53,9 +53,10 @@ class CSVSource(IndexedSource):
     def __init__(
         self,
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
         columns: Sequence[str] | None = None,
         decode: Decode | None = None,
-        on_error: str = "raise",
+        on_error: OnError = "raise",
         schema: pa.Schema | None = None,
         index_dir: str | None = None,
         delimiter: str = ",",

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pj
 
-from ..errors import ConfigError, DecodeError
+from ..errors import ConfigError, DecodeError, OnError
 from ._indexed import At, Decode, IndexedSource
 from ._lines import read_span, scan_lines
 from ._tabular import check_options, to_batch
@@ -58,9 +58,10 @@ class JSONLSource(IndexedSource):
     def __init__(
         self,
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
         columns: Sequence[str] | None = None,
         decode: Decode | None = None,
-        on_error: str = "raise",
+        on_error: OnError = "raise",
         schema: pa.Schema | None = None,
         index_dir: str | None = None,
     ) -> None:

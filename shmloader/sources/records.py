@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from .._fs import expand_paths
-from ..errors import ConfigError, CorruptRecordError
+from ..errors import ConfigError, CorruptRecordError, OnError
 from ..formats.index import INDEX_SUFFIX
 from ..formats.tfrecord import Bad, RecordFile, Run
 from ._decoding import (
@@ -78,12 +78,12 @@ class RecordFileSource(BaseSource):
     def __init__(
         self,
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
         decode: Decode | None = None,
         decode_batch: DecodeBatch | None = None,
-        on_error: str = "raise",
+        on_error: OnError = "raise",
         schema: pa.Schema | None = None,
         compression: str | None = "auto",
-        *,
         index_dir: str | None = None,
         views: bool = False,
     ) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._fs import open_random, stamp
-from ..errors import DataError, IndexMismatchError
+from ..errors import DataError, IndexMismatchError, OnError
 from ._indexed import At, Decode, IndexedSource
 from ._lines import read_span
 from ._tar import samples, walk
@@ -49,10 +49,10 @@ class WebDatasetSource(IndexedSource):
     def __init__(
         self,
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-        decode: Decode | None = None,
-        on_error: str = "raise",
-        index_dir: str | None = None,
         *,
+        decode: Decode | None = None,
+        on_error: OnError = "raise",
+        index_dir: str | None = None,
         schema: pa.Schema | None = None,
     ) -> None:
         super().__init__(
