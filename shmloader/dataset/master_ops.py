@@ -8,8 +8,8 @@ from collections import OrderedDict
 from typing import Any
 
 # Epoch sizes kept: the plane asks about the epoch it iterates and the next, so a few suffice;
-# a size asked again after it went is one more EpochInfo call. Unbounded, the cache grew by
-# about 300 bytes per epoch for the life of the trainer (measured over 1000 short epochs).
+# a size asked again after it went is one more EpochInfo call. Unbounded, the cache would grow
+# with every epoch for the life of the trainer.
 EPOCHS_KEPT = 8
 
 

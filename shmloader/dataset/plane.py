@@ -174,7 +174,7 @@ class DataPlane:
     def forget_finished(self, before: int) -> None:
         """Drop what is kept of epochs before ``before``, which the master finished (every
         task completed) and the sampler is past: no lease of them can come any more, and a
-        long run's memory stays flat (it grew by about 600 bytes per task per epoch)."""
+        long run's memory stays flat (kept, it would grow with every task of every epoch)."""
         with self._lock:
             limit = self._forgotten = max(self._forgotten, min(before, self._iter_epoch))
             self.outbox.forget_before(limit, [s.task.lease_id for s in self._slots.values()])

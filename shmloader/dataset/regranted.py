@@ -37,8 +37,8 @@ class Regranted:
         self._epoch: dict[int, int] = {}  # lease id -> its task's epoch, where known
         # Leases handed to another consumer that were forgotten here (lease id -> epoch): a
         # later answer about one (a renew sent before its completion, or the completion of a
-        # task forgotten by forget_before meanwhile) must not warn and count it again (it
-        # did: 40 rows counted for 20 that came twice). Few; kept an epoch longer.
+        # task forgotten by forget_before meanwhile) must not warn and count it again, or its
+        # rows would be counted twice. Few; kept an epoch longer.
         self._settled: dict[int, int | None] = {}
         self.tasks = 0  # tasks warned about
         self.records = 0  # their rows this trainer delivers: they may come twice

@@ -211,15 +211,15 @@ class Runtime:
         joined for at most ``SIGTERM_LEAVE_SECONDS`` (a second SIGTERM ends the wait): the
         interrupted main thread may hold the plane's locks. Then, after
         ``SIGTERM_LOCKED_SECONDS``, the consumer just leaves, without its completions and
-        hand-back: its leases go back at once, not after ``consumer_timeout`` (a helper saw the
-        leave miss the master in about half the SIGTERMs of a tight training loop, and the
-        readers kept leasing meanwhile). What the loop consumed of those tasks may then come
-        again, as it would after the timeout. Not called where the application handles
+        hand-back: its leases go back at once, not after ``consumer_timeout`` (in a tight
+        training loop the main thread often holds those locks when SIGTERM comes, and the
+        readers would keep leasing meanwhile). What the loop consumed of those tasks may then
+        come again, as it would after the timeout. Not called where the application handles
         SIGTERM itself (shm/lifecycle.py): its exit path calls close().
 
         Also during close() until it leaves: it stops the readers first (up to 5 s), and a
-        SIGTERM then (at the end of a run, or torchrun's once another rank ended) killed the
-        process with the consumer and its leases still at the master."""
+        SIGTERM then (at the end of a run, or torchrun's once another rank ended) would kill
+        the process with the consumer and its leases still at the master."""
         # A forked DataLoader worker inherits the hook (torch may SIGTERM its workers): the
         # trainer's plane and client are not its own to use.
         if self._left or self.client is None or os.getpid() != self._pid:

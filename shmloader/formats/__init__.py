@@ -1,1 +1,2 @@
-"""See DESIGN.md, part 'formats'."""
+"""Record files (TFRecord framing, indexes, compression) and ``tf.train.Example``
+(docs/formats.md)."""

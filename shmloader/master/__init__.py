@@ -1,7 +1,7 @@
 """The master: a pure dispatcher (tasks, epochs, leases), its write-ahead journal, and the
 gRPC layer that serves it (:class:`Master`) and talks to it (:class:`MasterClient`).
 
-See DESIGN.md, part 'master', and docs/master.md for the dispatcher's rules.
+See docs/master.md for the dispatcher's rules and docs/architecture.md for the parts.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Shared-memory segment store (DESIGN.md, part 'shm'); the API is described in docs/shm.md."""
+"""The shared-memory segment store; the API is described in docs/shm.md."""
 
 from .budget import StopSignal
 from .reap import ReapEntry, ReapReport, reap_stale

@@ -1,4 +1,4 @@
-"""Data sources: what the master plans from and what readers read (DESIGN.md, part 'sources').
+"""Data sources: what the master plans from and what readers read.
 
 Every source speaks the protocol in :mod:`shmloader.sources.base`; see docs/sources.md.
 
