@@ -18,8 +18,9 @@ What a killed trainer delivered counts up to its last save (its later steps died
 over the round every id must then come exactly ``--epochs`` times. The report gives rounds,
 kills of each kind, records lost and duplicated (silently: in rounds where every trainer
 exited 0), hung rounds, rounds where a trainer's loop raised (with the exception classes: a
-loud failure, whose round is not counted as lost), and shared memory left. A round that went
-wrong keeps its folder (logs, states, journal) and prints its path.
+loud failure, whose round is not counted as lost), tasks trainers warned may come twice (a
+lease that lapsed while its trainer stalled, handed to another), and shared memory left. A
+round that went wrong keeps its folder (logs, states, journal) and prints its path.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class Totals:
     lost: int = 0
     duplicated: int = 0
     hung: int = 0
+    warned: int = 0  # tasks trainers warned may come twice (a lapsed lease, regranted)
     failed: int = 0  # rounds where a trainer's loop raised (loud: not counted as lost)
     errors: Counter[str] = field(default_factory=Counter)  # what they raised, by class
     shm_left: int = 0
@@ -212,6 +214,14 @@ class Trainer:
                 out.append(lines[-1].split(":", 1)[0].rsplit(".", 1)[-1])
         return out
 
+    def warned_twice(self) -> int:
+        """Tasks its incarnations warned may reach training twice (a lease of theirs lapsed
+        while stalled and went to another trainer): duplicates said, not silent."""
+        return sum(
+            log.read_text(errors="replace").count("may reach training twice")
+            for log in self.work.glob(f"trainer-{self.index}-*.log")
+        )
+
     def finish(self) -> None:
         self._count(killed=False)
 
@@ -286,6 +296,8 @@ def one_round(args: argparse.Namespace, index: int, totals: Totals) -> None:
         want = args.epochs
         lost = sum(max(0, want - delivered[i]) for i in range(args.records))
         duplicated = sum(max(0, n - want) for n in delivered.values())
+        warned = sum(t.warned_twice() for t in trainers)
+        totals.warned += warned
         if failed:  # a loud failure: the loop raised (and its trainer handed nothing over)
             totals.failed += 1
             totals.errors.update(errors)
@@ -305,7 +317,8 @@ def one_round(args: argparse.Namespace, index: int, totals: Totals) -> None:
         print(
             f"round {index}{f' ({work})' if args.keep or wrong else ''}: "
             f"{time.monotonic() - began:.0f} s, kills {dict(totals.kills)} so far, "
-            f"lost {lost}, duplicated {duplicated}, hung {hung}, failed trainers {failed} "
+            f"lost {lost}, duplicated {duplicated} (tasks warned of: {warned}), hung {hung}, "
+            f"failed trainers {failed} "
             f"{errors}, shm left {left}",
             flush=True,
         )
@@ -343,6 +356,7 @@ def main() -> None:
                 "lost": totals.lost,
                 "duplicated": totals.duplicated,
                 "hung_rounds": totals.hung,
+                "warned_twice_tasks": totals.warned,
                 "failed_rounds": totals.failed,
                 "errors": dict(totals.errors),
                 "shm_entries_left": totals.shm_left,
