@@ -76,10 +76,20 @@ def make(tmp_path, *, shuffle=True, seed=3, epochs=2, window=2, budget="64MiB"):
 
 
 def trainer(
-    d, consumer, tmp_path, *, shuffle=True, seed=3, window=2, budget="64MiB", lease_timeout=None
+    d,
+    consumer,
+    tmp_path,
+    *,
+    shuffle=True,
+    seed=3,
+    window=2,
+    budget="64MiB",
+    lease_timeout=None,
+    taken_over=None,
 ):
     """A trainer's store, plane and sampler, registered with ``d`` as ``consumer``;
-    ``lease_timeout``: the plane checks ready tasks' leases (dataset/lease_check.py)."""
+    ``lease_timeout``: the plane checks ready tasks' leases (dataset/lease_check.py);
+    ``taken_over``: records a loaded checkpoint handed over (dataset/handover.py)."""
     d.register(consumer, time.time())
     tmp_path.mkdir(parents=True, exist_ok=True)
     store = SegmentStore.create(budget, base_dir=str(tmp_path))
@@ -90,6 +100,7 @@ def trainer(
         segments=handle,
         ledger=LedgerReader(ledger_dir(handle.path)),
         lease_timeout=lease_timeout,
+        taken_over=taken_over,
     )
     sampler = TaskSampler(lambda: plane, shuffle=shuffle, seed=seed, window=window)
     return store, plane, sampler

@@ -299,3 +299,25 @@ def test_a_stalled_trainer_whose_tasks_went_to_another_warns_and_counts(tmp_path
         task = f"task {x.task.task_id} ({x.task.path}, records {x.task.start}..{x.task.stop})"
         assert f"epoch 0, {task}" in text
         assert "handed the task to consumer 'b'" in text and "may reach training twice" in text
+
+
+def test_rows_a_checkpoint_hands_over_are_left_out_of_their_own_task_only(tmp_path):
+    # The handover names tasks by id, not by their place in the epoch's order: record numbers
+    # count from each file's start, so the same numbers of another task are other records.
+    d = dispatcher(epochs=1)
+    probe = Dispatcher(SHARDS, DispatcherConfig(records_per_task=8, epochs=1, seed=3))
+    probe.register("p", time.time())
+    tasks = [lease.task for lease in probe.lease("p", 20, time.time())]
+    first, other = next(
+        (t, u) for t in tasks for u in tasks if t.start == u.start and t.path != u.path
+    )
+    consumed = ((first.start, first.start + 3),)
+    a = trainer(d, "a", tmp_path / "a", taken_over={(0, first.task_id): consumed})
+    with a[0], maintained(a[1]):
+        for lease in d.lease("a", 20, time.time()):
+            announce(a[0], a[1], lease)
+        (got,) = concurrently(a)
+    skipped = {OFFSETS[first.path] + r for r in range(first.start, first.start + 3)}
+    assert sorted(got) == sorted(set(range(TOTAL)) - skipped)
+    assert OFFSETS[other.path] + other.start in got  # the same record numbers, another file
+    assert d.finished

@@ -21,7 +21,7 @@ def test_a_round_of_random_kills_loses_and_repeats_nothing() -> None:
             "--records",
             "1500",
             "--step-seconds",
-            "0.02",
+            "0.1",  # a round of several seconds: time for several kills
             "--seed",
             "3",
             "--round-timeout",

@@ -35,12 +35,14 @@ RecordRanges = tuple[tuple[int, int], ...]  # [start, stop) records, sorted
 
 @dataclass(frozen=True)
 class HeldLease:
-    """A lease the saving trainer held, of task ``seq`` of ``epoch``, and the records of it its
-    loop had consumed."""
+    """A lease the saving trainer held, of task ``task_id`` (of the plan: a file's records) in
+    ``epoch``, and the records of it its loop had consumed. The task, not its place in the
+    epoch's order: a schedule rebuilt otherwise (a master started from a merged state) puts
+    other tasks at that place, and record numbers count from each file's start."""
 
     lease_id: int
     epoch: int
-    seq: int
+    task_id: int
     consumed: RecordRanges
 
 
@@ -58,7 +60,7 @@ class Handover:
                 {
                     "lease": h.lease_id,
                     "epoch": h.epoch,
-                    "seq": h.seq,
+                    "task": h.task_id,
                     "consumed": [list(r) for r in h.consumed],
                 }
                 for h in self.held
@@ -78,7 +80,7 @@ class Handover:
                 HeldLease(
                     int(h["lease"]),
                     int(h["epoch"]),
-                    int(h["seq"]),
+                    int(h["task"]),
                     tuple((int(a), int(b)) for a, b in h["consumed"]),
                 )
                 for h in state.get("held", [])
@@ -90,10 +92,11 @@ class Handover:
         return cls(consumer, held)
 
     def consumed_of(self) -> dict[tuple[int, int], RecordRanges]:
-        """(epoch, seq) -> records consumed: left out of any copy of the task that comes here."""
+        """(epoch, task id) -> records consumed: left out of any copy of the task that comes
+        here."""
         out: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for h in self.held:
-            out.setdefault((h.epoch, h.seq), []).extend(h.consumed)
+            out.setdefault((h.epoch, h.task_id), []).extend(h.consumed)
         return {key: tuple(merge_ranges(ranges)) for key, ranges in out.items()}
 
     def take_over(self, client: MasterClient) -> None:
@@ -105,5 +108,5 @@ class Handover:
 def held_leases(
     parts: Iterable[tuple[int, int, int, list[tuple[int, int]]]],
 ) -> tuple[HeldLease, ...]:
-    """HeldLeases of (lease id, epoch, seq, consumed ranges), those with ranges only."""
+    """HeldLeases of (lease id, epoch, task id, consumed ranges), those with ranges only."""
     return tuple(HeldLease(lid, e, s, tuple(r)) for lid, e, s, r in parts if r)

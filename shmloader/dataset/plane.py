@@ -51,8 +51,8 @@ class DataPlane:
         prior: Ranges | None = None,
         done_before: frozenset[tuple[int, int]] = frozenset(),
         partial_before: Mapping[int, np.ndarray] | None = None,  # seq -> rows, start_epoch's
-        # Records a crashed trainer's loop consumed of tasks (epoch, seq), whose leases this one
-        # took over from its checkpoint (handover.py): left out of any copy that comes here.
+        # Records a crashed trainer's loop consumed of tasks (epoch, task id), whose leases this
+        # one took over from its checkpoint (handover.py): left out of any copy that comes here.
         taken_over: Mapping[tuple[int, int], RecordRanges] | None = None,
         consumer: str | None = None,  # this trainer's consumer id at the master
         lease_timeout: float | None = None,  # the master's: check ready tasks' leases
@@ -146,7 +146,7 @@ class DataPlane:
                 self.outbox.complete(lease_id)
                 return
             self._announced.add((epoch, seq))
-        before = self._taken_over.get((epoch, seq))
+        before = self._taken_over.get((epoch, task_id))
         if before:
             consumed = tuple(merge_ranges([*consumed, *before]))
         task = ReadyTask(
@@ -528,16 +528,15 @@ class DataPlane:
             return {state.task.lease_id: state.records_of(rows) for state, rows in parts}
 
     def held_for_handover(self) -> list[tuple[int, int, int, list[tuple[int, int]]]]:
-        """(lease id, epoch, seq, records consumed) of the leases this trainer holds whose
+        """(lease id, epoch, task id, records consumed) of the leases this trainer holds whose
         tasks the loop consumed part of, or all of while the master may not know it yet (the
         completion is queued): what an elastic trainer's checkpoint names, for the trainer
         resumed from it to hand back (handover.py)."""
-        whole = self.outbox.unconfirmed()  # before the plane's lock (the outbox's lock order)
-        with self._lock:
+        with self._lock:  # both under it: a slot completing meanwhile is in one list or the other
             parts = known.partly_consumed(self._slots.values(), self._complete_on_delivery)
             held = [(s.task, s.records_of(rows)) for s, rows in parts]
-        held += [(s.task, [s.task.records()]) for s in whole]
-        return [(t.lease_id, t.epoch, t.seq, ranges) for t, ranges in held]
+            held += [(s.task, [s.task.records()]) for s in self.outbox.unconfirmed()]
+        return [(t.lease_id, t.epoch, t.task_id, ranges) for t, ranges in held]
 
     def _tasks(self, epoch: int) -> int:
         return self._master.epoch_tasks(epoch)

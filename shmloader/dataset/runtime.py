@@ -179,7 +179,11 @@ class Runtime:
                     for (epoch, seq), rows in config.exclude.items()
                     if epoch == start == config.start_epoch
                 },
-                taken_over=None if config.handover is None else config.handover.consumed_of(),
+                taken_over=(
+                    config.handover.consumed_of()
+                    if config.handover is not None and self._elastic and self.embedded is None
+                    else None
+                ),
                 consumer=self.consumer,
                 lease_timeout=self.lease_timeout if self._elastic else None,
             )

@@ -232,7 +232,9 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         feed = self._get_feed()
         epoch = feed.epoch_to_iterate()
         self._passes += 1
-        self.left_open = None
+        # The rest of a last epoch left open (see _strays): every task of it not taken here
+        # was found elsewhere, and is a stray; no need to ask about them again.
+        reopened, self.left_open = self.left_open == epoch, None
         if rest_alone:
             rest = feed.rest_of_last_pass(epoch)
             if len(rest):
@@ -246,7 +248,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         self._warn_prefetched(epoch, feed.ledger_rows())
         if len(leftover):
             yield leftover
-        pending = feed.remaining_seqs(epoch)
+        pending = [] if reopened else feed.remaining_seqs(epoch)
         dropped: set[int] = set()
 
         def gone(missing: list[int]) -> set[int]:
