@@ -162,6 +162,7 @@ def test_io_errors_are_retried_then_quarantined_with_the_last_cause(tmp_path: Pa
         assert ds.stats().task_failures == 3  # the first try and max_retries=2 retries
     message = str(info.value)
     assert "records 100..200" in message and "the training loop stops here" in message
+    assert message.count("(raised at") == 1, message  # where the user's read raised, once
     cause = info.value.__cause__
     assert isinstance(cause, shmloader.DataError) and "records [100, 200)" in str(cause)
     assert isinstance(cause.__cause__, ConnectionResetError)

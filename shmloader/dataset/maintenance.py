@@ -71,6 +71,7 @@ class Maintenance:
     _next_stall_check: float = field(default=0.0, init=False)
     _next_alive: float = field(default=0.0, init=False)
     _since_epoch: int = field(default=0, init=False)  # the oldest open at the last look
+    _look_now: threading.Event = field(default_factory=threading.Event, init=False)
     # reader index -> when last warned of
     _stall_warned: dict[int, float] = field(default_factory=dict, init=False)
 
@@ -81,6 +82,11 @@ class Maintenance:
     def stop(self) -> None:
         """Tell the thread to end (at its next tick); errors from then on are not reported."""
         self._stop.set()
+
+    def look_at_the_master(self) -> None:
+        """Read the master's progress at the next tick, not at the next renewal: a reader's
+        retried failure may have been the task's last try (then the loop raises at once)."""
+        self._look_now.set()
 
     def join(self, timeout: float) -> None:
         if self._thread is not None:
@@ -110,8 +116,12 @@ class Maintenance:
                         except LeaseError as exc:  # RenewError: maybe handed to another trainer
                             plane.lapsed(getattr(exc, "not_active", {}))
                     plane.lease_check.confirmed(renewed, asked_at, plane.ready.pending())
+                    self._look_now.clear()
                     self._check_master()
                     next_renew = now + renew_every
+                elif self._look_now.is_set():
+                    self._look_now.clear()
+                    self._check_master()
         except BaseException as exc:
             if not self._stop.is_set():
                 plane.ready.fail(exc if isinstance(exc, Exception) else MasterError(str(exc)))

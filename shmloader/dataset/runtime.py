@@ -384,6 +384,8 @@ class Runtime:
             self.task_errors.reader_failed(message, info.index, self.plane.ready)
             if not message.retry:
                 return  # raised in the loop now; a warning would only say it twice
+            if self._maintenance is not None:
+                self._maintenance.look_at_the_master()  # was it the last try?
             log.warning(
                 "reader %d failed task %d (epoch %d, %s): %s; the master tries it again, up "
                 "to max_retries times in an epoch (then the loop raises)",

@@ -110,7 +110,9 @@ def describe_error(exc: BaseException) -> str:
     ``DecodeError`` is to what decode raised), where that was raised (:func:`error_site`)."""
     text = f"{type(exc).__name__}: {exc}"
     site = error_site(exc)
-    return f"{text} (raised at {site})" if site else text
+    if site is None or f"(raised at {site})" in text:  # a DataError of as_ours says it already
+        return text
+    return f"{text} (raised at {site})"
 
 
 def error_site(exc: BaseException) -> str | None:

@@ -321,12 +321,19 @@ class Reader:
             exc = as_ours(raised_here, lease.path, lease.start, lease.stop)
             error, retry = describe_error(exc), retry_may_help(exc)
             raised = pack_exception(exc)
-            # The trainer first: it raises the exception itself (a permanent failure), not the
-            # quarantine it would otherwise learn of from the master.
-            self.conn.send(
-                Failed(lease.lease_id, lease.epoch, lease.task_id, lease.path, error, raised, retry)
+            failed = Failed(
+                lease.lease_id, lease.epoch, lease.task_id, lease.path, error, raised, retry
             )
-            self.client.fail(lease.lease_id, error, permanent=not retry)
+            if retry:
+                # The master first: told of the failure, the trainer asks it at once whether
+                # that was the last try (the task is quarantined: the loop raises).
+                self.client.fail(lease.lease_id, error, permanent=False)
+                self.conn.send(failed)
+            else:
+                # The trainer first: it raises the exception itself, not the quarantine it
+                # would otherwise learn of from the master.
+                self.conn.send(failed)
+                self.client.fail(lease.lease_id, error, permanent=True)
             return True
         if info is None:  # stopped, or gave way, while waiting for budget; nothing written
             return not gave_way
