@@ -375,11 +375,11 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         The master's last epoch has no next pass, and a trainer that died with tasks of it in
         hand would have them lost, silently. So there, once every row handed out here is
         consumed (``flush``: the batcher first hands out the rows it keeps), the pass waits
-        for those tasks too: nothing of this trainer's is in flight,
-        so nobody waits on it and the waits cannot close a cycle; a dead trainer's tasks come
-        here once its leases lapse. While rows of its own are in flight, the pass ends with
-        the epoch left open (``left_open``): the next pass waits for them, with nothing in
-        flight (shmloader.DataLoader makes that pass itself; a plain DataLoader is told).
+        for those tasks too: nothing of this trainer's is in flight, so nobody waits on it and
+        the waits cannot close a cycle; a dead trainer's tasks come here once its leases lapse.
+        While rows of its own are in flight, the pass ends with the epoch left open
+        (``left_open``): the next pass waits for them, with nothing in flight
+        (shmloader.DataLoader makes that pass itself; a plain DataLoader is told).
         """
         last = feed.epochs_over(epoch + 1) is not None
         waited_since: float | None = None
