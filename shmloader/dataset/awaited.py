@@ -14,11 +14,20 @@ dropped because its lease lapsed, lease_check.py), the sampler takes it as it ca
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple
 
 from ..reader.messages import task_key
 from . import plane_state as known
 from .plane_state import LeaseOps, SegmentOps
 from .ready import ReadyTask, ReadyTasks
+
+
+class StrayCount(NamedTuple):
+    """Tasks given up as elsewhere: how many may still come here, how many another trainer
+    took in hand."""
+
+    may_come: int
+    taken_elsewhere: int
 
 
 class Awaited:
@@ -59,41 +68,27 @@ class Awaited:
             self.strays.update((epoch, s) for s in gone)
         return gone
 
-    def unsettled(self) -> bool:
-        """Whether a stray may still come here: it is waiting in the queue, held by this
-        trainer's readers, or held by another trainer's readers before that trainer took it
-        (it may die first). Strays found done are forgotten. Asks the master, once per epoch
-        with strays."""
-        by_epoch = self._by_epoch()
-        unsettled = False
+    def look(self) -> StrayCount:
+        """Where the strays are, asking the master once per epoch with strays: how many may
+        still come here (waiting in the queue, held by this trainer's readers, or by another
+        trainer's readers before that trainer took it: it may die first), and how many another
+        trainer took in hand (not waited for but at the end of the master's last epoch:
+        TaskSampler._strays). Strays found done are forgotten."""
+        with self._lock:
+            by_epoch: dict[int, list[int]] = {}
+            for epoch, seq in sorted(self.strays):
+                by_epoch.setdefault(epoch, []).append(seq)
+        may_come = taken = 0
         for epoch, seqs in by_epoch.items():
             where = self._master.whereabouts(epoch, seqs)
-            unsettled = unsettled or any(w in known.MAY_BE_WAITED_FOR for w in where)
+            may_come += sum(w in known.MAY_BE_WAITED_FOR for w in where)
+            taken += sum(w == known.TAKEN_ELSEWHERE for w in where)
             finished = {
                 (epoch, s) for s, w in zip(seqs, where, strict=True) if w in known.DONE_ELSEWHERE
             }
             with self._lock:
                 self.strays -= finished
-        return unsettled
-
-    def taken_elsewhere(self) -> int:
-        """How many strays another trainer took in hand (not done yet): not waited for, but
-        at the end of the master's last epoch (TaskSampler._strays). Asks the master, once per
-        epoch with strays."""
-        by_epoch = self._by_epoch()
-        return sum(
-            w == known.TAKEN_ELSEWHERE
-            for epoch, seqs in by_epoch.items()
-            for w in self._master.whereabouts(epoch, seqs)
-        )
-
-    def _by_epoch(self) -> dict[int, list[int]]:
-        """The strays' seqs by epoch, sorted."""
-        by_epoch: dict[int, list[int]] = {}
-        with self._lock:
-            for epoch, seq in sorted(self.strays):
-                by_epoch.setdefault(epoch, []).append(seq)
-        return by_epoch
+        return StrayCount(may_come, taken)
 
     def take_strays(self) -> list[ReadyTask]:
         """Strays that came to this trainer, ready now (not waited for)."""

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import ShmloaderError
 from ..master.tasks import merge_ranges
 from . import plane_state as known
-from .awaited import Awaited
+from .awaited import Awaited, StrayCount
 from .consumed import Ranges, rows_in
 from .gather import SegmentRows, encode_indices, group_by_segment
 from .handover import RecordRanges
@@ -234,14 +234,11 @@ class DataPlane:
                 self.shares_epochs = True
         return gone
 
-    def unsettled_strays(self) -> bool:
-        return self.awaited.unsettled()
+    def look_at_strays(self) -> StrayCount:
+        return self.awaited.look()
 
     def want_strays(self) -> None:
         self.awaited.want_strays()
-
-    def strays_taken_elsewhere(self) -> int:
-        return self.awaited.taken_elsewhere()
 
     def completes_on_delivery(self) -> bool:
         return self._complete_on_delivery

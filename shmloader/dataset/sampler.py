@@ -24,6 +24,7 @@ import numpy as np
 import torch.utils.data
 
 from ..errors import ConfigError, ShmSpaceError
+from .awaited import StrayCount
 from .consumed import row_records
 from .gather import split_indices
 from .ready import ReadyTask, ReadyTasks
@@ -126,12 +127,9 @@ class Feed(Protocol):
         """Tasks given up as elsewhere that came here after all, ready now."""
         ...
 
-    def unsettled_strays(self) -> bool:
-        """Whether a task given up as elsewhere may still come here (see DataPlane)."""
-        ...
-
-    def strays_taken_elsewhere(self) -> int:
-        """How many tasks given up as elsewhere another trainer took in hand (not done)."""
+    def look_at_strays(self) -> StrayCount:
+        """Of the tasks given up as elsewhere, how many may still come here and how many
+        another trainer took in hand (awaited.py)."""
         ...
 
     def completes_on_delivery(self) -> bool:
@@ -390,11 +388,10 @@ class TaskSampler(torch.utils.data.Sampler[int]):
                 if len(indices):
                     yield indices
                     kept = flush
-                if not feed.unsettled_strays():
-                    if not last:
-                        return True
-                    held = feed.strays_taken_elsewhere()
-                    if not held:
+                strays = feed.look_at_strays()
+                if not strays.may_come:
+                    held = strays.taken_elsewhere
+                    if not last or not held:
                         return True
                     if kept:
                         kept = False
