@@ -20,7 +20,7 @@ Load such a checkpoint only once the trainer that saved it is gone: its leases s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -103,10 +103,3 @@ class Handover:
         """Leave the master for the saving trainer, handing its consumed ranges back (a no-op
         where the master has dropped that trainer already)."""
         client.leave(self.consumer, {h.lease_id: list(h.consumed) for h in self.held})
-
-
-def held_leases(
-    parts: Iterable[tuple[int, int, int, list[tuple[int, int]]]],
-) -> tuple[HeldLease, ...]:
-    """HeldLeases of (lease id, epoch, task id, consumed ranges), those with ranges only."""
-    return tuple(HeldLease(lid, e, s, tuple(r)) for lid, e, s, r in parts if r)

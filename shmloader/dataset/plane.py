@@ -24,7 +24,7 @@ from . import plane_state as known
 from .awaited import Awaited, StrayCount
 from .consumed import Ranges, rows_in
 from .gather import SegmentRows, encode_indices, group_by_segment
-from .handover import RecordRanges
+from .handover import HeldLease, RecordRanges
 from .lease_check import LeaseCheck
 from .ledger import LedgerReader
 from .outbox import Outbox
@@ -524,16 +524,16 @@ class DataPlane:
             parts = known.partly_consumed(self._slots.values(), self._complete_on_delivery)
             return {state.task.lease_id: state.records_of(rows) for state, rows in parts}
 
-    def held_for_handover(self) -> list[tuple[int, int, int, list[tuple[int, int]]]]:
-        """(lease id, epoch, task id, records consumed) of the leases this trainer holds whose
-        tasks the loop consumed part of, or all of while the master may not know it yet (the
-        completion is queued): what an elastic trainer's checkpoint names, for the trainer
-        resumed from it to hand back (handover.py)."""
+    def held_for_handover(self) -> tuple[HeldLease, ...]:
+        """The leases this trainer holds whose tasks the loop consumed part of, or all of while
+        the master may not know it yet (the completion is queued), with the records consumed:
+        what an elastic trainer's checkpoint names, for the trainer resumed from it to hand
+        back (handover.py)."""
         with self._lock:  # both under it: a slot completing meanwhile is in one list or the other
             parts = known.partly_consumed(self._slots.values(), self._complete_on_delivery)
             held = [(s.task, s.records_of(rows)) for s, rows in parts]
             held += [(s.task, [s.task.records()]) for s in self.outbox.unconfirmed()]
-        return [(t.lease_id, t.epoch, t.task_id, ranges) for t, ranges in held]
+        return tuple(HeldLease(t.lease_id, t.epoch, t.task_id, tuple(r)) for t, r in held if r)
 
     def _tasks(self, epoch: int) -> int:
         return self._master.epoch_tasks(epoch)

@@ -38,7 +38,7 @@ from ..shm.store import SegmentStore
 from ..sources.base import SkippedRecord, Source
 from . import at_exit
 from .forms import FormCheck
-from .handover import Handover, held_leases
+from .handover import Handover
 from .launcher import Rendezvous
 from .ledger import LedgerReader, ledger_dir
 from .maintenance import Maintenance, first_unfinished
@@ -284,7 +284,7 @@ class Runtime:
         None unless it shares a standalone master's epochs (elastic mode)."""
         if self.embedded is not None or not self._elastic:
             return None
-        return Handover(self.consumer, held_leases(self.plane.held_for_handover()))
+        return Handover(self.consumer, self.plane.held_for_handover())
 
     def _first_unfinished_epoch(self) -> int:
         """The oldest epoch the master has not finished (the next to start if none is open):
