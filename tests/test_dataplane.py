@@ -72,12 +72,12 @@ def test_epochs_the_master_finished_are_forgotten(tmp_path):
             _, seen = run_epoch(d, store, plane, sampler, order_seed=epoch)
             assert sorted(seen) == list(range(TOTAL))
             plane.forget_finished(epoch + 1)  # the master finished it (d.finished below)
-            assert min(plane._epochs, default=epoch + 1) == epoch + 1
-            assert all(e > epoch for e, _ in plane._announced)
+            assert min(plane.epochs_kept(), default=epoch + 1) == epoch + 1
+            assert all(e > epoch for e, _ in plane.announced_kept())
         assert d.finished
-        assert plane.checkpoint()[0] == 3  # the position is unchanged: past the last epoch
+        assert plane.position().epoch == 3  # the position is unchanged: past the last epoch
         plane.forget_finished(0)  # nothing the master has not finished goes
-        assert plane.position()[0] == 3
+        assert plane.position().epoch == 3
         # A late copy of a task of a forgotten epoch (its reader's lease lapsed while it read)
         # is a duplicate: dropped, not left ready for ever holding its segment.
         info = store.handle().write(pa.record_batch({"id": np.arange(4), "x": np.zeros(4)}))
@@ -158,7 +158,8 @@ def test_position_for_checkpoints(tmp_path):
         taken = [next(it) for _ in range(12)]
         gatherer.gather(taken)
         plane.poll()
-        epoch, done, partial = plane.position()
+        at = plane.position()
+        epoch, done, partial = at.epoch, at.completed, at.partial
         assert epoch == 0
         assert len(done) == 1  # the first task (8 rows) is consumed
         assert sum(len(v) for v in partial.values()) == 4

@@ -59,7 +59,7 @@ def test_after_a_stall_only_ready_tasks_still_leased_here_are_delivered(tmp_path
         # Lapsed and handed to b, or waiting in the queue: not delivered here; strays now.
         assert admit(went_to_b) == 0 and admit(queued) == 0
         assert plane.lease_check.dropped == 2
-        assert {(0, went_to_b.unit), (0, queued.unit)} <= plane.awaited.strays
+        assert {(0, went_to_b.unit), (0, queued.unit)} <= plane.strays.strays
         names = set(store.segments())
         assert segments[went_to_b.lease_id] not in names
         assert segments[queued.lease_id] not in names

@@ -21,7 +21,7 @@ import logging
 import threading
 
 from ..reader.messages import lease_clock
-from .plane_state import LeaseOps
+from .master_ops import LeaseOps
 from .ready import ReadyTask
 
 log = logging.getLogger("shmloader.dataset.plane")

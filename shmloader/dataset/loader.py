@@ -127,9 +127,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             finally:
                 plane.loop_receives = False
             plane.record_wait(time.perf_counter() - began)  # ... to here
-            # Workers of this loader write no ledger: rows are marked gathered here. (A batch
-            # gathered here is marked gathered and delivered in one pass: plane.gathered.)
-            plane.delivered(self._recorder.issued.popleft(), gathered=self.num_workers > 0)
+            # Workers of this loader write no ledger: rows are reported gathered here.
+            plane.delivered(self._recorder.issued.popleft())
             yield batch if self.transform is None else self.transform(batch)
             began = time.perf_counter()
 

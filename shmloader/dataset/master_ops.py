@@ -5,12 +5,39 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Protocol
 
 # Epoch sizes kept: the plane asks about the epoch it iterates and the next, so a few suffice;
 # a size asked again after it went is one more EpochInfo call. Unbounded, the cache would grow
 # with every epoch for the life of the trainer.
 EPOCHS_KEPT = 8
+
+
+class LeaseOps(Protocol):
+    """The master calls the data plane makes (:class:`MasterOps`, or in tests a dispatcher
+    behind a lock)."""
+
+    def complete(self, lease_ids: list[int]) -> dict[int, str]:
+        """Complete the leases; returns those that could not be completed, with why."""
+        ...
+
+    def epoch_tasks(self, epoch: int) -> int:
+        """How many tasks this consumer gets in ``epoch``."""
+        ...
+
+    def epoch_records(self, epoch: int) -> int: ...
+
+    def epochs_over(self, epoch: int) -> int | None:
+        """The number of epochs planned, if ``epoch`` is past the last; else None."""
+        ...
+
+    def whereabouts(self, epoch: int, seqs: list[int]) -> list[str]:
+        """Where tasks ``seqs`` are (``Dispatcher.whereabouts``), as this consumer sees it."""
+        ...
+
+    def mark_taken(self, lease_ids: list[int]) -> dict[int, str]:
+        """This trainer took the leases' tasks into its sampler (others stop waiting)."""
+        ...
 
 
 class MasterOps:

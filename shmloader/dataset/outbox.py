@@ -25,7 +25,8 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
-from .plane_state import LeaseOps, SlotState
+from .accounting import SlotState
+from .master_ops import LeaseOps
 from .ready import ReadyTask
 from .regranted import Regranted
 
@@ -43,12 +44,10 @@ class Outbox:
         *,
         slot_states: Callable[[], list[SlotState]],  # the plane's, listed under its lock
         ready: Callable[[], list[ReadyTask]],  # tasks ready and not taken by the sampler
-        on_delivery: Callable[[], bool],  # whether tasks complete when the loop has them
     ) -> None:
         self._master = master
         self._slot_states = slot_states
         self._ready = ready
-        self._on_delivery = on_delivery
         self._flush_lock = threading.Lock()
         self._lock = threading.Lock()
         self._to_complete: list[int] = []
@@ -76,7 +75,7 @@ class Outbox:
         its lease already went to another trainer."""
         with self._lock:
             self._to_mark_taken.append(state.task.lease_id)
-            self.regranted.warn(state, on_delivery=self._on_delivery())
+            self.regranted.warn(state)
 
     def dropped(self, lease_id: int) -> None:
         """The lease's ready copy was not delivered (it lapsed): nothing more to say of it."""
@@ -123,7 +122,6 @@ class Outbox:
             self.regranted.held(
                 problems,
                 [*self._completing.values(), *states],
-                on_delivery=self._on_delivery(),
                 epochs=epochs,
             )
         for lease_id, why in untold:

@@ -1,37 +1,59 @@
-"""The trainer's side of the data plane: slots, consumption, release and completion.
+"""The data plane: the shell around the trainer's consumption accounting.
 
-Readers announce finished tasks; the plane numbers each one with a *slot* (the segment is
-renamed after it, so a DataLoader worker can open it from the sample index alone), hands it
-to the sampler, learns from the gather ledger which rows have been copied out, releases a
-segment once all its rows are, and completes the task at the master when its rows are
-consumed: when gathered, or, under ``shmloader.DataLoader``, when the loop received them.
-
-What it tells the master goes through its outbox (outbox.py), sent outside the plane's lock;
-what the sampler waits for that is not here, through ``awaited`` (awaited.py).
+Readers announce finished tasks; the sampler admits them in its order; gathers and the loop
+report rows gathered and consumed. What each of those means for exactly-once is decided by the
+:class:`~shmloader.dataset.accounting.ConsumptionBook`, a pure state machine; this class holds
+the lock around it, feeds it, and carries out the effects it returns: segments renamed and
+released in the store, leases marked taken and completed through the outbox (outbox.py, sent
+outside the lock). Around the book it keeps the board of ready tasks (ready.py), the check that
+a ready task's lease is still this trainer's (lease_check.py), and the tasks the sampler waits
+for that are elsewhere (strays.py).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 
-from ..errors import ShmloaderError
 from ..master.tasks import merge_ranges
-from . import plane_state as known
-from .awaited import Awaited, StrayCount
-from .consumed import Ranges, rows_in
-from .gather import SegmentRows, encode_indices, group_by_segment
+from .accounting import (
+    Complete,
+    ConsumptionBook,
+    Effect,
+    MarkTaken,
+    Position,
+    Release,
+    Rename,
+    SlotState,
+    slot_name,
+)
+from .consumed import Ranges
+from .gather import SegmentRows, group_by_segment
 from .handover import HeldLease, RecordRanges
 from .lease_check import LeaseCheck
 from .ledger import LedgerReader
+from .master_ops import LeaseOps
 from .outbox import Outbox
-from .plane_state import EpochState, LeaseOps, SegmentOps, SlotState, slot_name
 from .ready import ReadyTask, ReadyTasks
+from .strays import StrayCount, Strays
+
+__all__ = ["DataPlane", "SegmentOps", "slot_name"]
 
 log = logging.getLogger(__name__)
+
+
+class SegmentOps(Protocol):
+    """What the plane asks of the segment store (a ``SegmentStore``)."""
+
+    def rename(self, name: str, new_name: str) -> None: ...
+
+    def release(self, name: str, *, missing_ok: bool = False) -> None: ...
+
+    def want(self, keys: Sequence[str]) -> None: ...
 
 
 class DataPlane:
@@ -66,6 +88,12 @@ class DataPlane:
         self._blocked = blocked or (lambda: False)
         self._exclude = exclude or (lambda epoch, task_id: None)
         self._taken_over = dict(taken_over or {})
+        self._book = ConsumptionBook(
+            start_epoch=start_epoch,
+            prior=prior,
+            done_before=done_before,
+            partial_before=partial_before,
+        )
         self._lock = threading.RLock()
         self._poll_lock = threading.Lock()  # taken before _lock, never inside it
         # True while shmloader.DataLoader's loop waits for its next batch: rows the trainer
@@ -75,45 +103,49 @@ class DataPlane:
         # The batch the trainer gathered last for the loop, and its groups, until the loop
         # receives it (see gathered / delivered).
         self._grouped: tuple[np.ndarray | None, list[SegmentRows]] = (None, [])
-        # Slot 0 is never used: every index a sampler hands out (slot << 32 | row) is then at
-        # least 2**32, never a record number (SharedTaskDataset.__getitem__).
-        self._next_slot = 1
         self._ledger_rows = 0  # rows a plain DataLoader's workers reported gathered, in all
-        self._handed_out = 0  # rows the sampler handed out so far (their ranks, see reclaim)
-        self._slots: dict[int, SlotState] = {}
-        self._epochs: dict[int, EpochState] = {}
-        self._iter_epoch = start_epoch
-        self._start_epoch = start_epoch
-        # Records of ``start_epoch`` consumed before a resume (not scheduled again here).
-        self._prior: Ranges = dict(prior or {})
-        # Tasks a loaded state consumed whole: done at a standalone master, not elsewhere.
-        self._done_before = done_before
-        for epoch, seq in done_before:
-            self._epoch(epoch).completed.add(seq)
-        # Rows it consumed of tasks it consumed part of: in checkpoints until admitted.
-        self._partial_before = dict(partial_before or {})
-        # Records a loaded state consumed, by epoch, of tasks not admitted yet (pass_rows).
-        self._before: dict[int, int] = {}
-        self._announced: set[tuple[int, int]] = set()
-        self._forgotten = 0  # epochs before this are finished and forgotten (forget_finished)
-        self.awaited = Awaited(master, segments, self.ready)
-        # Whether some task of an epoch went to another consumer, or was done before this
-        # trainer started: then what this trainer consumed is not the epoch's position.
-        self.shares_epochs = False
-        self.consumed_records = 0
-        self.skipped_records = 0  # what sources left out of the tasks consumed (on_error)
-        self.duplicates = 0
+        self.strays = Strays(master, segments, self.ready)
         self.outbox = Outbox(
-            master,
-            consumer,
-            slot_states=self._slot_states,
-            ready=self.ready.pending,
-            on_delivery=lambda: self._complete_on_delivery,
+            master, consumer, slot_states=self._slot_states, ready=self.ready.pending
         )
         self.regranted = self.outbox.regranted  # leases lapsed and handed to another trainer
         self.lease_check = LeaseCheck(master, lease_timeout, consumer)
         self.wait_seconds = 0.0  # how long the training loop waited for batches
         self.batches_delivered = 0
+
+    def _apply(self, effects: list[Effect]) -> None:
+        """Carry out the book's effects (under the lock: store calls are quick, and the outbox
+        only queues what it sends to the master later, outside it)."""
+        for effect in effects:
+            if isinstance(effect, Release):
+                self._segments.release(effect.segment, missing_ok=True)
+            elif isinstance(effect, Rename):
+                self._segments.rename(effect.segment, effect.to)
+            elif isinstance(effect, MarkTaken):
+                self.outbox.taken(effect.slot)
+            elif isinstance(effect, Complete):
+                self.outbox.complete(effect.lease_id, effect.slot)
+
+    # -- what the book counts --------------------------------------------------------------
+    @property
+    def consumed_records(self) -> int:
+        return self._book.consumed_records
+
+    @property
+    def skipped_records(self) -> int:
+        """What sources left out of the tasks consumed (``on_error="skip"``)."""
+        return self._book.skipped_records
+
+    @property
+    def duplicates(self) -> int:
+        """Copies of tasks announced twice, dropped."""
+        return self._book.duplicates
+
+    @property
+    def shares_epochs(self) -> bool:
+        """Whether some task of an epoch went to another consumer, or was done before this
+        trainer started: then what this trainer consumed is not the epoch's position."""
+        return self._book.shares_epochs
 
     # -- readers' side -------------------------------------------------------------------
     def announce(
@@ -133,19 +165,13 @@ class DataPlane:
         confirmed: float | None = None,  # when the lease was last known active (lease_check)
     ) -> None:
         """A reader sealed ``segment`` for a task: make it ready for the sampler.
-        ``consumed``: records of it that earlier holders consumed (not issued again).
-
-        A task announced twice (its lease lapsed while we held it and another reader read it
-        again) is delivered once: the second copy is dropped and its lease completed; so is
-        any copy of a task of a forgotten epoch (``forget_finished``: the master finished it).
-        """
+        ``consumed``: records of it that earlier holders consumed (not issued again). A copy
+        the book drops (``ConsumptionBook.announce``) never reaches the sampler."""
         with self._lock:
-            if (epoch, seq) in self._announced or epoch < self._forgotten:
-                self.duplicates += 1
-                self._segments.release(segment, missing_ok=True)
-                self.outbox.complete(lease_id)
-                return
-            self._announced.add((epoch, seq))
+            dropped = self._book.announce(epoch, seq, segment, lease_id)
+            self._apply(dropped)
+        if dropped:
+            return
         before = self._taken_over.get((epoch, task_id))
         if before:
             consumed = tuple(merge_ranges([*consumed, *before]))
@@ -165,30 +191,19 @@ class DataPlane:
 
     def _slot_states(self) -> list[SlotState]:
         with self._lock:
-            return list(self._slots.values())
+            return self._book.slots()
 
     # -- sampler's side (Feed) -----------------------------------------------------------
-    def _epoch(self, epoch: int) -> EpochState:
-        return self._epochs.setdefault(epoch, EpochState())
-
     def forget_finished(self, before: int) -> None:
         """Drop what is kept of epochs before ``before``, which the master finished (every
-        task completed) and the sampler is past: no lease of them can come any more, and a
-        long run's memory stays flat (kept, it would grow with every task of every epoch)."""
+        task completed) and the sampler is past (``ConsumptionBook.forget_finished``)."""
         with self._lock:
-            limit = self._forgotten = max(self._forgotten, min(before, self._iter_epoch))
-            self.outbox.forget_before(limit, [s.task.lease_id for s in self._slots.values()])
-            for e in [e for e in self._epochs if e < limit]:
-                if not any(slot in self._slots for slot in self._epochs[e].slots):
-                    del self._epochs[e]
-            if any(e < limit for e, _ in self._announced):
-                self._announced = {
-                    (e, s) for e, s in self._announced if e >= limit or e in self._epochs
-                }
+            limit = self._book.forget_finished(before)
+            self.outbox.forget_before(limit, self._book.held_leases())
 
     def epoch_to_iterate(self) -> int:
         with self._lock:
-            return self._iter_epoch
+            return self._book.epoch_to_iterate()
 
     def epochs_over(self, epoch: int) -> int | None:
         return self._master.epochs_over(epoch)
@@ -204,7 +219,7 @@ class DataPlane:
     def resumed_before(self, epoch: int, records: int) -> None:
         """A loaded state consumed ``records`` of ``epoch``, left out as admitted (pass_rows)."""
         with self._lock:
-            self._before[epoch] = records
+            self._book.resumed_before(epoch, records)
 
     def pass_rows(self, epoch: int) -> int:
         """Rows a pass over ``epoch`` delivers here: those admitted and not consumed (as
@@ -212,39 +227,36 @@ class DataPlane:
         a loaded state consumed. An upper bound where records the source skips, or tasks other
         trainers take (shared epochs), are not known yet (docs/dataset.md, "Length")."""
         self.poll()  # what workers gathered for an abandoned pass is consumed
-        total, on_delivery = self._master.epoch_records(epoch), self._complete_on_delivery
+        total = self._master.epoch_records(epoch)
         with self._lock:
-            st = self._epochs.get(epoch)
-            left = total - (0 if st is None else st.records) - self._before.get(epoch, 0)
-            held = known.unconsumed_rows(self._epochs, self._slots, epoch, on_delivery)
-        return max(0, left) + held
+            return self._book.rows_left(epoch, total)
 
     def remaining_seqs(self, epoch: int) -> list[int]:
         total = self._master.epoch_tasks(epoch)
         with self._lock:
-            admitted = self._epoch(epoch).admitted
-            return [s for s in range(total) if s not in admitted]
+            return self._book.not_admitted(epoch, total)
 
     def elsewhere(self, epoch: int, seqs: list[int]) -> set[int]:
         """Those of ``seqs`` (tasks the sampler waits for) that the master says will not come
-        here (awaited.py): then this trainer shares epochs."""
-        gone = self.awaited.elsewhere(epoch, seqs)
-        if any((epoch, s) not in self._done_before for s in gone):
-            with self._lock:
-                self.shares_epochs = True
+        here (strays.py): then this trainer shares epochs."""
+        gone = self.strays.elsewhere(epoch, seqs)
+        with self._lock:
+            self._book.note_elsewhere(epoch, gone)
         return gone
 
     def look_at_strays(self) -> StrayCount:
-        return self.awaited.look()
+        return self.strays.look()
 
     def want_strays(self) -> None:
-        self.awaited.want_strays()
+        self.strays.want_strays()
 
     def completes_on_delivery(self) -> bool:
+        """Whether the loop reports what it receives (``shmloader.DataLoader``): else a plain
+        DataLoader's workers report rows as they gather them, through the ledger."""
         return self._complete_on_delivery
 
     def take_strays(self) -> list[ReadyTask]:
-        return self.awaited.take_strays()
+        return self.strays.take_strays()
 
     def admit(self, task: ReadyTask) -> np.ndarray:
         """Number the task's segment with the next slot and start tracking its rows.
@@ -254,65 +266,37 @@ class DataPlane:
         """
         if not self.lease_check.still_ours(task):  # lapsed while ready: not delivered here
             with self._lock:
-                self._announced.discard((task.epoch, task.seq))  # a new copy is welcome
-                self.awaited.dropped(task)
+                effects = self._book.not_delivered(task)
+                self.strays.dropped(task)
                 self.outbox.dropped(task.lease_id)
-            self._segments.release(task.segment, missing_ok=True)
+            self._apply(effects)
             return np.empty(0, dtype=np.int64)
-        rows = np.arange(task.num_rows, dtype=np.int64)
-        done = self._exclude(task.epoch, task.seq)
-        if done is not None and len(done):
-            rows = np.setdiff1d(rows, done)
-        first, stop = task.records()
-        # What a loaded state consumed of it (pass_rows): all of a task not read again ("").
-        before = stop - first if not task.segment else 0 if done is None else len(done)
-        if task.consumed and task.num_rows:  # handed back by a trainer that left
-            rows = np.setdiff1d(rows, rows_in(task.consumed, task))
+        excluded = self._exclude(task.epoch, task.seq)
         with self._lock:
-            slot = self._next_slot
-            self._next_slot += 1
-            if task.segment:  # "": a task consumed before a resume, not read again
-                self._segments.rename(task.segment, slot_name(slot))
-            state = SlotState(task, slot, has_segment=bool(task.segment))
-            self._slots[slot] = state
-            state.emit = rows
-            state.gathered = np.zeros(task.num_rows, dtype=bool)
-            state.delivered = np.zeros(task.num_rows, dtype=bool)
-            self.awaited.admitted(task)
-            ep = self._epoch(task.epoch)
-            ep.admitted.add(task.seq)
-            ep.slots.append(slot)
-            ep.records += stop - first
-            if task.epoch in self._before:
-                self._before[task.epoch] = max(0, self._before[task.epoch] - before)
-            self.outbox.taken(state)
-            if len(rows) == 0:
-                self._settle(state)
-        return encode_indices(slot, rows)
+            indices, effects = self._book.admit(task, excluded)
+            self.strays.admitted(task)
+            self._apply(effects)
+        return indices
 
     def handed_out(self, indices: np.ndarray) -> None:
-        """The sampler hands ``indices`` (admitted rows) out in this order: rank them, so that
-        ``reclaim`` gives back those left unconsumed in the same order (a pass continued after
-        a ``break`` goes on as the uninterrupted one would have)."""
+        """The sampler hands ``indices`` (admitted rows) out in this order (their ranks: a pass
+        continued after a ``break`` goes on as the uninterrupted one would have)."""
         with self._lock:
-            self._handed_out = known.rank_rows(self._slots, indices, self._handed_out)
+            self._book.handed_out(indices)
 
     def reclaim(self, epoch: int, *, poll: bool = True) -> np.ndarray:
         """Rows of admitted tasks that were never consumed (an earlier pass was abandoned), in
         the order the sampler handed them out.
 
-        Consumed means gathered, or under ``complete_on_delivery`` delivered: rows that workers
-        gathered for an abandoned iterator but the loop never received are issued again (their
-        segment is kept until then, see ``_settle``). ``poll``: apply the ledger first.
+        Rows that workers gathered for an abandoned iterator of ``shmloader.DataLoader`` but
+        the loop never received are issued again (their segment is kept until then).
+        ``poll``: apply the ledger first.
         """
         if poll:
             self.poll()
         with self._lock:
-            # Older epochs too: a stray task of one (see ``take_strays``) is delivered in a
-            # later pass, and may be left unconsumed by it.
-            on_delivery = self._complete_on_delivery
-            rows, older = known.unconsumed_in_order(self._epochs, self._slots, epoch, on_delivery)
-            shared = self.shares_epochs
+            rows, older = self._book.unconsumed_in_order(epoch)
+            shared = self._book.shares_epochs
         if older and not shared:
             # One trainer has no strays: its last pass ran to the end without these rows.
             log.warning(
@@ -340,12 +324,11 @@ class DataPlane:
         return self._starved()
 
     def want(self, epoch: int, seqs: list[int]) -> None:
-        self.awaited.want(epoch, seqs)
+        self.strays.want(epoch, seqs)
 
     def finish_epoch(self, epoch: int) -> None:
         with self._lock:
-            self._epoch(epoch).iterated = True
-            self._iter_epoch = max(self._iter_epoch, epoch + 1)
+            self._book.finish_epoch(epoch)
 
     # -- consumption ---------------------------------------------------------------------
     def poll(self) -> int:
@@ -359,9 +342,8 @@ class DataPlane:
             self._ledger_rows += len(gathered)
             if len(gathered):
                 # Only a plain DataLoader's workers write the ledger (shmloader.DataLoader's
-                # write none), and for it a gathered row is consumed: delivered as well, so
-                # that under ``complete_on_delivery`` too its tasks complete.
-                self._mark_groups(group_by_segment(gathered), gathered=True, delivered=True)
+                # write none), and for it a gathered row is consumed.
+                self._report(group_by_segment(gathered), gathered=True, consumed=True)
         self.flush_completions()
         return len(gathered)
 
@@ -371,15 +353,11 @@ class DataPlane:
         ``groups``: ``indices`` grouped by segment already (by the gather).
 
         While ``loop_receives`` (shmloader.DataLoader's loop receives this batch next), they
-        are only kept: :meth:`delivered` marks them gathered and delivered in one pass over
+        are only kept: :meth:`delivered` reports them gathered and consumed in one pass over
         the batch's segments. A batch the loop never receives (an exception in between) is
-        then neither, and its rows come again like any unconsumed row (gathered but not
-        delivered, they would too: ``complete_on_delivery``).
+        then neither, and its rows come again like any unconsumed row.
 
-        Otherwise a plain DataLoader gathered them, and for it gathered is consumed: they are
-        marked delivered too. Else a plain loader used after a shmloader.DataLoader over the
-        same dataset (which turns ``complete_on_delivery`` on) never completed a task, and the
-        next pass delivered its rows again.
+        Otherwise a plain DataLoader gathered them, and for it gathered is consumed.
         """
         if groups is None:
             groups = group_by_segment(indices)
@@ -387,7 +365,7 @@ class DataPlane:
             self._grouped = (indices, groups)
             return
         self._grouped = (None, [])
-        self._mark_groups(groups, gathered=True, delivered=True)
+        self._report(groups, gathered=True, consumed=True)
 
     def record_wait(self, seconds: float) -> None:
         """The loop waited ``seconds`` for its next batch (``shmloader.DataLoader`` only)."""
@@ -395,24 +373,18 @@ class DataPlane:
             self.wait_seconds += seconds
             self.batches_delivered += 1
 
-    def delivered(self, indices: np.ndarray, *, gathered: bool = False) -> None:
-        """The training loop received these samples (``shmloader.DataLoader`` only).
-
-        ``gathered``: also mark them gathered, for batches of DataLoader workers that write no
-        ledger (``shmloader.DataLoader``'s: every row the loop receives was gathered, so the
-        ledger would only say it again, later). The batch the trainer gathered last
-        (:meth:`gathered`) is marked gathered here in any case.
-        """
+    def delivered(self, indices: np.ndarray) -> None:
+        """The training loop received these samples (``shmloader.DataLoader`` only): gathered
+        (in a worker, which writes no ledger for this loader, or here: :meth:`gathered`) and
+        consumed."""
         last, groups = self._grouped
         self._grouped = (None, [])
-        if last is not None and (indices is last or np.array_equal(indices, last)):
-            gathered = True
-        else:
+        if last is None or not (indices is last or np.array_equal(indices, last)):
             idx = np.asarray(indices, dtype=np.int64)
             if not len(idx):
                 return
             groups = group_by_segment(idx)
-        self._mark_groups(groups, gathered=gathered, delivered=True)
+        self._report(groups, gathered=True, consumed=True)
 
     def blocked(self) -> bool:
         """Whether a reader of a task the sampler waits for has no room (shm/hints.py)."""
@@ -431,98 +403,36 @@ class DataPlane:
         """Rows the sampler handed out (admitted) and not consumed yet: in flight to the loop,
         or held by a batcher. Their segments cannot go until they are."""
         with self._lock:
-            n = 0
-            for state in self._slots.values():
-                if state.emit is not None and not state.completed:
-                    done = state.n_delivered if self._complete_on_delivery else state.n_gathered
-                    n += len(state.emit) - done
-            return n
+            return self._book.unconsumed_rows()
 
     def dropped(self, indices: np.ndarray) -> None:
         """A batcher dropped these rows for their epoch (``drop_last``): consumed, as if
         gathered and delivered, so their tasks complete and their segments go."""
         idx = np.asarray(indices, dtype=np.int64)
         if len(idx):
-            self._mark_groups(group_by_segment(idx), gathered=True, delivered=True)
+            self._report(group_by_segment(idx), gathered=True, consumed=True)
 
-    def _mark_groups(
-        self, groups: list[SegmentRows], *, gathered: bool, delivered: bool = False
-    ) -> None:
-        """Flag the rows gathered and/or delivered; settle each slot."""
+    def _report(self, groups: list[SegmentRows], *, gathered: bool, consumed: bool) -> None:
         with self._lock:
-            for group in groups:
-                state = self._slots.get(group.slot)
-                if state is None and group.slot < self._next_slot:
-                    continue  # settled already (a row gathered twice after an abandoned pass)
-                if state is None or state.gathered is None or state.delivered is None:
-                    raise ShmloaderError(
-                        f"sample index names slot {group.slot}, which is not admitted"
-                    )
-                # A recount, not a count of fresh rows: exact if a row repeats, and a vectorised
-                # count over one segment's flags costs less than deduplicating the rows.
-                if delivered:
-                    state.delivered[group.rows] = True
-                    state.n_delivered = int(np.count_nonzero(state.delivered))
-                if gathered:
-                    state.gathered[group.rows] = True
-                    state.n_gathered = int(np.count_nonzero(state.gathered))
-                self._settle(state)
-
-    def _settle(self, state: SlotState) -> None:
-        assert state.emit is not None and state.gathered is not None
-        assert state.delivered is not None
-        # Under complete_on_delivery the segment stays until the loop has every row: rows
-        # gathered for an abandoned iterator are gathered again by the next pass.
-        need = len(state.emit)
-        unused = state.n_gathered >= need and (
-            not self._complete_on_delivery or state.n_delivered >= need
-        )
-        if not state.released and unused:
-            if state.has_segment:
-                self._segments.release(slot_name(state.slot), missing_ok=True)
-            state.released = True
-        consumed = state.n_delivered if self._complete_on_delivery else state.n_gathered
-        if not state.completed and consumed >= need:
-            self.outbox.complete(state.task.lease_id, state)
-            state.completed = True
-            self.consumed_records += len(state.emit)
-            self.skipped_records += len(state.task.skipped)
-            ep = self._epoch(state.task.epoch)
-            ep.completed.add(state.task.seq)
-            ep.consumed.append((state.task.task_id, *state.task.records()))
-        if state.released and state.completed:
-            del self._slots[state.slot]
+            self._apply(self._book.report(groups, gathered=gathered, consumed=consumed))
 
     def set_complete_on_delivery(self, value: bool) -> None:
         with self._lock:
             self._complete_on_delivery = value
 
-    def position(self) -> tuple[int, list[int], dict[int, list[int]]]:
-        """(epoch, consumed task positions, consumed rows of partly consumed tasks)."""
-        return self.checkpoint()[:3]
-
-    def checkpoint(self) -> tuple[int, list[int], dict[int, list[int]], Ranges]:
-        """What checkpoints store, for the first epoch not wholly consumed: (epoch, consumed
-        task positions, consumed rows of partly consumed tasks by position, consumed record
-        ranges by task id). Rows excluded on a resume count as consumed."""
+    def position(self) -> Position:
+        """What checkpoints store, for the first epoch not wholly consumed
+        (``ConsumptionBook.position``)."""
         with self._lock:
-            epoch = min(
-                (e for e, st in self._epochs.items() if len(st.completed) < self._tasks(e)),
-                default=self._iter_epoch,
-            )
-            resumed = epoch == self._start_epoch
-            prior = self._prior if resumed else {}
-            st, on_delivery = self._epoch(epoch), self._complete_on_delivery
-            pending = self._partial_before if resumed else {}
-            return epoch, *known.epoch_consumed(st, self._slots, prior, on_delivery, pending)
+            return self._book.position(self._master.epoch_tasks)
 
     def hand_back(self) -> dict[int, list[tuple[int, int]]]:
         """Lease id -> records consumed, of tasks the sampler took and the loop consumed part
         of (rows excluded at admit count as consumed): what a trainer leaving an elastic job
         hands back with its leases (master/handback.py), so that nobody delivers them again."""
         with self._lock:
-            parts = known.partly_consumed(self._slots.values(), self._complete_on_delivery)
-            return {state.task.lease_id: state.records_of(rows) for state, rows in parts}
+            parts = self._book.partly_consumed()
+        return {state.task.lease_id: state.records_of(rows) for state, rows in parts}
 
     def held_for_handover(self) -> tuple[HeldLease, ...]:
         """The leases this trainer holds whose tasks the loop consumed part of, or all of while
@@ -530,20 +440,26 @@ class DataPlane:
         what an elastic trainer's checkpoint names, for the trainer resumed from it to hand
         back (handover.py)."""
         with self._lock:  # both under it: a slot completing meanwhile is in one list or the other
-            parts = known.partly_consumed(self._slots.values(), self._complete_on_delivery)
+            parts = self._book.partly_consumed()
             held = [(s.task, s.records_of(rows)) for s, rows in parts]
             held += [(s.task, [s.task.records()]) for s in self.outbox.unconfirmed()]
         return tuple(HeldLease(t.lease_id, t.epoch, t.task_id, tuple(r)) for t, r in held if r)
 
-    def _tasks(self, epoch: int) -> int:
-        return self._master.epoch_tasks(epoch)
-
     def held_leases(self) -> list[int]:
         """Leases of announced tasks not yet completed: the trainer keeps renewing them."""
         with self._lock:
-            held = [s.task.lease_id for s in self._slots.values() if not s.completed]
+            held = self._book.held_leases()
         return held + [t.lease_id for t in self.ready.pending()]
 
     def live_segments(self) -> list[str]:
         with self._lock:
-            return [slot_name(s) for s, st in self._slots.items() if not st.released]
+            return self._book.live_segments()
+
+    def epochs_kept(self) -> list[int]:
+        """Epochs the book still keeps (finished ones are forgotten: ``forget_finished``)."""
+        with self._lock:
+            return self._book.epochs_kept()
+
+    def announced_kept(self) -> set[tuple[int, int]]:
+        with self._lock:
+            return self._book.announced_kept()

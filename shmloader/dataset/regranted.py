@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 
-from .plane_state import SlotState
+from .accounting import SlotState
 
 log = logging.getLogger("shmloader.dataset.plane")
 
@@ -64,7 +64,6 @@ class Regranted:
         problems: Mapping[int, str],
         states: Iterable[SlotState],
         *,
-        on_delivery: bool,
         epochs: Mapping[int, int],
     ) -> None:
         """After ``lapsed``: keep the epochs of ``problems``' leases (for ``forget_before``),
@@ -85,7 +84,7 @@ class Regranted:
         unwarned = {x for x in problems if x in self._to and x not in self._warned}
         for state in states if unwarned else ():
             if state.task.lease_id in unwarned:
-                self.warn(state, on_delivery=on_delivery)
+                self.warn(state)
 
     def done(self, lease_ids: Iterable[int]) -> None:
         """These leases' tasks completed here, or their copy was dropped: nothing more to say."""
@@ -107,15 +106,15 @@ class Regranted:
         for lease_id in [x for x, e in self._settled.items() if e is None or e < epoch - 1]:
             del self._settled[lease_id]
 
-    def warn(self, state: SlotState, *, on_delivery: bool) -> None:
+    def warn(self, state: SlotState) -> None:
         """Warn once about a task the sampler took, if its lease went to another consumer."""
         task = state.task
-        if task.lease_id not in self._to or task.lease_id in self._warned or state.emit is None:
+        if task.lease_id not in self._to or task.lease_id in self._warned:
             return
         self._warned.add(task.lease_id)
         to, as_lease = self._to[task.lease_id]
-        rows = len(state.emit)
-        so_far = min(rows, state.n_delivered if on_delivery else state.n_gathered)
+        rows = len(state.to_deliver)
+        so_far = min(rows, state.n_consumed)
         self.tasks += 1
         self.records += rows
         start, stop = task.records()

@@ -24,10 +24,10 @@ import numpy as np
 import torch.utils.data
 
 from ..errors import ConfigError, ShmSpaceError
-from .awaited import StrayCount
 from .consumed import row_records
 from .gather import split_indices
 from .ready import ReadyTask, ReadyTasks
+from .strays import StrayCount
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class Feed(Protocol):
 
     def look_at_strays(self) -> StrayCount:
         """Of the tasks given up as elsewhere, how many may still come here and how many
-        another trainer took in hand (awaited.py)."""
+        another trainer took in hand (strays.py)."""
         ...
 
     def completes_on_delivery(self) -> bool:

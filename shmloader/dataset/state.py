@@ -54,15 +54,16 @@ def loader_state(ds: SharedTaskDataset) -> dict[str, Any]:
             "master": runtime.address,
             **taken,
         }
-    epoch, completed, partial, consumed = plane.checkpoint()
+    at = plane.position()
+    epoch = at.epoch
     return {
         **taken,
         "format": STATE_FORMAT,
         "dataset": _identity(ds),
         "epoch": epoch,
-        "completed_seqs": completed,
-        "partial_seqs": {str(k): v for k, v in partial.items()},
-        "consumed": {str(t): [list(r) for r in rs] for t, rs in consumed.items()},
+        "completed_seqs": at.completed,
+        "partial_seqs": {str(k): v for k, v in at.partial.items()},
+        "consumed": {str(t): [list(r) for r in rs] for t, rs in at.ranges.items()},
         # Positions of a job resumed from ranges are in its reduced schedule: such a state
         # must resume from ranges too.
         "resumed": ds._resume is not None and epoch == ds._start_epoch,

@@ -16,6 +16,7 @@ import numpy as np
 from ..shm.kept import KeptMappings
 from ..shm.region import Placed, Region
 from ..shm.store import read_segment
+from .accounting import slot_name
 from .gather import (
     BatchSegments,
     ColumnView,
@@ -31,7 +32,6 @@ from .gather import (
 )
 from .ledger import LedgerWriter, ledger_dir
 from .parsed import ParsedViews
-from .plane import slot_name
 from .ring import BatchRing, RingBatch
 from .window import SlotTable
 

@@ -14,12 +14,27 @@ dropped because its lease lapsed, lease_check.py), the sampler takes it as it ca
 from __future__ import annotations
 
 import threading
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..reader.messages import task_key
-from . import plane_state as known
-from .plane_state import LeaseOps, SegmentOps
+from .master_ops import LeaseOps
 from .ready import ReadyTask, ReadyTasks
+
+if TYPE_CHECKING:
+    from .plane import SegmentOps
+
+# Whereabouts (Dispatcher.whereabouts) of a task the sampler waits for that may still come. A
+# quarantined one never does, but is waited for all the same: the runtime raises its loss in
+# the loop (TaskQuarantinedError), as it does for one trainer, rather than the pass ending
+# without it.
+MAY_COME = frozenset({"todo", "mine", "quarantined"})
+# Of a task given up as elsewhere: it cannot come here any more ("done"), or may ("todo",
+# "mine", or "other": another trainer's readers hold it and that trainer may die before it
+# takes it in hand). One another trainer took in hand ("taken") comes back only if that trainer
+# dies: kept as a stray (see take_strays), but not waited for.
+DONE_ELSEWHERE = frozenset({"done"})
+TAKEN_ELSEWHERE = "taken"
+MAY_BE_WAITED_FOR = frozenset({"todo", "mine", "other", "quarantined"})
 
 
 class StrayCount(NamedTuple):
@@ -30,7 +45,7 @@ class StrayCount(NamedTuple):
     taken_elsewhere: int
 
 
-class Awaited:
+class Strays:
     """The strays, and what readers were told (thread-safe; its lock is taken inside the
     plane's, and no other lock inside its own)."""
 
@@ -63,7 +78,7 @@ class Awaited:
         if not seqs:
             return set()
         where = self._master.whereabouts(epoch, seqs)
-        gone = {s for s, w in zip(seqs, where, strict=True) if w not in known.MAY_COME}
+        gone = {s for s, w in zip(seqs, where, strict=True) if w not in MAY_COME}
         with self._lock:
             self.strays.update((epoch, s) for s in gone)
         return gone
@@ -81,11 +96,9 @@ class Awaited:
         may_come = taken = 0
         for epoch, seqs in by_epoch.items():
             where = self._master.whereabouts(epoch, seqs)
-            may_come += sum(w in known.MAY_BE_WAITED_FOR for w in where)
-            taken += sum(w == known.TAKEN_ELSEWHERE for w in where)
-            finished = {
-                (epoch, s) for s, w in zip(seqs, where, strict=True) if w in known.DONE_ELSEWHERE
-            }
+            may_come += sum(w in MAY_BE_WAITED_FOR for w in where)
+            taken += sum(w == TAKEN_ELSEWHERE for w in where)
+            finished = {(epoch, s) for s, w in zip(seqs, where, strict=True) if w in DONE_ELSEWHERE}
             with self._lock:
                 self.strays -= finished
         return StrayCount(may_come, taken)

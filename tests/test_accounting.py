@@ -1,0 +1,207 @@
+"""The trainer's consumption accounting alone (``accounting.ConsumptionBook``): no store, no
+master, no threads. Each test drives the book through one of the cases where exactly-once is
+at stake and checks the effects it returns and what it says is consumed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shmloader.dataset.accounting import (
+    Complete,
+    ConsumptionBook,
+    MarkTaken,
+    Release,
+    Rename,
+    slot_name,
+)
+from shmloader.dataset.gather import group_by_segment, split_indices
+from shmloader.dataset.ready import ReadyTask
+from shmloader.errors import ShmloaderError
+
+ROWS = 8  # rows per task
+
+
+def task(seq: int, *, epoch: int = 0, lease: int | None = None, **kw: object) -> ReadyTask:
+    """Task ``seq`` of ``epoch``: records ``seq * ROWS`` on, in segment ``r<epoch>-<seq>``."""
+    return ReadyTask(
+        epoch,
+        seq,
+        seq,  # task id
+        kw.pop("segment", f"r{epoch}-{seq}"),  # type: ignore[arg-type]
+        ROWS,
+        100 * epoch + seq if lease is None else lease,
+        seq * ROWS,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def admitted(book: ConsumptionBook, t: ReadyTask, excluded: np.ndarray | None = None):
+    assert book.announce(t.epoch, t.seq, t.segment, t.lease_id) == []
+    return book.admit(t, excluded)
+
+
+def consume(book: ConsumptionBook, indices: np.ndarray, *, gathered: bool = True):
+    return book.report(group_by_segment(indices), gathered=gathered, consumed=True)
+
+
+def rows_of(indices: np.ndarray) -> list[int]:
+    return split_indices(indices)[1].tolist()
+
+
+def test_a_task_is_released_and_completed_once_every_row_is_consumed() -> None:
+    book = ConsumptionBook()
+    t = task(0)
+    indices, effects = admitted(book, t)
+    slot = int(split_indices(indices)[0][0])
+    assert effects[0] == Rename("r0-0", slot_name(slot))
+    assert isinstance(effects[1], MarkTaken) and effects[1].slot.task == t
+    assert rows_of(indices) == list(range(ROWS))
+    assert consume(book, indices[:5]) == []
+    assert book.unconsumed_rows() == 3
+    effects = consume(book, indices[5:])
+    assert [type(e) for e in effects] == [Release, Complete]
+    assert effects[0] == Release(slot_name(slot))
+    assert effects[1].lease_id == t.lease_id
+    assert book.consumed_records == ROWS and book.live_segments() == []
+    # A row gathered again after it was settled (an abandoned pass's worker) changes nothing.
+    assert consume(book, indices[:1]) == []
+    assert book.position(lambda e: 1).completed == [0]
+
+
+def test_rows_gathered_for_a_pass_left_early_come_back_in_the_order_handed_out() -> None:
+    """``break`` under shmloader.DataLoader: workers gathered rows the loop never received.
+    They are not consumed: the task is not completed, its segment is kept (the next pass
+    gathers them again), and the next pass gets them first, in the order they were handed out;
+    the checkpoint names exactly the rows received."""
+    book = ConsumptionBook()
+    first, _ = admitted(book, task(0))
+    second, _ = admitted(book, task(1))
+    order = np.concatenate([second[::-1], first])  # the sampler's shuffled order
+    book.handed_out(order)
+    received = order[:6]
+    assert consume(book, received) == []  # the loop got these
+    # Workers gathered the next four for batches the loop never received.
+    assert book.report(group_by_segment(order[6:10]), gathered=True, consumed=False) == []
+    again, older = book.unconsumed_in_order(0)
+    assert older == 0
+    assert again.tolist() == order[6:].tolist()
+    at = book.position(lambda e: 2)
+    assert at.completed == [] and at.partial == {1: sorted(rows_of(received))}
+    assert at.ranges == {1: [(ROWS + 2, 2 * ROWS)]}
+    # The next pass consumes the rest: both tasks complete, each once.
+    effects = consume(book, again)
+    assert sorted(e.lease_id for e in effects if isinstance(e, Complete)) == [0, 1]
+    assert len([e for e in effects if isinstance(e, Release)]) == 2
+    assert book.unconsumed_in_order(0)[0].tolist() == []
+    assert book.consumed_records == 2 * ROWS
+
+
+def test_a_segment_stays_until_every_row_is_gathered_as_well_as_consumed() -> None:
+    book = ConsumptionBook()
+    indices, _ = admitted(book, task(0))
+    effects = book.report(group_by_segment(indices), gathered=False, consumed=True)
+    assert [type(e) for e in effects] == [Complete]  # consumed: the task is done ...
+    assert book.live_segments() == [slot_name(1)]
+    effects = book.report(group_by_segment(indices), gathered=True, consumed=False)
+    assert effects == [Release(slot_name(1))]  # ... and once gathered, nothing reads it
+    assert book.live_segments() == []
+
+
+def test_a_resume_leaves_out_what_the_loaded_state_consumed() -> None:
+    """A state saved in epoch 1 with task 0 consumed whole, rows 0..2 of task 1, and records
+    of task 3 consumed by another trainer (``prior``): none of it comes again, and a state
+    saved before those tasks are admitted still names it."""
+    partial = {1: np.array([0, 1, 2])}
+    book = ConsumptionBook(
+        start_epoch=1,
+        prior={3: [(24, 28)]},
+        done_before=frozenset({(1, 0)}),
+        partial_before=partial,
+    )
+    book.resumed_before(1, ROWS + 3 + 4)
+    at = book.position(lambda e: 4)
+    assert (at.epoch, at.completed, at.partial) == (1, [0], {1: [0, 1, 2]})
+    assert at.ranges == {3: [(24, 28)]}
+    assert book.rows_left(1, 4 * ROWS) == 4 * ROWS - (ROWS + 3 + 4)
+    indices, effects = admitted(book, task(1, epoch=1), excluded=partial[1])
+    assert rows_of(indices) == list(range(3, ROWS))
+    at = book.position(lambda e: 4)
+    assert at.partial == {1: [0, 1, 2]}  # now as the admitted task's consumed rows
+    assert at.ranges == {1: [(ROWS, ROWS + 3)], 3: [(24, 28)]}
+    effects = consume(book, indices)
+    assert [e.lease_id for e in effects if isinstance(e, Complete)] == [101]
+    assert book.consumed_records == ROWS - 3
+    assert book.position(lambda e: 4).completed == [0, 1]
+
+
+def test_a_task_consumed_before_the_resume_and_not_read_again_completes_at_once() -> None:
+    book = ConsumptionBook(start_epoch=0, done_before=frozenset())
+    t = task(0, segment="")  # the resumed master hands it out with no rows left to read
+    indices, effects = admitted(book, t, excluded=np.arange(ROWS))
+    assert len(indices) == 0
+    assert [type(e) for e in effects] == [MarkTaken, Complete]  # no segment: no Rename/Release
+
+
+def test_rows_a_leaving_trainer_handed_back_are_not_delivered_again() -> None:
+    book = ConsumptionBook()
+    t = task(2, consumed=((16, 20),))  # records 16..19 are rows 0..3
+    indices, _ = admitted(book, t)
+    assert rows_of(indices) == [4, 5, 6, 7]
+    assert book.partly_consumed()[0][1].tolist() == [0, 1, 2, 3]
+    assert [type(e) for e in consume(book, indices)] == [Release, Complete]
+
+
+def test_a_task_read_again_after_its_reader_died_is_delivered_once() -> None:
+    """Its first reader's lease lapsed and another reader read it again: the second copy is
+    dropped (segment released, its lease completed), whenever it comes."""
+    book = ConsumptionBook()
+    indices, _ = admitted(book, task(0))
+    assert book.announce(0, 0, "r0-0-again", 7) == [Release("r0-0-again"), Complete(7)]
+    assert book.duplicates == 1
+    consume(book, indices)
+    assert book.announce(0, 0, "r0-0-late", 8) == [Release("r0-0-late"), Complete(8)]
+    assert book.duplicates == 2 and book.consumed_records == ROWS
+
+
+def test_a_ready_copy_not_delivered_lets_a_new_copy_in() -> None:
+    """A ready copy whose lease lapsed before the sampler took it is dropped; the copy the
+    next holder's reader writes is then welcome (it is not a duplicate)."""
+    book = ConsumptionBook()
+    t = task(0)
+    assert book.announce(0, 0, t.segment, t.lease_id) == []
+    assert book.not_delivered(t) == [Release(t.segment)]
+    assert book.announce(0, 0, "r0-0-again", 9) == []
+    assert book.duplicates == 0
+
+
+def test_a_late_task_of_an_older_epoch_is_delivered_in_a_later_pass() -> None:
+    """Trainers sharing epochs: a task of epoch 0 that came back after its holder died is
+    admitted while the sampler is in epoch 1; left unconsumed, it comes back first, counted
+    as an older epoch's rows."""
+    book = ConsumptionBook()
+    book.finish_epoch(0)
+    late, _ = admitted(book, task(5, epoch=0))
+    current, _ = admitted(book, task(0, epoch=1))
+    book.handed_out(np.concatenate([late, current]))
+    rows, older = book.unconsumed_in_order(1)
+    assert rows.tolist() == [*late.tolist(), *current.tolist()] and older == ROWS
+    consume(book, rows)
+    assert book.consumed_records == 2 * ROWS
+
+
+def test_a_copy_of_a_finished_epoch_is_dropped_once_the_epoch_is_forgotten() -> None:
+    book = ConsumptionBook()
+    indices, _ = admitted(book, task(0))
+    consume(book, indices)
+    book.finish_epoch(0)
+    assert book.forget_finished(1) == 1
+    assert book.epochs_kept() == [] and book.announced_kept() == set()
+    # A reader whose lease lapsed while it read writes its copy after the master finished it.
+    assert book.announce(0, 3, "late", 55) == [Release("late"), Complete(55)]
+
+
+def test_an_index_of_a_slot_never_admitted_is_an_error() -> None:
+    book = ConsumptionBook()
+    with pytest.raises(ShmloaderError, match="slot 7, which is not admitted"):
+        consume(book, np.array([7 << 32], dtype=np.int64))
