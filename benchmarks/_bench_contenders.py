@@ -192,7 +192,8 @@ def run_gather(spec: Spec) -> dict[str, Any]:
     store = SegmentStore.create(spec["budget"])
     handle = store.handle()
     gatherer = Gatherer(handle, list(segments[0].schema.names))
-    gatherer.write_ledger = spec["how"] != "Gatherer-noledger"
+    if spec["how"] == "Gatherer-noledger":
+        gatherer.serve_the_loop(0)  # as in shmloader.DataLoader's workers: no ledger
     copy = gatherer.gather if spec["how"].startswith("Gatherer") else None
     out = []
     try:

@@ -66,7 +66,7 @@ _EXPORTS: dict[str, str] = {
     # dataset
     "SharedTaskDataset": "shmloader.dataset.dataset",
     "DataLoader": "shmloader.dataset.loader",
-    "merge_states": "shmloader.dataset.state",
+    "merge_states": "shmloader.dataset.checkpoint",
     "Stats": "shmloader.stats.stats",
     # augmentation
     "task_rng": "shmloader.augment",
@@ -75,9 +75,9 @@ _EXPORTS: dict[str, str] = {
 # The same names for type checkers and IDEs; at run time each loads on first use.
 if TYPE_CHECKING:
     from shmloader.augment import task_rng
+    from shmloader.dataset.checkpoint import merge_states
     from shmloader.dataset.dataset import SharedTaskDataset
     from shmloader.dataset.loader import DataLoader
-    from shmloader.dataset.state import merge_states
     from shmloader.errors import (
         ConfigError,
         CorruptRecordError,

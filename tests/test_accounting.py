@@ -15,6 +15,7 @@ from shmloader.dataset.accounting import (
     Rename,
     slot_name,
 )
+from shmloader.dataset.checkpoint import ResumePoint
 from shmloader.dataset.gather import group_by_segment, split_indices
 from shmloader.dataset.ready import ReadyTask
 from shmloader.errors import ShmloaderError
@@ -36,9 +37,9 @@ def task(seq: int, *, epoch: int = 0, lease: int | None = None, **kw: object) ->
     )
 
 
-def admitted(book: ConsumptionBook, t: ReadyTask, excluded: np.ndarray | None = None):
+def admitted(book: ConsumptionBook, t: ReadyTask):
     assert book.announce(t.epoch, t.seq, t.segment, t.lease_id) == []
-    return book.admit(t, excluded)
+    return book.admit(t)
 
 
 def consume(book: ConsumptionBook, indices: np.ndarray, *, gathered: bool = True):
@@ -112,19 +113,19 @@ def test_a_resume_leaves_out_what_the_loaded_state_consumed() -> None:
     """A state saved in epoch 1 with task 0 consumed whole, rows 0..2 of task 1, and records
     of task 3 consumed by another trainer (``prior``): none of it comes again, and a state
     saved before those tasks are admitted still names it."""
-    partial = {1: np.array([0, 1, 2])}
-    book = ConsumptionBook(
-        start_epoch=1,
-        prior={3: [(24, 28)]},
-        done_before=frozenset({(1, 0)}),
-        partial_before=partial,
+    resume = ResumePoint(
+        epoch=1,
+        done=frozenset({0}),
+        partial={1: np.array([0, 1, 2])},
+        consumed={3: [(24, 28)]},
+        consumed_records=ROWS + 3 + 4,
     )
-    book.resumed_before(1, ROWS + 3 + 4)
+    book = ConsumptionBook(start_epoch=1, resume=resume)
     at = book.position(lambda e: 4)
     assert (at.epoch, at.completed, at.partial) == (1, [0], {1: [0, 1, 2]})
     assert at.ranges == {3: [(24, 28)]}
     assert book.rows_left(1, 4 * ROWS) == 4 * ROWS - (ROWS + 3 + 4)
-    indices, effects = admitted(book, task(1, epoch=1), excluded=partial[1])
+    indices, effects = admitted(book, task(1, epoch=1))
     assert rows_of(indices) == list(range(3, ROWS))
     at = book.position(lambda e: 4)
     assert at.partial == {1: [0, 1, 2]}  # now as the admitted task's consumed rows
@@ -136,9 +137,9 @@ def test_a_resume_leaves_out_what_the_loaded_state_consumed() -> None:
 
 
 def test_a_task_consumed_before_the_resume_and_not_read_again_completes_at_once() -> None:
-    book = ConsumptionBook(start_epoch=0, done_before=frozenset())
+    book = ConsumptionBook(resume=ResumePoint(partial={0: np.arange(ROWS)}))
     t = task(0, segment="")  # the resumed master hands it out with no rows left to read
-    indices, effects = admitted(book, t, excluded=np.arange(ROWS))
+    indices, effects = admitted(book, t)
     assert len(indices) == 0
     assert [type(e) for e in effects] == [MarkTaken, Complete]  # no segment: no Rename/Release
 
@@ -205,3 +206,20 @@ def test_an_index_of_a_slot_never_admitted_is_an_error() -> None:
     book = ConsumptionBook()
     with pytest.raises(ShmloaderError, match="slot 7, which is not admitted"):
         consume(book, np.array([7 << 32], dtype=np.int64))
+
+
+def test_a_resume_in_an_epoch_this_trainer_does_not_start_in_counts_nothing_consumed() -> None:
+    """A standalone master may be past the loaded state's epoch: its positions name tasks of
+    an epoch this trainer never iterates, and nothing of the epoch it does start in is
+    consumed."""
+    resume = ResumePoint(epoch=0, done=frozenset({0}), consumed={0: [(0, ROWS)]})
+    book = ConsumptionBook(start_epoch=2, resume=resume)
+    at = book.position(lambda e: 3)
+    assert (at.epoch, at.completed, at.ranges) == (2, [], {})
+    indices, _ = admitted(book, task(0, epoch=2))
+    assert rows_of(indices) == list(range(ROWS))
+
+
+def test_a_state_saved_after_the_last_epoch_puts_the_sampler_past_it() -> None:
+    book = ConsumptionBook(start_epoch=1, resume=ResumePoint(epoch=1, finished=True))
+    assert book.epoch_to_iterate() == 2

@@ -16,6 +16,7 @@ from _dataset_helpers import dataset, ids_of, write_dataset
 import shmloader
 from shmloader.dataset import ring as ring_module
 from shmloader.dataset.gather import block_layout
+from shmloader.dataset.loader import ring_slots
 from shmloader.dataset.ring import RING_PREFIX, BatchRing, RingBatch, RingColumn
 
 SIZES = [400, 333]
@@ -91,7 +92,7 @@ def test_workers_hand_batches_over_through_rings(
             assert sorted(got) == expected
         assert len(_mapped_rings(ds)) == 2  # one ring per worker, mapped here: the path was taken
         gatherer = ds._gatherer
-        assert gatherer is not None and gatherer.ring_slots == 0  # set for the workers only
+        assert gatherer is not None and gatherer._ring_slots == 0  # set for the workers only
         # A plain DataLoader's workers, started afterwards, use torch's transport.
         plain = torch.utils.data.DataLoader(
             ds,
@@ -134,6 +135,6 @@ def test_batches_dropped_by_a_broken_off_loop_free_their_slots(
         assert set(got) <= set(expected) and len(got) == len(set(got))
         rings = _mapped_rings(ds)
         assert len(rings) == 2
-        slots = ds._gatherer.ring_slots or 4  # set for the workers only; 4: prefetch 2 + 2
+        slots = ring_slots(2)  # the workers' (prefetch_factor 2)
         busy = [bytes(ring_module._MAPPED[p][:slots]) for p in rings]
         assert busy == [bytes(slots)] * 2, f"slots still taken after a full pass: {busy}"

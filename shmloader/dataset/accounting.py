@@ -24,15 +24,29 @@ out, the moment a plain loader's rows count as delivered.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import ShmloaderError
+from .checkpoint import FRESH_START, ResumePoint
 from .consumed import Ranges, row_records, rows_in, to_ranges, union
 from .gather import SegmentRows, encode_indices, split_indices
 from .ready import ReadyTask
+
+
+class ConsumedWhen(enum.Enum):
+    """When a loader's rows count as consumed, fixed when its batcher is made: it decides who
+    reports them (the book itself has no mode)."""
+
+    #: A plain DataLoader: as a worker (through the ledger) or the training process gathers
+    #: them. The dataset cannot see what the loop then receives.
+    GATHERED = "gathered"
+    #: ``shmloader.DataLoader``: as its loop receives each batch.
+    DELIVERED = "delivered"
+
 
 UNRANKED = np.iinfo(np.int64).max  # the rank of a row never handed out (SlotState.ranks_of)
 
@@ -151,20 +165,14 @@ class ConsumptionBook:
     """The trainer's consumption accounting (see the module docstring). Not thread-safe: the
     data plane calls it under its lock.
 
-    ``start_epoch``, ``prior``, ``done_before``, ``partial_before``: what a loaded state
-    consumed, as the resume left it: the epoch it resumes, its records consumed by task id
-    (kept in checkpoints), its tasks consumed whole as (epoch, position), and its consumed rows
-    of tasks consumed in part, by position (in checkpoints until those tasks are admitted).
+    ``start_epoch``: the first epoch this trainer iterates. ``resume``: where a loaded state
+    left the job; what it consumed counts as consumed here (left out when its tasks are
+    admitted, and kept in checkpoints) if this trainer starts in its epoch (a standalone
+    master may be past it).
     """
 
-    def __init__(
-        self,
-        *,
-        start_epoch: int = 0,
-        prior: Ranges | None = None,
-        done_before: frozenset[tuple[int, int]] = frozenset(),
-        partial_before: Mapping[int, np.ndarray] | None = None,
-    ) -> None:
+    def __init__(self, *, start_epoch: int = 0, resume: ResumePoint = FRESH_START) -> None:
+        here = start_epoch == resume.epoch
         self._slots: dict[int, SlotState] = {}
         self._epochs: dict[int, EpochState] = {}
         self._announced: set[tuple[int, int]] = set()
@@ -174,13 +182,21 @@ class ConsumptionBook:
         self._handed_out = 0  # rows the sampler handed out so far (their ranks)
         self._iter_epoch = start_epoch
         self._start_epoch = start_epoch
-        self._prior: Ranges = dict(prior or {})
-        self._done_before = done_before
-        for epoch, seq in done_before:
+        self._resume = resume
+        # Records of the start epoch consumed before the resume (kept in checkpoints).
+        self._prior: Ranges = dict(resume.consumed or {}) if here else {}
+        # Tasks a loaded state consumed whole: done at a standalone master, not elsewhere.
+        self._done_before = resume.skip_tasks() if here else frozenset()
+        for epoch, seq in self._done_before:
             self._epoch(epoch).completed.add(seq)
-        self._partial_before = dict(partial_before or {})
+        # Rows it consumed of tasks it consumed part of: in checkpoints until admitted.
+        self._partial_before = dict(resume.partial) if here else {}
         # Records a loaded state consumed, by epoch, of tasks not admitted yet (rows_left).
         self._before: dict[int, int] = {}
+        if resume.finished:  # saved after the last epoch: the sampler is past it
+            self.finish_epoch(resume.epoch)
+        elif resume.by_position:
+            self._before[resume.epoch] = resume.consumed_records
         self._forgotten = 0  # epochs before this are finished and forgotten
         # Whether some task of an epoch went to another consumer, or was done before this
         # trainer started: then what this trainer consumed is not the epoch's position.
@@ -212,16 +228,15 @@ class ConsumptionBook:
         return [Release(task.segment)] if task.segment else []
 
     # -- the sampler's side --------------------------------------------------------------
-    def admit(
-        self, task: ReadyTask, excluded: np.ndarray | None
-    ) -> tuple[np.ndarray, list[Effect]]:
+    def admit(self, task: ReadyTask) -> tuple[np.ndarray, list[Effect]]:
         """Number ``task`` with the next slot and start keeping its rows; returns the sample
         indices of the rows to deliver, and the effects.
 
-        ``excluded``: rows a loaded state consumed (not delivered again). Rows that earlier
-        holders handed back (``task.consumed``) are left out too. A task with nothing left to
-        deliver is completed at once.
+        Rows a loaded state consumed are left out (not delivered again), and so are those that
+        earlier holders handed back (``task.consumed``). A task with nothing left to deliver
+        is completed at once.
         """
+        excluded = self._resume.excluded(task.epoch, task.seq)
         rows = np.arange(task.num_rows, dtype=np.int64)
         if excluded is not None and len(excluded):
             rows = np.setdiff1d(rows, excluded)
@@ -268,10 +283,6 @@ class ConsumptionBook:
 
     def epoch_to_iterate(self) -> int:
         return self._iter_epoch
-
-    def resumed_before(self, epoch: int, records: int) -> None:
-        """A loaded state consumed ``records`` of ``epoch``, of tasks not admitted yet."""
-        self._before[epoch] = records
 
     def note_elsewhere(self, epoch: int, seqs: Iterable[int]) -> None:
         """The master says tasks ``seqs`` of ``epoch`` will not come here: unless a loaded

@@ -21,6 +21,7 @@ from ..shm.sizes import parse_size
 from ..shm.store import SegmentStore
 from ..sources.base import Source
 from . import ring
+from .checkpoint import FRESH_START
 from .gather import ROW_BITS, encode_indices, gather, segment_views
 from .launcher import TORCHRUN, Rendezvous, rendezvous_from_env
 from .ring import RingBatch
@@ -30,7 +31,7 @@ from .worker import Gatherer
 if TYPE_CHECKING:
     from ..master.tasks import DdpPolicy
     from ..stats.stats import Stats
-    from .handover import Handover
+    from .checkpoint import DatasetFacts
     from .runtime import Runtime, RuntimeConfig
 
 
@@ -172,15 +173,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self.shm_dir = shm_dir
         self._columns = list(columns) if columns is not None else None
         self._columns_checked = False  # columns= against the data, at the first gather
-        self._complete_on_delivery = False
-        self._exclude: dict[tuple[int, int], np.ndarray] = {}
-        self._skip_tasks: set[tuple[int, int]] = set()
-        self._start_epoch = 0
-        self._resume: dict[int, list[tuple[int, int]]] | None = None
-        self._resumed_records = 0  # of _start_epoch, consumed before a resume (state.py)
-        self._loaded: dict[int, list[tuple[int, int]]] | None = None  # its ranges (state.py)
-        self._finished = False  # a state saved after the last epoch was loaded (state.py)
-        self._handover: Handover | None = None  # a loaded elastic state's (handover.py)
+        self._resume = FRESH_START  # where a loaded state leaves the job (checkpoint.py)
         self._runtime: Runtime | None = None
         self._sampler: TaskSampler | None = None
         self._lock = threading.Lock()
@@ -234,18 +227,47 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
                 self._runtime = runtime
                 if self._gatherer is not None:
                     self._gatherer.report_to(runtime.plane.gathered)
-                self._resumed(runtime)
             return self._runtime
 
-    def _resumed(self, runtime: Runtime) -> None:
-        """Tell the sampler where a loaded state left the epoch before it first asks: a state
-        saved after the last epoch puts it past that epoch (state.py), and what a state
-        consumed of tasks the master hands out again is not counted by ``len``."""
-        config = runtime.config  # the runtime drops positions a resumed master left out
-        if self._finished:
-            runtime.plane.finish_epoch(config.start_epoch)
-        elif config.skip_tasks or config.exclude:
-            runtime.plane.resumed_before(config.start_epoch, self._resumed_records)
+    # -- checkpoints -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loop is: the epoch and the rows of it consumed so far (JSON-able); see
+        ``shmloader.DataLoader.state_dict``, which returns the same."""
+        from .checkpoint import saved_state
+
+        return saved_state(self._facts(), self._ensure_started(), self._resume)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``; call before the first iteration (the readers start from
+        it). The last state loaded counts."""
+        from .checkpoint import resume_point
+
+        if self._runtime is not None:
+            raise ConfigError(
+                "load_state_dict must come before the first iteration (the readers start from "
+                "it); make a new dataset and loader to resume"
+            )
+        self._resume = resume_point(self._facts(), state)
+
+    def _facts(self) -> DatasetFacts:
+        from .checkpoint import DatasetFacts, identity
+
+        return DatasetFacts(
+            identity=identity(
+                self.source,
+                records_per_task=self.records_per_task,
+                seed=self.seed,
+                shuffle=self.shuffle,
+                world_size=self.world_size,
+                rank=self.rank,
+                ddp_policy=self.ddp_policy,
+            ),
+            source=self.source,
+            records_per_task=self.records_per_task,
+            epochs=self.epochs,
+            master_given=self.master is not None,
+            standalone_master=self.master is not None and self._rendezvous is None,
+        )
 
     def _runtime_config(self) -> RuntimeConfig:
         from .runtime import RuntimeConfig
@@ -267,13 +289,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             ddp_policy=self.ddp_policy,
             lease_timeout=self.lease_timeout,
             max_retries=self.max_retries,
-            complete_on_delivery=self._complete_on_delivery,
-            exclude=dict(self._exclude),
-            skip_tasks=frozenset(self._skip_tasks),
-            start_epoch=self._start_epoch,
             resume=self._resume,
-            loaded=self._loaded,
-            handover=self._handover,
             # Two windows: the block the sampler takes next and the one after it.
             ready_ahead=2 * self.shuffle_window,
             columns=None if self._columns is None else tuple(self._columns),
@@ -328,8 +344,33 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         :class:`~shmloader.dataset.ring.RingBatch` that the loader turns into one."""
         return self._gather(indices, ring=True)
 
+    def gather(
+        self, indices: Sequence[int] | np.ndarray, *, consumed: bool = True
+    ) -> dict[str, Any]:
+        """The batch of sample indices (as the sampler hands them out), gathered in this
+        process. ``consumed=False``: the rows count as consumed only once the caller reports
+        that its loop received them (``shmloader.DataLoader`` does)."""
+        batch = self._gather(indices, ring=False, consumed=consumed)
+        assert isinstance(batch, dict)  # no ring outside a worker
+        return batch
+
+    def serve_the_loop(self, ring_slots: int) -> None:
+        """In a worker of ``shmloader.DataLoader`` (its ``worker_init_fn``): hand batches over
+        through a ring of ``ring_slots`` slots, and leave reporting them to the loader."""
+        if self._gatherer is not None:
+            self._gatherer.serve_the_loop(ring_slots)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def store_path(self) -> str | None:
+        """The folder of this dataset's shared memory (None in a worker's copy)."""
+        return None if self._store is None else self._store.path
+
     def _gather(
-        self, indices: Sequence[int] | np.ndarray, *, ring: bool
+        self, indices: Sequence[int] | np.ndarray, *, ring: bool, consumed: bool = True
     ) -> dict[str, Any] | RingBatch:
         gatherer = self._gatherer
         if gatherer is None:
@@ -345,7 +386,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
                     f"have; its columns: {', '.join(have)}"
                 )
             self._columns_checked = True
-        return gatherer.gather(indices, ring=ring)
+        return gatherer.gather(indices, ring=ring, consumed=consumed)
 
     @staticmethod
     def _columns_of(gatherer: Gatherer, indices: Sequence[int] | np.ndarray) -> list[str]:

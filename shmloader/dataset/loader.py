@@ -19,18 +19,49 @@ import torch.utils.data
 from ..errors import ConfigError
 from ..shm.budget import closed_error
 from . import ring
+from .accounting import ConsumedWhen
 from .dataset import SharedTaskDataset
 from .ring import MAX_RING_SLOTS, RingBatch
 from .sampler import TaskBatchSampler
-from .state import loader_state, restore_state
+
+
+def ring_slots(prefetch_factor: int | None) -> int:
+    """Slots of each worker's batch ring: a worker has at most ``prefetch_factor`` batches in
+    flight, and one more being made."""
+    return min((prefetch_factor or 2) + 2, MAX_RING_SLOTS)
+
+
+class _WorkerInit:
+    """``worker_init_fn`` of shmloader.DataLoader's workers: their copy of the dataset hands
+    batches over through rings and writes no ledger (``Gatherer.serve_the_loop``); then the
+    user's ``worker_init_fn``. A plain DataLoader's workers over the same dataset keep torch's
+    transport and the ledger."""
+
+    def __init__(self, slots: int, then: Callable[[int], None] | None) -> None:
+        self.slots = slots
+        self.then = then
+
+    def __call__(self, worker_id: int) -> None:
+        info = torch.utils.data.get_worker_info()
+        assert info is not None  # torch calls it in a worker
+        dataset: SharedTaskDataset = info.dataset  # type: ignore[assignment]
+        dataset.serve_the_loop(self.slots)
+        if self.then is not None:
+            self.then(worker_id)
 
 
 class _RecordingBatchSampler(TaskBatchSampler):
-    """The dataset's batches, remembered in the order they are issued: the loader marks each
+    """The dataset's batches, remembered in the order they are issued: the loader reports each
     delivered as the loop receives it."""
 
     def __init__(self, dataset: SharedTaskDataset, batch_size: int, drop_last: bool) -> None:
-        super().__init__(dataset.sampler(), batch_size, drop_last, **dataset._batcher_hooks())
+        super().__init__(
+            dataset.sampler(),
+            batch_size,
+            drop_last,
+            **dataset._batcher_hooks(),
+            consumed_when=ConsumedWhen.DELIVERED,
+        )
         self.issued: deque[np.ndarray] = deque()
 
     def __iter__(self) -> Iterator[np.ndarray]:
@@ -98,10 +129,11 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             kwargs.pop(name, None)
         if kwargs.get("in_order") is False:
             raise ConfigError("shmloader.DataLoader needs in_order=True to know what was delivered")
-        dataset._complete_on_delivery = True
-        if dataset._runtime is not None:
-            dataset._runtime.plane.set_complete_on_delivery(True)
         self._recorder = _RecordingBatchSampler(dataset, batch_size, drop_last)
+        # Workers copy the dataset when they start; rings where torch's pinning thread does not
+        # want tensors.
+        slots = 0 if kwargs.get("pin_memory") else ring_slots(kwargs.get("prefetch_factor"))
+        kwargs["worker_init_fn"] = _WorkerInit(slots, kwargs.get("worker_init_fn"))
         super().__init__(
             dataset,
             # torch hands each batch to __getitems__ unchanged, arrays as well as lists.
@@ -115,7 +147,6 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         began = time.perf_counter()  # the loop waits for data from here (workers start too) ...
         batches = self._passes()
         while True:
-            plane.loop_receives = True  # rows gathered here now: consumed once received
             try:
                 self._check_open()
                 batch = next(batches)
@@ -124,8 +155,6 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             except Exception as exc:
                 self._check_open(exc)
                 raise
-            finally:
-                plane.loop_receives = False
             plane.record_wait(time.perf_counter() - began)  # ... to here
             # Workers of this loader write no ledger: rows are reported gathered here.
             plane.delivered(self._recorder.issued.popleft())
@@ -137,9 +166,9 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         then), whatever ``num_workers``: a worker's batch then fails in its own way (its ring
         went with the store, or the worker was stopped), which would not say why."""
         dataset: SharedTaskDataset = self.dataset  # type: ignore[assignment]
-        store = dataset._store
-        if dataset._closed and store is not None:
-            raise closed_error(store.path) from cause
+        path = dataset.store_path
+        if dataset.closed and path is not None:
+            raise closed_error(path) from cause
 
     def _passes(self) -> Iterator[dict[str, Any]]:
         """A pass of the sampler; and, if it left the master's last epoch open (elastic mode:
@@ -148,52 +177,43 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         flight and delivers those that come here (a trainer that died had them)."""
         sampler = self._recorder.sampler
         while True:
-            yield from self._in_process() if self._plain_in_process() else self._through_torch()
+            yield from self._through_torch() if self.num_workers else self._in_process()
             if sampler.left_open is None:
                 return
 
-    def _plain_in_process(self) -> bool:
-        # No worker and nothing to pin: torch's single-process iterator would only add its
-        # per-batch bookkeeping (profiler ranges, fetcher, collate) to a gather that builds
-        # the batch already.
-        return self.num_workers == 0 and not self.pin_memory
-
     def _in_process(self) -> Iterator[dict[str, Any]]:
-        getitems = self.dataset.__getitems__  # type: ignore[attr-defined]
+        """Batches gathered here, without torch's single-process iterator (its per-batch
+        bookkeeping would only add to a gather that builds the batch already). The rows count
+        as consumed once ``__iter__`` hands the batch to the loop."""
+        dataset: SharedTaskDataset = self.dataset  # type: ignore[assignment]
+        pin = self.pin_memory and torch.cuda.is_available()  # as torch: pinning needs a GPU
         for indices in self._recorder:
-            yield getitems(indices)
+            batch = dataset.gather(indices, consumed=False)
+            yield _pinned(batch) if pin else batch
 
     def _through_torch(self) -> Iterator[dict[str, Any]]:
         """torch's iterator; workers hand batches over through rings of slots (ring.py),
         copied out here, unless batches are pinned (torch's pinning thread wants tensors)."""
-        gatherer = self.dataset._gatherer  # type: ignore[attr-defined]
-        workers = self.num_workers > 0 and gatherer is not None
-        rings = workers and not self.pin_memory
-        # Workers copy the gatherer when they start: set for them only, so that the workers
-        # of another, plain DataLoader over this dataset use torch's transport and write the
-        # ledger. A worker has at most prefetch_factor batches in flight, one more being made.
-        if rings:
-            gatherer.ring_slots = min((self.prefetch_factor or 2) + 2, MAX_RING_SLOTS)
-        if workers:
-            gatherer.write_ledger = False  # __iter__ marks rows gathered as they arrive
-        try:
-            batches = super().__iter__()  # starts the workers (or wakes persistent ones)
-        finally:
-            if workers:
-                gatherer.ring_slots = 0
-                gatherer.write_ledger = True
+        batches = super().__iter__()  # starts the workers (or wakes persistent ones)
         try:
             for batch in batches:
                 yield batch.materialize() if isinstance(batch, RingBatch) else batch
         finally:
-            if rings and not self.persistent_workers:  # the workers are gone, their rings too
+            if not self.pin_memory and not self.persistent_workers:
                 del batches  # torch's iterator drops the batches still in flight: slots freed
-                ring.forget(gatherer.store.path)
+                path = self.dataset.store_path  # type: ignore[attr-defined]
+                if path is not None:
+                    ring.forget(path)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loop is: the epoch and the rows of it already delivered (JSON-able)."""
-        return loader_state(self.dataset)  # type: ignore[arg-type]
+        return self.dataset.state_dict()  # type: ignore[attr-defined]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``; call before iterating (the readers start from it)."""
-        restore_state(self.dataset, state)  # type: ignore[arg-type]
+        self.dataset.load_state_dict(state)  # type: ignore[attr-defined]
+
+
+def _pinned(batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch with its tensors in pinned memory (for ``pin_memory=True`` without workers)."""
+    return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}

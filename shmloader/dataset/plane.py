@@ -31,7 +31,7 @@ from .accounting import (
     SlotState,
     slot_name,
 )
-from .consumed import Ranges
+from .checkpoint import FRESH_START, ResumePoint
 from .gather import SegmentRows, group_by_segment
 from .handover import HeldLease, RecordRanges
 from .lease_check import LeaseCheck
@@ -65,14 +65,10 @@ class DataPlane:
         master: LeaseOps,
         segments: SegmentOps,
         ledger: LedgerReader,
-        complete_on_delivery: bool = False,
         starved: Callable[[], bool] | None = None,
         blocked: Callable[[], bool] | None = None,  # a wanted task's reader has no room
-        exclude: Callable[[int, int], np.ndarray | None] | None = None,
         start_epoch: int = 0,
-        prior: Ranges | None = None,
-        done_before: frozenset[tuple[int, int]] = frozenset(),
-        partial_before: Mapping[int, np.ndarray] | None = None,  # seq -> rows, start_epoch's
+        resume: ResumePoint = FRESH_START,  # where a loaded state left the job
         # Records a crashed trainer's loop consumed of tasks (epoch, task id), whose leases this
         # one took over from its checkpoint (handover.py): left out of any copy that comes here.
         taken_over: Mapping[tuple[int, int], RecordRanges] | None = None,
@@ -83,25 +79,14 @@ class DataPlane:
         self._master = master
         self._segments = segments
         self._ledger = ledger
-        self._complete_on_delivery = complete_on_delivery
         self._starved = starved or (lambda: False)
         self._blocked = blocked or (lambda: False)
-        self._exclude = exclude or (lambda epoch, task_id: None)
         self._taken_over = dict(taken_over or {})
-        self._book = ConsumptionBook(
-            start_epoch=start_epoch,
-            prior=prior,
-            done_before=done_before,
-            partial_before=partial_before,
-        )
+        self._book = ConsumptionBook(start_epoch=start_epoch, resume=resume)
         self._lock = threading.RLock()
         self._poll_lock = threading.Lock()  # taken before _lock, never inside it
-        # True while shmloader.DataLoader's loop waits for its next batch: rows the trainer
-        # gathers then are consumed once the loop receives them (``delivered``). Rows gathered
-        # otherwise are a plain DataLoader's, consumed as gathered (see ``gathered``).
-        self.loop_receives = False
-        # The batch the trainer gathered last for the loop, and its groups, until the loop
-        # receives it (see gathered / delivered).
+        # The batch the trainer gathered last for shmloader.DataLoader's loop, and its groups,
+        # until the loop receives it (see gathered / delivered).
         self._grouped: tuple[np.ndarray | None, list[SegmentRows]] = (None, [])
         self._ledger_rows = 0  # rows a plain DataLoader's workers reported gathered, in all
         self.strays = Strays(master, segments, self.ready)
@@ -216,11 +201,6 @@ class DataPlane:
     def epoch_rows(self, epoch: int) -> int:
         return self._master.epoch_records(epoch)
 
-    def resumed_before(self, epoch: int, records: int) -> None:
-        """A loaded state consumed ``records`` of ``epoch``, left out as admitted (pass_rows)."""
-        with self._lock:
-            self._book.resumed_before(epoch, records)
-
     def pass_rows(self, epoch: int) -> int:
         """Rows a pass over ``epoch`` delivers here: those admitted and not consumed (as
         ``reclaim`` gives them back), and the records of its tasks not admitted yet, less those
@@ -250,11 +230,6 @@ class DataPlane:
     def want_strays(self) -> None:
         self.strays.want_strays()
 
-    def completes_on_delivery(self) -> bool:
-        """Whether the loop reports what it receives (``shmloader.DataLoader``): else a plain
-        DataLoader's workers report rows as they gather them, through the ledger."""
-        return self._complete_on_delivery
-
     def take_strays(self) -> list[ReadyTask]:
         return self.strays.take_strays()
 
@@ -271,9 +246,8 @@ class DataPlane:
                 self.outbox.dropped(task.lease_id)
             self._apply(effects)
             return np.empty(0, dtype=np.int64)
-        excluded = self._exclude(task.epoch, task.seq)
         with self._lock:
-            indices, effects = self._book.admit(task, excluded)
+            indices, effects = self._book.admit(task)
             self.strays.admitted(task)
             self._apply(effects)
         return indices
@@ -347,21 +321,22 @@ class DataPlane:
         self.flush_completions()
         return len(gathered)
 
-    def gathered(self, indices: np.ndarray, groups: list[SegmentRows] | None = None) -> None:
+    def gathered(
+        self, indices: np.ndarray, groups: list[SegmentRows] | None, *, consumed: bool
+    ) -> None:
         """The trainer itself gathered these samples (``num_workers=0``: no ledger needed).
 
         ``groups``: ``indices`` grouped by segment already (by the gather).
 
-        While ``loop_receives`` (shmloader.DataLoader's loop receives this batch next), they
-        are only kept: :meth:`delivered` reports them gathered and consumed in one pass over
-        the batch's segments. A batch the loop never receives (an exception in between) is
-        then neither, and its rows come again like any unconsumed row.
-
-        Otherwise a plain DataLoader gathered them, and for it gathered is consumed.
+        ``consumed``: for a plain DataLoader, gathered is consumed. For shmloader.DataLoader
+        (``consumed=False``) they are only kept: :meth:`delivered` reports them gathered and
+        consumed once its loop receives the batch, in one pass over the batch's segments. A
+        batch the loop never receives (an exception in between) is then neither, and its rows
+        come again like any unconsumed row.
         """
         if groups is None:
             groups = group_by_segment(indices)
-        if self.loop_receives:
+        if not consumed:
             self._grouped = (indices, groups)
             return
         self._grouped = (None, [])
@@ -415,10 +390,6 @@ class DataPlane:
     def _report(self, groups: list[SegmentRows], *, gathered: bool, consumed: bool) -> None:
         with self._lock:
             self._apply(self._book.report(groups, gathered=gathered, consumed=consumed))
-
-    def set_complete_on_delivery(self, value: bool) -> None:
-        with self._lock:
-            self._complete_on_delivery = value
 
     def position(self) -> Position:
         """What checkpoints store, for the first epoch not wholly consumed

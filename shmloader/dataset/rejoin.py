@@ -32,7 +32,7 @@ def check_whole_share(
     rank, world_size = config.rank, joined.world_size
     if config.rendezvous is not None or rank is None or world_size is None or world_size < 2:
         return
-    if config.skip_tasks or config.exclude or config.resume:
+    if config.resume.loaded:
         return
     if joined.epochs is not None and epoch >= joined.epochs:  # past the end: an empty pass
         return

@@ -23,8 +23,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..errors import MasterError
 from ..master import forked
 from ..master.tasks import DdpPolicy
@@ -37,6 +35,7 @@ from ..shm.budget import reap_dead_writers
 from ..shm.store import SegmentStore
 from ..sources.base import SkippedRecord, Source
 from . import at_exit
+from .checkpoint import FRESH_START, ResumePoint
 from .forms import FormCheck
 from .handover import Handover
 from .launcher import Rendezvous
@@ -76,22 +75,13 @@ class RuntimeConfig:
     ddp_policy: DdpPolicy
     lease_timeout: float
     max_retries: int
-    complete_on_delivery: bool
-    exclude: dict[tuple[int, int], np.ndarray]
-    skip_tasks: frozenset[tuple[int, int]]
-    start_epoch: int
-    # A resume with another world size: consumed ranges of ``start_epoch`` (see state.py).
-    resume: dict[int, list[tuple[int, int]]] | None = None
-    # A resume with the same world: the loaded state's consumed ranges of ``start_epoch``,
-    # kept in this trainer's checkpoints (tasks in ``skip_tasks`` may never come here again).
-    loaded: dict[int, list[tuple[int, int]]] | None = None
+    # Where a loaded state leaves the job (checkpoint.py); the default: a fresh start.
+    resume: ResumePoint = FRESH_START
     # Readers lease no new task while this many are ready and not taken up by the sampler
     # (unless it waits for one): see shm/hints.py.
     ready_ahead: int = 16
     # columns= of the batches: only their forms must agree between tasks (forms.py).
     columns: tuple[str, ...] | None = None
-    # A loaded elastic state's: the saving trainer's leases, taken over at the start.
-    handover: Handover | None = None
 
 
 def _nothing() -> None:
@@ -154,11 +144,12 @@ class Runtime:
             self.client.start_heartbeat(self.consumer)
             self.handle = handle = self.store.handle()
             ops = MasterOps(self.client, self.consumer, info.epochs)  # caches epoch sizes
-            if self.embedded is None and (config.skip_tasks or config.exclude):
+            if self.embedded is None and config.resume.by_position:
                 self.config = config = self._unless_resumed(config, info, ops)
-            if config.handover is not None and self.embedded is None:
-                config.handover.take_over(self.client)  # before the readers lease anything
-            start = config.start_epoch
+            resume = config.resume
+            if resume.handover is not None and self.embedded is None:
+                resume.handover.take_over(self.client)  # before the readers lease anything
+            start = resume.epoch
             if self.embedded is None:  # a running master may be past this trainer's start
                 start = max(start, self._first_unfinished_epoch())
                 # Before the readers lease anything (rejoin.py): a DDP rank on a whole share.
@@ -167,21 +158,13 @@ class Runtime:
                 master=ops,
                 segments=handle,
                 ledger=LedgerReader(ledger_dir(handle.path)),
-                complete_on_delivery=config.complete_on_delivery,
                 starved=self._starved,
                 blocked=lambda: hints.writer_blocked(handle.path),
-                exclude=lambda epoch, task: config.exclude.get((epoch, task)),
                 start_epoch=start,
-                prior=(config.resume or config.loaded) if start == config.start_epoch else None,
-                done_before=config.skip_tasks if start == config.start_epoch else frozenset(),
-                partial_before={
-                    seq: rows
-                    for (epoch, seq), rows in config.exclude.items()
-                    if epoch == start == config.start_epoch
-                },
+                resume=resume,
                 taken_over=(
-                    config.handover.consumed_of()
-                    if config.handover is not None and self._elastic and self.embedded is None
+                    resume.handover.consumed_of()
+                    if resume.handover is not None and self._elastic and self.embedded is None
                     else None
                 ),
                 consumer=self.consumer,
@@ -272,11 +255,9 @@ class Runtime:
         if info.world_size is not None:
             return config
         whole = sum(shard.num_records for shard in config.source.plan())
-        if ops.epoch_records(config.start_epoch) >= whole:
+        if ops.epoch_records(config.resume.epoch) >= whole:
             return config
-        return dataclasses.replace(
-            config, skip_tasks=frozenset(), exclude={}, loaded=None, handover=None
-        )
+        return dataclasses.replace(config, resume=config.resume.without_positions())
 
     def handover(self) -> Handover | None:
         """What a checkpoint of this trainer hands over to the trainer resumed from it
@@ -305,7 +286,7 @@ class Runtime:
             lease_timeout=self.lease_timeout,
             token=config.token,
             rank=config.rank,
-            skip_tasks=config.skip_tasks,
+            skip_tasks=config.resume.skip_tasks(),
             seed=config.seed,
             files=self._files,
         )
@@ -340,8 +321,8 @@ class Runtime:
             consumer_timeout=max(c.lease_timeout, 10.0),
             max_retries=c.max_retries,
             token=c.token,
-            first_epoch=c.start_epoch,
-            resume=c.resume,
+            first_epoch=c.resume.epoch,
+            resume=c.resume.schedule_resume(),
             host=host or "127.0.0.1",
         ).start()
         if host is not None and host not in LOOPBACK_HOSTS and c.token is None:

@@ -24,6 +24,7 @@ import numpy as np
 import torch.utils.data
 
 from ..errors import ConfigError, ShmSpaceError
+from .accounting import ConsumedWhen
 from .consumed import row_records
 from .gather import split_indices
 from .ready import ReadyTask, ReadyTasks
@@ -132,11 +133,6 @@ class Feed(Protocol):
         another trainer took in hand (strays.py)."""
         ...
 
-    def completes_on_delivery(self) -> bool:
-        """Whether rows count as consumed only once the loop receives them (shmloader's
-        DataLoader), not as they are gathered."""
-        ...
-
     def want_strays(self) -> None:
         """The sampler is about to wait for the tasks given up as elsewhere."""
         ...
@@ -209,6 +205,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         *,
         rest_alone: bool = False,
         flush: bool = False,
+        consumed_when: ConsumedWhen = ConsumedWhen.GATHERED,
     ) -> Iterator[np.ndarray]:
         """The epoch's indices in order, a block at a time (for batchers that slice arrays).
 
@@ -226,6 +223,9 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         ``flush``: the batcher takes :data:`FLUSH`, yielded at the end of the master's last
         epoch before the pass waits for tasks other trainers hold (see ``_strays``): it hands
         out (or with ``drop_last`` drops) the rows it keeps, as at the end of the pass.
+
+        ``consumed_when``: when the batcher's loader consumes rows (``ConsumedWhen``); the end
+        of the master's last epoch allows a plain DataLoader's workers time to gather theirs.
         """
         feed = self._get_feed()
         epoch = feed.epoch_to_iterate()
@@ -290,7 +290,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             indices = self._block_indices(feed, epoch, tasks + feed.take_strays())
             if len(indices):
                 yield indices
-        over = yield from self._strays(feed, epoch, flush)
+        over = yield from self._strays(feed, epoch, flush, consumed_when)
         self._open_pass = None
         if over:
             feed.finish_epoch(epoch)
@@ -358,7 +358,9 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             got,
         )
 
-    def _strays(self, feed: Feed, epoch: int, flush: bool) -> Generator[np.ndarray, None, bool]:
+    def _strays(
+        self, feed: Feed, epoch: int, flush: bool, consumed_when: ConsumedWhen
+    ) -> Generator[np.ndarray, None, bool]:
         """The end of a pass that gave tasks up as elsewhere (elastic mode: other trainers took
         them): wait until each is done or in some trainer's hands, delivering those that come
         here after all (their holder died and this trainer's readers leased them again).
@@ -396,8 +398,10 @@ class TaskSampler(torch.utils.data.Sampler[int]):
                     if kept:
                         kept = False
                         yield FLUSH
-                    if not _all_consumed(feed):
-                        self._warn_left_open(feed, epoch, held)
+                    by_the_loop = consumed_when is ConsumedWhen.DELIVERED
+                    if not _all_consumed(feed, 0.0 if by_the_loop else GATHER_GRACE):
+                        if not by_the_loop:
+                            self._warn_left_open(epoch, held)
                         return False
                     waited_since = self._note_waiting(epoch, held, waited_since)
                 feed.want_strays()
@@ -431,12 +435,12 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             )
         return since
 
-    def _warn_left_open(self, feed: Feed, epoch: int, held: int) -> None:
+    def _warn_left_open(self, epoch: int, held: int) -> None:
         """The pass over the master's last epoch ends with tasks of it in other trainers'
         hands, and rows of this trainer's not consumed yet, so it cannot wait for them (see
         ``_strays``). shmloader.DataLoader then makes another pass, which waits; a plain
         DataLoader is told (once) that one is needed."""
-        if feed.completes_on_delivery() or self._warned_open:
+        if self._warned_open:
             return
         self._warned_open = True
         log.warning(
@@ -498,6 +502,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         on_drop: Callable[[np.ndarray], None],
         pinned: Callable[[int], bool] | None = None,
         let_go: bool = True,
+        consumed_when: ConsumedWhen = ConsumedWhen.GATHERED,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -507,6 +512,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         self.on_drop = on_drop
         self.pinned = pinned
         self.let_go = let_go
+        self.consumed_when = consumed_when
         self._held = 0  # rows kept back for the next batch
         self._warned = False
 
@@ -524,7 +530,10 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         carry = np.empty(0, dtype=np.int64)
         self._held = 0
         # arrays: no work per sample
-        for chunk in self.sampler.chunks(stuck=self._stuck, rest_alone=True, flush=True):
+        chunks = self.sampler.chunks(
+            stuck=self._stuck, rest_alone=True, flush=True, consumed_when=self.consumed_when
+        )
+        for chunk in chunks:
             if chunk is FLUSH:
                 if len(carry):
                     yield from self._end_of_pass(carry)
@@ -611,10 +620,10 @@ class _NoProgress:
         return rows > 0 and self._feed.blocked() and now - self._since >= self._stall
 
 
-def _all_consumed(feed: Feed, grace: float = GATHER_GRACE) -> bool:
-    """Whether every row handed out is consumed, allowing a plain DataLoader's workers
-    ``grace`` seconds to gather the batches they were given (they do so without the loop)."""
-    deadline = time.monotonic() + (0.0 if feed.completes_on_delivery() else grace)
+def _all_consumed(feed: Feed, grace: float) -> bool:
+    """Whether every row handed out is consumed, allowing ``grace`` seconds (a plain
+    DataLoader's workers gather the batches they were given without the loop)."""
+    deadline = time.monotonic() + grace
     while feed.unconsumed_rows():
         if time.monotonic() >= deadline:
             return False

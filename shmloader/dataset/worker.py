@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -35,6 +36,15 @@ from .parsed import ParsedViews
 from .ring import BatchRing, RingBatch
 from .window import SlotTable
 
+
+class GatherSink(Protocol):
+    """Where the training process's own gathers are reported (``DataPlane.gathered``)."""
+
+    def __call__(
+        self, indices: np.ndarray, groups: list[SegmentRows] | None, *, consumed: bool
+    ) -> None: ...
+
+
 MAX_CACHED_SEGMENTS = 64
 # Address space reserved for mapping segments (no memory: see shm/region.py). Segments in use
 # fit in the budget; released ones stay mapped until the next sweep, hence the margin.
@@ -59,10 +69,11 @@ class Gatherer:
         self.store = store  # StoreHandle: picklable, never deletes the store
         self.columns = list(columns)
         # Slots of a batch ring per DataLoader worker (ring.py); 0: torch's transport.
-        self.ring_slots = 0
-        # False in the workers of shmloader.DataLoader: it marks rows gathered as the loop
-        # receives them (every row received was gathered), so a ledger would only repeat that.
-        self.write_ledger = True
+        self._ring_slots = 0
+        # False in the workers of shmloader.DataLoader (``serve_the_loop``): it reports rows
+        # as the loop receives them (every row received was gathered), so a ledger would only
+        # repeat that.
+        self._write_ledger = True
         self._ring: BatchRing | None = None
         self._ring_pid = -1
         self._ledger = LedgerWriter(ledger_dir(self._store_path()))
@@ -70,7 +81,7 @@ class Gatherer:
         # time, so the first opened are the first done with: no LRU upkeep per lookup).
         self._views: dict[int, dict[str, ColumnView]] = {}
         self._next_sweep = 0.0
-        self._sink: Callable[[np.ndarray, list[SegmentRows] | None], None] | None = None
+        self._sink: GatherSink | None = None
         self._sink_pid = -1
         self._region: Region | None = None
         self._no_region = False
@@ -82,7 +93,14 @@ class Gatherer:
         self._last: tuple[list[int], BatchSegments] | None = None
         self._table: SlotTable | None = None
 
-    def report_to(self, sink: Callable[[np.ndarray, list[SegmentRows] | None], None]) -> None:
+    def serve_the_loop(self, ring_slots: int) -> None:
+        """In a worker of ``shmloader.DataLoader`` (its ``worker_init_fn``): hand batches over
+        through a ring of ``ring_slots`` slots (0: torch's transport), and write no ledger: the
+        loader reports each batch as its loop receives it."""
+        self._ring_slots = ring_slots
+        self._write_ledger = False
+
+    def report_to(self, sink: GatherSink) -> None:
         """In the trainer, hand gathered indices to ``sink`` (the data plane) directly.
 
         Only in the process that calls this: forked workers inherit the sink but see another
@@ -98,14 +116,10 @@ class Gatherer:
         return {
             "store": self.store,
             "columns": self.columns,
-            "ring_slots": self.ring_slots,
-            "write_ledger": self.write_ledger,
         }
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__(state["store"], state["columns"])  # type: ignore[misc]
-        self.ring_slots = int(state.get("ring_slots", 0))  # type: ignore[call-overload]
-        self.write_ledger = bool(state.get("write_ledger", True))
 
     def views(self, slot: int) -> dict[str, ColumnView]:
         cached = self._views.get(slot)
@@ -180,12 +194,16 @@ class Gatherer:
             self._region = None
 
     def gather(
-        self, indices: Sequence[int] | np.ndarray, *, ring: bool = False
+        self, indices: Sequence[int] | np.ndarray, *, ring: bool = False, consumed: bool = True
     ) -> dict[str, object] | RingBatch:
         """The batch of ``indices``: a dict of tensors, or with ``ring`` in a DataLoader worker
-        of ``shmloader.DataLoader``, a :class:`RingBatch` the training process copies out."""
+        of ``shmloader.DataLoader``, a :class:`RingBatch` the training process copies out.
+
+        ``consumed``: in the training process, whether the rows count as consumed now (a plain
+        DataLoader's gather), or once the loop receives them (``shmloader.DataLoader``, which
+        reports them itself)."""
         idx = np.asarray(indices, dtype=np.int64)
-        into = _RingAlloc(self) if ring and self.ring_slots and in_worker() else None
+        into = _RingAlloc(self) if ring and self._ring_slots and in_worker() else None
         table, region = self._table, self._region
         positions = None
         if table is not None and region is not None and len(idx) and is_sorted(idx):
@@ -203,8 +221,8 @@ class Gatherer:
             raise
         # Only after the copy: from now on the trainer may release these rows' segments.
         if self._sink is not None and self._sink_pid == os.getpid():
-            self._sink(idx, grouped)  # None: the plane groups them itself
-        elif self.write_ledger:
+            self._sink(idx, grouped, consumed=consumed)  # None: the plane groups them itself
+        elif self._write_ledger:
             self._ledger.record(idx)
         now = time.monotonic()
         if now >= self._next_sweep or len(self._views) > MAX_CACHED_SEGMENTS:
@@ -238,7 +256,7 @@ class Gatherer:
         if self._ring_pid != os.getpid():  # a forked child: its own ring, not the parent's
             self._ring, self._ring_pid = None, os.getpid()
             try:
-                self._ring = BatchRing.create(self._store_path(), self.ring_slots, nbytes)
+                self._ring = BatchRing.create(self._store_path(), self._ring_slots, nbytes)
             except OSError:
                 self._ring = None  # no room in /dev/shm: torch's transport, as before
         return self._ring
