@@ -300,7 +300,7 @@ def test_under_ddp_rows_kept_for_the_next_batch_are_not_let_go() -> None:
     from shmloader.dataset.sampler import LET_GO, TaskBatchSampler
 
     class Blocks:  # the sampler's side: one block of 40 rows, then only LET_GO
-        def chunks(self, stuck: Any = None, rest_alone: bool = False, flush: bool = False) -> Any:
+        def chunks(self, stuck: Any = None, **options: Any) -> Any:
             yield np.arange(40, dtype=np.int64)
             yield LET_GO
 

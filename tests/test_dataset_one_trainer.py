@@ -91,13 +91,13 @@ def test_our_loader_hands_sorted_arrays_and_the_trainer_skips_the_ledger(tmp_pat
         shm_dir=str(tmp_path),
         seed=5,
     ) as ds:
-        getitems = ds.__getitems__
+        gather = ds.gather
 
-        def spy(indices):
+        def spy(indices, **options):
             seen.append(indices)
-            return getitems(indices)
+            return gather(indices, **options)
 
-        ds.__getitems__ = spy  # what torch's fetcher calls
+        ds.gather = spy  # what shmloader.DataLoader calls without workers
         rows = [r for batch in shmloader.DataLoader(ds, batch_size=64) for r in batch["record"]]
         ledger = os.path.join(ds._store.path, "ledger")
         assert not os.path.exists(ledger) or os.listdir(ledger) == []  # reported directly

@@ -292,10 +292,17 @@ class ConsumptionBook:
 
     # -- consumption ---------------------------------------------------------------------
     def report(
-        self, groups: Sequence[SegmentRows], *, gathered: bool, consumed: bool
+        self,
+        groups: Sequence[SegmentRows],
+        *,
+        gathered: bool,
+        consumed: bool,
+        only_gathered: bool = False,
     ) -> list[Effect]:
         """Rows were gathered and/or consumed (see the module docstring); settle each slot:
-        release a segment nothing reads any more, complete a task wholly consumed."""
+        release a segment nothing reads any more, complete a task wholly consumed.
+        ``only_gathered``: of the rows, consume those gathered already (a plain DataLoader's
+        loop received their batch, delivery.py; a row a worker failed to gather is not)."""
         effects: list[Effect] = []
         for group in groups:
             state = self._slots.get(group.slot)
@@ -306,7 +313,8 @@ class ConsumptionBook:
             # A recount, not a count of fresh rows: exact if a row repeats, and a vectorised
             # count over one segment's flags costs less than deduplicating the rows.
             if consumed:
-                state.consumed[group.rows] = True
+                rows = group.rows[state.gathered[group.rows]] if only_gathered else group.rows
+                state.consumed[rows] = True
                 state.n_consumed = int(np.count_nonzero(state.consumed))
             if gathered:
                 state.gathered[group.rows] = True

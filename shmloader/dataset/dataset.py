@@ -22,6 +22,7 @@ from ..shm.store import SegmentStore
 from ..sources.base import Source
 from . import ring
 from .checkpoint import FRESH_START
+from .delivery import TrackedBatch
 from .gather import ROW_BITS, encode_indices, gather, segment_views
 from .launcher import TORCHRUN, Rendezvous, rendezvous_from_env
 from .ring import RingBatch
@@ -319,6 +320,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         """What a :class:`TaskBatchSampler` asks of this dataset."""
         return {
             "on_drop": lambda rows: self._ensure_started().plane.dropped(rows),
+            "on_received": lambda rows: self._ensure_started().plane.received(rows),
+            "on_counted_early": lambda rows: self._ensure_started().plane.counted_early(rows),
             "pinned": lambda held: self._ensure_started().plane.pinned(held),
             "let_go": self.world_size in (None, 1),  # DDP: a short batch would unbalance steps
         }
@@ -342,7 +345,9 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     def __getitems__(self, indices: Sequence[int] | np.ndarray) -> dict[str, Any] | RingBatch:
         """The batch: a dict of tensors; in a worker of ``shmloader.DataLoader``, a
         :class:`~shmloader.dataset.ring.RingBatch` that the loader turns into one."""
-        return self._gather(indices, ring=True)
+        # A plain DataLoader's batch whose rows count once its loop receives them (delivery.py).
+        consumed = not isinstance(indices, TrackedBatch)
+        return self._gather(indices, ring=True, consumed=consumed)
 
     def gather(
         self, indices: Sequence[int] | np.ndarray, *, consumed: bool = True

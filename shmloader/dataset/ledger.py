@@ -7,6 +7,11 @@ its own in the dataset's shared-memory folder; the trainer reads the new bytes. 
 file means no locks and nothing a SIGKILL can leave held. A writer moves to a new file every
 ``ROTATE_BYTES`` so the trainer can delete what it has read: the ledger stays small however long
 training runs.
+
+An index is written as is when the row counts as consumed once gathered (a plain DataLoader's
+gather), negated when it counts only once the loop receives it (``consumed=False``: a batch
+whose delivery the DataLoader's requests tell, delivery.py). Sample indices are at least
+``2**32``, so the sign is free.
 """
 
 from __future__ import annotations
@@ -36,8 +41,10 @@ class LedgerWriter:
         self._part = 0
         self._written = 0
 
-    def record(self, indices: np.ndarray) -> None:
+    def record(self, indices: np.ndarray, *, consumed: bool = True) -> None:
         pid = os.getpid()
+        if not consumed:
+            indices = np.negative(indices, dtype=np.int64)
         if self._pid != pid or self._written >= ROTATE_BYTES:
             self._open_next(pid)
         view = np.ascontiguousarray(indices, dtype="<i8").data.cast("B")  # no copy

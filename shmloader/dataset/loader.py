@@ -9,11 +9,9 @@ resumed run delivers the rest of the epoch, each row once.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import torch.utils.data
 
 from ..errors import ConfigError
@@ -48,33 +46,6 @@ class _WorkerInit:
         dataset.serve_the_loop(self.slots)
         if self.then is not None:
             self.then(worker_id)
-
-
-class _RecordingBatchSampler(TaskBatchSampler):
-    """The dataset's batches, remembered in the order they are issued: the loader reports each
-    delivered as the loop receives it."""
-
-    def __init__(self, dataset: SharedTaskDataset, batch_size: int, drop_last: bool) -> None:
-        super().__init__(
-            dataset.sampler(),
-            batch_size,
-            drop_last,
-            **dataset._batcher_hooks(),
-            consumed_when=ConsumedWhen.DELIVERED,
-        )
-        self.issued: deque[np.ndarray] = deque()
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        self.issued.clear()
-        return super().__iter__()
-
-    def _issue(self, batch: np.ndarray) -> np.ndarray:
-        self.issued.append(batch)
-        return batch
-
-    def _in_flight(self) -> int:
-        # Issued, not received: with workers, rows count as consumed only as the loop gets them.
-        return sum(len(batch) for batch in self.issued)
 
 
 # What shmloader.DataLoader sets itself, and where the user's choice goes instead.
@@ -129,7 +100,15 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             kwargs.pop(name, None)
         if kwargs.get("in_order") is False:
             raise ConfigError("shmloader.DataLoader needs in_order=True to know what was delivered")
-        self._recorder = _RecordingBatchSampler(dataset, batch_size, drop_last)
+        # Its batches, remembered in the order they are issued (``issued``): __iter__ reports
+        # each delivered as the loop receives it.
+        self._recorder = TaskBatchSampler(
+            dataset.sampler(),
+            batch_size,
+            drop_last,
+            **dataset._batcher_hooks(),
+            consumed_when=ConsumedWhen.DELIVERED,
+        )
         # Workers copy the dataset when they start; rings where torch's pinning thread does not
         # want tensors.
         slots = 0 if kwargs.get("pin_memory") else ring_slots(kwargs.get("prefetch_factor"))

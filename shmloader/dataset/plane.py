@@ -311,15 +311,42 @@ class DataPlane:
         gather)."""
         # The maintenance thread and the sampler (reclaim) both poll; the ledger reader keeps
         # offsets and deletes finished files, so one at a time.
-        with self._poll_lock:
-            gathered = self._ledger.poll()
-            self._ledger_rows += len(gathered)
-            if len(gathered):
-                # Only a plain DataLoader's workers write the ledger (shmloader.DataLoader's
-                # write none), and for it a gathered row is consumed.
-                self._report(group_by_segment(gathered), gathered=True, consumed=True)
+        rows = self._read_ledger()
         self.flush_completions()
-        return len(gathered)
+        return rows
+
+    def _read_ledger(self) -> int:
+        """Apply the ledger; returns how many rows of it counted as consumed."""
+        with self._poll_lock:
+            entries = self._ledger.poll()
+            if not len(entries):
+                return 0
+            # Only a plain DataLoader's workers write the ledger (shmloader.DataLoader's write
+            # none). For it a gathered row is consumed, but for a batch whose delivery its
+            # requests tell (written negated: ledger.py), which counts once received.
+            later = entries < 0
+            consumed = entries[~later]
+            self._ledger_rows += len(consumed)
+            if len(consumed):
+                self._report(group_by_segment(consumed), gathered=True, consumed=True)
+            if later.any():
+                gathered = np.sort(-entries[later])
+                self._report(group_by_segment(gathered), gathered=True, consumed=False)
+            return len(consumed)
+
+    def received(self, indices: np.ndarray) -> None:
+        """A plain DataLoader's loop receives this batch now, as its requests tell
+        (delivery.py): its rows that workers gathered are consumed. The ledger is read first:
+        a worker writes it before handing the batch over. A row not gathered (its worker
+        failed) stays unconsumed, and comes again."""
+        self._read_ledger()
+        idx = np.asarray(indices, dtype=np.int64)
+        if len(idx):
+            groups = group_by_segment(idx)
+            with self._lock:
+                self._apply(
+                    self._book.report(groups, gathered=False, consumed=True, only_gathered=True)
+                )
 
     def gathered(
         self, indices: np.ndarray, groups: list[SegmentRows] | None, *, consumed: bool
@@ -360,6 +387,14 @@ class DataPlane:
                 return
             groups = group_by_segment(idx)
         self._report(groups, gathered=True, consumed=True)
+
+    def counted_early(self, indices: np.ndarray) -> None:
+        """Rows of a plain DataLoader's batches in flight count as consumed before the loop
+        receives them: the budget cannot hold them until then (``TaskBatchSampler``). Not
+        gathered: their segments stay until the workers have gathered them."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if len(idx):
+            self._report(group_by_segment(idx), gathered=False, consumed=True)
 
     def blocked(self) -> bool:
         """Whether a reader of a task the sampler waits for has no room (shm/hints.py)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from typing import Protocol
 
@@ -26,6 +27,7 @@ import torch.utils.data
 from ..errors import ConfigError, ShmSpaceError
 from .accounting import ConsumedWhen
 from .consumed import row_records
+from .delivery import Requests, prefetch_depth, tracked
 from .gather import split_indices
 from .ready import ReadyTask, ReadyTasks
 from .strays import StrayCount
@@ -206,6 +208,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         rest_alone: bool = False,
         flush: bool = False,
         consumed_when: ConsumedWhen = ConsumedWhen.GATHERED,
+        passes_again: bool = False,
     ) -> Iterator[np.ndarray]:
         """The epoch's indices in order, a block at a time (for batchers that slice arrays).
 
@@ -226,6 +229,8 @@ class TaskSampler(torch.utils.data.Sampler[int]):
 
         ``consumed_when``: when the batcher's loader consumes rows (``ConsumedWhen``); the end
         of the master's last epoch allows a plain DataLoader's workers time to gather theirs.
+        ``passes_again``: the loader makes one more pass itself when this one leaves the
+        master's last epoch open (``shmloader.DataLoader``); else a warning says it is needed.
         """
         feed = self._get_feed()
         epoch = feed.epoch_to_iterate()
@@ -290,7 +295,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             indices = self._block_indices(feed, epoch, tasks + feed.take_strays())
             if len(indices):
                 yield indices
-        over = yield from self._strays(feed, epoch, flush, consumed_when)
+        over = yield from self._strays(feed, epoch, flush, consumed_when, passes_again)
         self._open_pass = None
         if over:
             feed.finish_epoch(epoch)
@@ -301,7 +306,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         """A pass begins; if the last one left ``epoch`` unfinished (a ``break``) while a
         plain DataLoader's workers gathered rows of it, say (once) what that cost: torch had
         prefetched batches the loop never received, and the dataset counted them delivered
-        (it cannot see which batches reach the loop; shmloader.DataLoader can)."""
+        (torch's BatchSampler hides which batches reach the loop; our batchers see it)."""
         last, self._open_pass = self._open_pass, (epoch, ledger_rows)
         if last is None or last[0] != epoch or self._warned_prefetch:
             return
@@ -314,8 +319,9 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             "torch.utils.data.DataLoader with workers: of the %d rows its workers gathered, "
             "those of the batches torch had prefetched and not handed to the loop yet (up to "
             "num_workers * prefetch_factor batches) never reached it, and do not come again "
-            "this epoch. shmloader.DataLoader knows which batches reach the loop and "
-            "delivers the others in the next pass (said once)",
+            "this epoch. With batch_sampler=ds.batch_sampler(batch_size) instead of "
+            "sampler=ds.sampler() (or with shmloader.DataLoader) the dataset knows which "
+            "batches reach the loop and delivers the others in the next pass (said once)",
             epoch,
             gathered,
         )
@@ -359,7 +365,12 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         )
 
     def _strays(
-        self, feed: Feed, epoch: int, flush: bool, consumed_when: ConsumedWhen
+        self,
+        feed: Feed,
+        epoch: int,
+        flush: bool,
+        consumed_when: ConsumedWhen,
+        passes_again: bool,
     ) -> Generator[np.ndarray, None, bool]:
         """The end of a pass that gave tasks up as elsewhere (elastic mode: other trainers took
         them): wait until each is done or in some trainer's hands, delivering those that come
@@ -400,7 +411,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
                         yield FLUSH
                     by_the_loop = consumed_when is ConsumedWhen.DELIVERED
                     if not _all_consumed(feed, 0.0 if by_the_loop else GATHER_GRACE):
-                        if not by_the_loop:
+                        if not passes_again:
                             self._warn_left_open(epoch, held)
                         return False
                     waited_since = self._note_waiting(epoch, held, waited_since)
@@ -503,6 +514,8 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         pinned: Callable[[int], bool] | None = None,
         let_go: bool = True,
         consumed_when: ConsumedWhen = ConsumedWhen.GATHERED,
+        on_received: Callable[[np.ndarray], None] | None = None,
+        on_counted_early: Callable[[np.ndarray], None] | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -513,6 +526,14 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         self.pinned = pinned
         self.let_go = let_go
         self.consumed_when = consumed_when
+        self.on_received = on_received
+        self.on_counted_early = on_counted_early
+        # Batches issued and not received by the loop yet, oldest first: shmloader.DataLoader
+        # reports each as its loop receives it, and a plain DataLoader's requests tell
+        # (delivery.py). Their rows are in flight: consumed only once received.
+        self.issued: deque[np.ndarray] = deque()
+        self._tracked = False  # this pass's deliveries are told by torch's requests
+        self._warned_early = False  # see _count_in_flight
         self._held = 0  # rows kept back for the next batch
         self._warned = False
 
@@ -521,17 +542,35 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         return held > 0 and self.pinned is not None and self.pinned(held)
 
     def _in_flight(self) -> int:
-        """Rows of batches issued that only this thread could receive (none here: a plain
-        DataLoader's workers report what they gathered themselves)."""
-        return 0
+        """Rows of batches issued that only this thread could receive (none where a plain
+        DataLoader's workers report rows consumed as they gather them)."""
+        return sum(len(batch) for batch in self.issued)
 
     def __iter__(self) -> Iterator[np.ndarray]:
+        """The pass's batches. Under a plain DataLoader with workers whose deliveries its
+        requests tell (delivery.py), an iterator that reports each batch as the loop receives
+        it; so rows its workers prefetched for a pass left early come again."""
+        self.issued.clear()
+        self._tracked = False
+        if self.consumed_when is ConsumedWhen.GATHERED and self.on_received is not None:
+            depth = prefetch_depth(self)
+            if depth:
+                self._tracked = True
+                return Requests(self._batches(), depth, self.issued, self.on_received)
+        return self._batches()
+
+    def _batches(self) -> Iterator[np.ndarray]:
         size = self.batch_size
         carry = np.empty(0, dtype=np.int64)
         self._held = 0
         # arrays: no work per sample
+        delivered = self._tracked or self.consumed_when is ConsumedWhen.DELIVERED
         chunks = self.sampler.chunks(
-            stuck=self._stuck, rest_alone=True, flush=True, consumed_when=self.consumed_when
+            stuck=self._stuck,
+            rest_alone=True,
+            flush=True,
+            consumed_when=ConsumedWhen.DELIVERED if delivered else ConsumedWhen.GATHERED,
+            passes_again=self.consumed_when is ConsumedWhen.DELIVERED,
         )
         for chunk in chunks:
             if chunk is FLUSH:
@@ -541,6 +580,9 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
                 self._held = 0
                 continue
             if chunk is LET_GO:
+                if not len(carry) and self._tracked and self._in_flight():
+                    self._count_in_flight()  # their rows hold the room: count them now
+                    continue
                 self._let_go(len(carry))
                 yield self._issue(np.sort(carry))
                 carry = np.empty(0, dtype=np.int64)
@@ -563,6 +605,29 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
             self.on_drop(carry)
         elif len(carry):
             yield self._issue(np.sort(carry))
+
+    def _count_in_flight(self) -> None:
+        """A plain DataLoader whose deliveries its requests tell, stuck: the batches it has in
+        flight hold the budget, and their rows count as consumed only once the loop receives
+        them, which it cannot while this batcher waits. They are counted consumed now (their
+        segments go once gathered), with a warning: a ``break`` before the loop receives them
+        loses them, as under ``sampler=ds.sampler()``."""
+        rows = self._in_flight()
+        for i, batch in enumerate(self.issued):
+            if len(batch) and self.on_counted_early is not None:
+                self.on_counted_early(batch)
+            self.issued[i] = batch[:0]  # its request still comes: nothing left to report
+        if not self._warned_early:
+            self._warned_early = True
+            log.warning(
+                "shm_budget is full with the segments of %d rows in batches the DataLoader's "
+                "workers prefetched, which count as consumed only once the loop receives them, "
+                "so the task the sampler waits for cannot be read: counting them consumed now "
+                "(a break before the loop gets them loses them; said once). To keep a break "
+                "exact, raise shm_budget to hold two shuffle windows of tasks (or lower "
+                "num_workers or prefetch_factor)",
+                rows,
+            )
 
     def _let_go(self, rows: int) -> None:
         why = (
@@ -591,6 +656,10 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
             )
 
     def _issue(self, batch: np.ndarray) -> np.ndarray:
+        if self._tracked:
+            batch = tracked(batch)
+        if self._tracked or self.consumed_when is ConsumedWhen.DELIVERED:
+            self.issued.append(batch)
         return batch
 
     def __len__(self) -> int:

@@ -223,7 +223,7 @@ class Gatherer:
         if self._sink is not None and self._sink_pid == os.getpid():
             self._sink(idx, grouped, consumed=consumed)  # None: the plane groups them itself
         elif self._write_ledger:
-            self._ledger.record(idx)
+            self._ledger.record(idx, consumed=consumed)
         now = time.monotonic()
         if now >= self._next_sweep or len(self._views) > MAX_CACHED_SEGMENTS:
             if grouped is not None:
