@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from shmloader.master import Dispatcher, DispatcherConfig, Journal, Master, MasterClient
+from shmloader.master import Dispatcher, JobConfig, Journal, Master, MasterClient
 from shmloader.master.service import MasterService
 from shmloader.sources.base import Shard
 
@@ -80,7 +80,7 @@ def _million(tasks: int, out: Any) -> None:
     shards = 1000
     plan = [Shard(f"/data/part-{i:05d}.tfrecord", tasks // shards * 10) for i in range(shards)]
     t0 = time.perf_counter()
-    d = Dispatcher(plan, DispatcherConfig(records_per_task=10, epochs=1))
+    d = Dispatcher(plan, JobConfig(records_per_task=10, epochs=1))
     built = time.perf_counter() - t0
     t0 = time.perf_counter()
     shape = MasterService(d).shape(0)  # what EpochInfo computes for an epoch
@@ -118,7 +118,7 @@ def _loop(d: Dispatcher, n: int) -> float:
 
 def bench_journal(n: int, where: str) -> dict[str, float]:
     plan = [Shard("s", 1_000_000)]
-    config = DispatcherConfig(records_per_task=1, epochs=None)
+    config = JobConfig(records_per_task=1, epochs=None)
     rates = {"no journal": _loop(Dispatcher(plan, config), n)}
     for policy in ("never", "batch", "always"):
         count = n if policy != "always" else max(n // 10, 100)

@@ -11,8 +11,8 @@ from shmloader.dataset.ledger import LedgerReader, ledger_dir
 from shmloader.dataset.plane import DataPlane
 from shmloader.dataset.sampler import TaskSampler
 from shmloader.errors import LeaseError, NotActive
+from shmloader.master.config import JobConfig
 from shmloader.master.dispatcher import Dispatcher
-from shmloader.master.progress import DispatcherConfig
 from shmloader.master.tasks import build_schedule
 from shmloader.shm.store import SegmentStore
 from shmloader.sources.base import Shard
@@ -68,9 +68,7 @@ class DispatcherOps:
 
 
 def make(tmp_path, *, shuffle=True, seed=3, epochs=2, window=2, budget="64MiB"):
-    d = Dispatcher(
-        SHARDS, DispatcherConfig(records_per_task=8, epochs=epochs, shuffle=shuffle, seed=seed)
-    )
+    d = Dispatcher(SHARDS, JobConfig(records_per_task=8, epochs=epochs, shuffle=shuffle, seed=seed))
     store, plane, sampler = trainer(d, "c", tmp_path, shuffle=shuffle, seed=seed, window=window)
     return d, store, plane, sampler
 

@@ -71,12 +71,10 @@ _TGKILL = {"x86_64": 234, "aarch64": 131}.get(platform.machine())
 def test_the_last_words_of_a_long_job_name_the_last_epochs_and_every_loss() -> None:
     """A master of 20,000 short epochs printed a line for each when it stopped."""
     from shmloader.cli.master import summary
-    from shmloader.master import Dispatcher, DispatcherConfig
+    from shmloader.master import Dispatcher, JobConfig
     from shmloader.sources.base import Shard
 
-    d = Dispatcher(
-        [Shard("a", 4)], DispatcherConfig(records_per_task=2, epochs=None, max_retries=0)
-    )
+    d = Dispatcher([Shard("a", 4)], JobConfig(records_per_task=2, epochs=None, max_retries=0))
     d.register("c", 0.0)
     for epoch in range(10):
         for n, lease in enumerate(d.lease("c", 2, 0.0)):

@@ -13,15 +13,15 @@ import time
 
 from _dataplane_helpers import SHARDS, announce, trainer
 
+from shmloader.master.config import JobConfig
 from shmloader.master.dispatcher import Dispatcher
-from shmloader.master.progress import DispatcherConfig
 from shmloader.reader.messages import lease_clock
 
 LEASE = 10.0
 
 
 def test_after_a_stall_only_ready_tasks_still_leased_here_are_delivered(tmp_path):
-    config = DispatcherConfig(records_per_task=8, epochs=1, seed=3, lease_timeout=LEASE)
+    config = JobConfig(records_per_task=8, epochs=1, seed=3, lease_timeout=LEASE)
     d = Dispatcher(SHARDS, config)
     store, plane, _ = trainer(d, "a", tmp_path / "a", lease_timeout=LEASE)
     d.register("b", time.time())

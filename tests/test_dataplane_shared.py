@@ -12,12 +12,12 @@ import time
 from _dataplane_helpers import OFFSETS, SHARDS, TOTAL, announce, trainer
 
 from shmloader.dataset.worker import Gatherer
+from shmloader.master.config import JobConfig
 from shmloader.master.dispatcher import Dispatcher
-from shmloader.master.progress import DispatcherConfig
 
 
 def dispatcher(epochs: int) -> Dispatcher:
-    return Dispatcher(SHARDS, DispatcherConfig(records_per_task=8, epochs=epochs, seed=3))
+    return Dispatcher(SHARDS, JobConfig(records_per_task=8, epochs=epochs, seed=3))
 
 
 def consume(store, plane, sampler) -> list[int]:
@@ -305,7 +305,7 @@ def test_rows_a_checkpoint_hands_over_are_left_out_of_their_own_task_only(tmp_pa
     # The handover names tasks by id, not by their place in the epoch's order: record numbers
     # count from each file's start, so the same numbers of another task are other records.
     d = dispatcher(epochs=1)
-    probe = Dispatcher(SHARDS, DispatcherConfig(records_per_task=8, epochs=1, seed=3))
+    probe = Dispatcher(SHARDS, JobConfig(records_per_task=8, epochs=1, seed=3))
     probe.register("p", time.time())
     tasks = [lease.task for lease in probe.lease("p", 20, time.time())]
     first, other = next(

@@ -206,3 +206,36 @@ def test_next_batch_after_closing_the_dataset_says_it_was_closed(
         with pytest.raises(StoreClosedError, match="no longer exists: its owner closed it"):
             next(it)
         del it
+
+
+@pytest.mark.parametrize("how", ["fresh", "positions", "merged", "rank"])
+def test_len_before_the_first_batch_starts_nothing(
+    tmp_path: Path, data: tuple[Path, list[int]], how: str
+) -> None:
+    """``len(ds)`` and ``len(dl)`` before the first iteration are worked out from the plan: no
+    master, no reader configured; and they are what the first pass then delivers, also after
+    a state is loaded (by positions, or merged record ranges) and for a DDP rank's share."""
+    directory, expected = data
+    options: dict[str, Any] = {"epochs": 2}
+    if how == "rank":
+        options.update(rank=1, world_size=2)
+    state = None
+    if how in ("positions", "merged"):
+        with dataset(directory, tmp_path / "before", epochs=2) as ds:
+            dl = shmloader.DataLoader(ds, batch_size=BATCH)
+            first_batches(dl, 7)
+            state = dl.state_dict()
+        if how == "merged":
+            state = shmloader.merge_states([state])
+    with dataset(directory, tmp_path / "shm", **options) as ds:
+        dl = shmloader.DataLoader(ds, batch_size=BATCH)
+        if state is not None:
+            dl.load_state_dict(state)
+        rows, batches = len(ds), len(dl)
+        assert ds._runtime is None  # nothing started
+        length, got = whole_pass(dl)
+        assert (rows, batches) == (len(got), length)
+        if how == "fresh":
+            assert sorted(got) == expected
+        elif how != "rank":
+            assert len(got) == len(expected) - 7 * BATCH

@@ -247,9 +247,9 @@ def test_build_schedule_leaves_consumed_records_out() -> None:
 def test_dispatcher_config_resume_survives_json() -> None:
     import json
 
-    from shmloader.master.progress import DispatcherConfig
+    from shmloader.master.config import JobConfig
 
-    config = DispatcherConfig(records_per_task=10, resume={3: [(5, 8), (0, 2), (2, 4)]})
+    config = JobConfig(records_per_task=10, resume={3: [(5, 8), (0, 2), (2, 4)]})
     assert config.resume == {3: [(0, 4), (5, 8)]}
-    again = DispatcherConfig.from_dict(json.loads(json.dumps(config.to_dict())))
+    again = JobConfig.from_dict(json.loads(json.dumps(config.to_dict())))
     assert again == config

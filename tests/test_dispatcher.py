@@ -8,7 +8,7 @@ import pytest
 from _master_helpers import Recorder
 
 from shmloader.errors import ConfigError, CorruptRecordError, LeaseError, MasterError
-from shmloader.master import Dispatcher, DispatcherConfig, Lease
+from shmloader.master import Dispatcher, JobConfig, Lease
 from shmloader.master.tasks import task_order
 from shmloader.master.updates import (
     LeaseFailed,
@@ -25,7 +25,7 @@ PLAN = [Shard("a", 10), Shard("b", 5), Shard("c", 0), Shard("d", 7)]  # rpt 4: 7
 def make(**kw: object) -> Dispatcher:
     settings: dict = {"records_per_task": 4, "shuffle": False, "lease_timeout": 10.0}
     settings.update(kw)
-    return Dispatcher(PLAN, DispatcherConfig(**settings))
+    return Dispatcher(PLAN, JobConfig(**settings))
 
 
 def ids(leases: list[Lease]) -> list[int]:
@@ -280,13 +280,13 @@ def test_ddp_queue_of_a_dead_rank_waits_for_the_rank() -> None:
 
 def test_config_and_plan_are_checked() -> None:
     with pytest.raises(ConfigError, match="epochs must be an int >= 1 or None"):
-        DispatcherConfig(records_per_task=1, epochs=0)
+        JobConfig(records_per_task=1, epochs=0)
     with pytest.raises(ConfigError, match="ddp_policy must be one of"):
-        DispatcherConfig(records_per_task=1, ddp_policy="repeat")
+        JobConfig(records_per_task=1, ddp_policy="repeat")
     with pytest.raises(ConfigError, match="lease_timeout must be a positive number"):
-        DispatcherConfig(records_per_task=1, lease_timeout=0)
+        JobConfig(records_per_task=1, lease_timeout=0)
     with pytest.raises(ConfigError, match="the plan has no records"):
-        Dispatcher([Shard("x", 0)], DispatcherConfig(records_per_task=1))
+        Dispatcher([Shard("x", 0)], JobConfig(records_per_task=1))
     with pytest.raises(ConfigError, match='"drop" with world_size=30 gives every rank 0'):
         make(world_size=30, ddp_policy="drop")
 

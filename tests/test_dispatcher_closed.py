@@ -14,7 +14,7 @@ import json
 import pytest
 
 from shmloader.errors import LeaseError
-from shmloader.master import Dispatcher, DispatcherConfig
+from shmloader.master import Dispatcher, JobConfig
 from shmloader.sources.base import Shard
 
 PLAN = [Shard("a", 10), Shard("b", 6)]
@@ -41,7 +41,7 @@ SAVED = json.loads(
 
 
 def make() -> Dispatcher:
-    config = DispatcherConfig(
+    config = JobConfig(
         records_per_task=4, shuffle=False, epochs=2, lease_timeout=10.0, consumer_timeout=30.0
     )
     return Dispatcher(PLAN, config)

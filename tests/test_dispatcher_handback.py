@@ -11,7 +11,7 @@ from _master_helpers import Recorder
 
 from shmloader._proto import master_pb2 as pb
 from shmloader.errors import ConfigError, MasterError
-from shmloader.master import Dispatcher, DispatcherConfig, Master, MasterClient
+from shmloader.master import Dispatcher, JobConfig, Master, MasterClient
 from shmloader.master.journal import Journal
 from shmloader.master.updates import LeaseHandedBack, decode_update, encode_update
 from shmloader.sources.base import Shard
@@ -22,7 +22,7 @@ PLAN = [Shard("a", 10), Shard("b", 5), Shard("d", 7)]  # rpt 4: tasks a0..a2, b0
 def make(**kw: object) -> Dispatcher:
     settings: dict = {"records_per_task": 4, "shuffle": False, "lease_timeout": 10.0}
     settings.update(kw)
-    return Dispatcher(PLAN, DispatcherConfig(**settings))
+    return Dispatcher(PLAN, JobConfig(**settings))
 
 
 def test_a_leaving_consumer_hands_back_what_it_consumed_and_the_next_lease_carries_it() -> None:
@@ -123,7 +123,7 @@ def test_replay_and_state_dict_keep_handed_back_records() -> None:
 
 
 def test_the_journal_recovers_handed_back_records(tmp_path: Path) -> None:
-    config = DispatcherConfig(records_per_task=4, shuffle=False, lease_timeout=10.0)
+    config = JobConfig(records_per_task=4, shuffle=False, lease_timeout=10.0)
     with Journal.open(tmp_path, PLAN, config, 0.0, fsync="always") as j:
         _drive(j.dispatcher)
     with Journal.open(tmp_path, PLAN, config, 2.0) as j:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from _master_helpers import Recorder
 
-from shmloader.master import Dispatcher, DispatcherConfig
+from shmloader.master import Dispatcher, JobConfig
 from shmloader.master.journal import Journal
 from shmloader.master.updates import (
     ConsumerLeft,
@@ -31,9 +31,9 @@ PLAN = [Shard("a", 10), Shard("b", 6)]  # 4 records per task: 5 tasks
 LEASE, CONSUMER = 10.0, 30.0
 
 
-def config(**kw: object) -> DispatcherConfig:
+def config(**kw: object) -> JobConfig:
     settings: dict[str, object] = {"lease_timeout": LEASE, "consumer_timeout": CONSUMER, **kw}
-    return DispatcherConfig(records_per_task=4, shuffle=False, **settings)  # type: ignore[arg-type]
+    return JobConfig(records_per_task=4, shuffle=False, **settings)  # type: ignore[arg-type]
 
 
 def stalled(d: Dispatcher, rank: int | None = None) -> tuple[int, int]:

@@ -24,7 +24,7 @@ from hypothesis.stateful import (
 )
 
 from shmloader.errors import LeaseError, MasterError
-from shmloader.master import Dispatcher, DispatcherConfig, Lease
+from shmloader.master import Dispatcher, JobConfig, Lease
 from shmloader.master.tasks import build_schedule
 from shmloader.master.updates import Update, decode_update, encode_update
 from shmloader.sources.base import Shard
@@ -50,7 +50,7 @@ class DispatcherMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.config = DispatcherConfig(
+        self.config = JobConfig(
             records_per_task=2,
             epochs=EPOCHS,
             seed=11,

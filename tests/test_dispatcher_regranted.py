@@ -14,7 +14,7 @@ import pytest
 from _master_helpers import Recorder
 
 from shmloader.errors import LeaseError, NotActive
-from shmloader.master import Dispatcher, DispatcherConfig
+from shmloader.master import Dispatcher, JobConfig
 from shmloader.master import dispatcher as dispatcher_module
 from shmloader.master._convert import problem_to_msg, problems_from_msg
 from shmloader.master.updates import decode_update, encode_update
@@ -24,9 +24,7 @@ PLAN = [Shard("a", 10), Shard("b", 5)]  # 4 records per task: 5 tasks
 
 
 def make() -> Dispatcher:
-    config = DispatcherConfig(
-        records_per_task=4, shuffle=False, lease_timeout=10.0, consumer_timeout=30.0
-    )
+    config = JobConfig(records_per_task=4, shuffle=False, lease_timeout=10.0, consumer_timeout=30.0)
     return Dispatcher(PLAN, config)
 
 

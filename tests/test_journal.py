@@ -10,12 +10,12 @@ import pytest
 
 from shmloader.errors import ConfigError, CorruptRecordError
 from shmloader.formats.tfrecord import decode_frames
-from shmloader.master import Dispatcher, DispatcherConfig
+from shmloader.master import Dispatcher, JobConfig
 from shmloader.master.journal import Journal
 from shmloader.sources.base import Shard
 
 PLAN = [Shard("a", 10), Shard("b", 5), Shard("d", 7)]
-CONFIG = DispatcherConfig(records_per_task=4, epochs=2, lease_timeout=10.0, max_retries=1)
+CONFIG = JobConfig(records_per_task=4, epochs=2, lease_timeout=10.0, max_retries=1)
 
 
 def _open(path: Path, **kw: object) -> Journal:
@@ -198,13 +198,13 @@ def test_a_deleted_newest_segment_is_an_error_not_a_silent_rewind(tmp_path: Path
 
 def test_the_journal_refuses_another_schedule(tmp_path: Path) -> None:
     _open(tmp_path).close()
-    other = DispatcherConfig(records_per_task=5, epochs=2)
+    other = JobConfig(records_per_task=5, epochs=2)
     with pytest.raises(ConfigError, match="records_per_task: 4 there, 5 here"):
         _open(tmp_path, config=other)
     with pytest.raises(ConfigError, match="the plan differs"):
         Journal.open(tmp_path, [Shard("a", 11)], CONFIG, 0.0)
     # settings outside the schedule may change between restarts
-    _open(tmp_path, config=DispatcherConfig(records_per_task=4, epochs=5, max_retries=7)).close()
+    _open(tmp_path, config=JobConfig(records_per_task=4, epochs=5, max_retries=7)).close()
 
 
 def test_one_master_per_directory(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import grpc
 
 from shmloader._proto import master_pb2 as pb
 from shmloader._proto import master_pb2_grpc as pb_grpc
-from shmloader.master import Dispatcher, DispatcherConfig
+from shmloader.master import Dispatcher, JobConfig
 from shmloader.master.client import MasterClient
 from shmloader.master.journal import Journal
 from shmloader.master.server import Master
@@ -26,7 +26,7 @@ from shmloader.master.updates import LeaseGranted, decode_update, encode_update
 from shmloader.sources.base import Shard
 
 PLAN = [Shard("a", 10), Shard("b", 7)]
-CONFIG = DispatcherConfig(records_per_task=3, epochs=2, lease_timeout=10.0)
+CONFIG = JobConfig(records_per_task=3, epochs=2, lease_timeout=10.0)
 
 
 def _ids(leases: list) -> list[int]:
@@ -52,7 +52,7 @@ def test_the_same_request_id_twice_grants_once_and_returns_the_same_leases() -> 
 
 
 def test_the_memo_is_per_consumer_and_keeps_the_latest_ids() -> None:
-    d = Dispatcher([Shard("big", 200)], DispatcherConfig(records_per_task=1, epochs=1))
+    d = Dispatcher([Shard("big", 200)], JobConfig(records_per_task=1, epochs=1))
     d.register("c", 0.0)
     d.register("e", 0.0)
     mine = d.lease("c", 1, 1.0, request=5)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from _master_helpers import Recorder
 
-from shmloader.master import Dispatcher, DispatcherConfig
+from shmloader.master import Dispatcher, JobConfig
 from shmloader.master.journal import Journal
 from shmloader.master.server import stall_threshold, tick
 from shmloader.master.service import MasterService
@@ -21,8 +21,8 @@ PLAN = [Shard("a", 10), Shard("b", 5), Shard("d", 7)]
 INTERVAL = 0.5  # the server's tick for lease_timeout=2 (a quarter of it)
 
 
-def config(lease_timeout: float = 2.0, consumer_timeout: float = 10.0) -> DispatcherConfig:
-    return DispatcherConfig(
+def config(lease_timeout: float = 2.0, consumer_timeout: float = 10.0) -> JobConfig:
+    return JobConfig(
         records_per_task=4,
         epochs=2,
         lease_timeout=lease_timeout,

@@ -17,8 +17,10 @@ from types import FrameType
 from typing import Any
 
 from ..errors import ConfigError, ShmloaderError
+from ..master.config import JobConfig
 from ..master.progress import Progress
 from ..master.server import LOOPBACK_HOSTS, Master
+from ..master.tasks import DDP_POLICIES
 from ..sources.factory import source_for_paths
 from ._progress_text import counter_line, epoch_lines, worth_showing
 
@@ -42,14 +44,20 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("sources", nargs="+", metavar="SOURCE", help="data files, globs or folders")
     p.add_argument("--records-per-task", type=int, required=True, metavar="N")
-    p.add_argument("--epochs", type=int, default=1, metavar="E", help="0: unbounded (default 1)")
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=JobConfig.epochs or 0,
+        metavar="E",
+        help=f"0: unbounded (default {JobConfig.epochs or 0})",
+    )
     p.add_argument(
         "--shuffle",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="seeded shuffle of the task order per epoch (default: on)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=JobConfig.seed)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="0: any free port (default)")
     p.add_argument("--journal", metavar="DIR", help="write-ahead journal directory (local disk)")
@@ -58,10 +66,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tls-cert", metavar="FILE", help="certificate chain (PEM)")
     p.add_argument("--tls-key", metavar="FILE", help="private key (PEM)")
     p.add_argument("--world-size", type=int, metavar="N", help="DDP: equal shares for N ranks")
-    p.add_argument("--ddp-policy", choices=("pad", "drop"), default="pad")
-    p.add_argument("--lease-timeout", type=float, default=60.0, metavar="S")
-    p.add_argument("--consumer-timeout", type=float, default=60.0, metavar="S")
-    p.add_argument("--max-retries", type=int, default=3)
+    p.add_argument("--ddp-policy", choices=DDP_POLICIES, default=JobConfig.ddp_policy)
+    p.add_argument("--lease-timeout", type=float, default=JobConfig.lease_timeout, metavar="S")
+    p.add_argument(
+        "--consumer-timeout", type=float, default=JobConfig.consumer_timeout, metavar="S"
+    )
+    p.add_argument("--max-retries", type=int, default=JobConfig.max_retries)
     p.add_argument(
         "--resume",
         metavar="STATE.json",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ConfigError
+from ..master.config import JobConfig
 from ..master.tasks import TaskTable
 from .consumed import Ranges, count, union
 from .handover import Handover
@@ -77,6 +78,11 @@ class ResumePoint:
     def schedule_resume(self) -> Ranges | None:
         """What the embedded master leaves out of the epoch's schedule."""
         return self.consumed if self.reschedule else None
+
+    def job(self, job: JobConfig) -> JobConfig:
+        """``job`` as a master resumed at this point runs it: from this epoch, without the
+        records the state leaves out of the schedule."""
+        return dataclasses.replace(job, first_epoch=self.epoch, resume=self.schedule_resume())
 
     def without_positions(self) -> ResumePoint:
         """As if the state had named no positions: a standalone master started from it

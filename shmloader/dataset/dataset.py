@@ -16,6 +16,7 @@ import numpy as np
 import torch.utils.data
 
 from ..errors import ConfigError, DataError, ShmloaderError
+from ..master.config import DEFAULT_RECORDS_PER_TASK, JobConfig
 from ..reader.pool import ReaderProcess, launch_readers, stop_readers
 from ..shm.sizes import parse_size
 from ..shm.store import SegmentStore
@@ -32,7 +33,7 @@ from .worker import Gatherer
 if TYPE_CHECKING:
     from ..master.tasks import DdpPolicy
     from ..stats.stats import Stats
-    from .checkpoint import DatasetFacts
+    from .checkpoint import DatasetFacts, ResumePoint
     from .runtime import Runtime, RuntimeConfig
 
 
@@ -44,9 +45,6 @@ _UNCONFIGURED_STOP = 0.0
 def collate(batch: Any) -> Any:
     """The collate function to give a DataLoader: ``__getitems__`` has already built the batch."""
     return batch
-
-
-DEFAULT_RECORDS_PER_TASK = 4096
 
 
 def _one_row(batch: dict[str, Any]) -> dict[str, Any]:
@@ -107,8 +105,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         *,
         num_readers: int = 2,
         records_per_task: int | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
+        shuffle: bool = JobConfig.shuffle,
+        seed: int = JobConfig.seed,
         shm_budget: int | str = "1GiB",
         epochs: int | None = None,
         shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
@@ -117,9 +115,9 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         token: str | None = None,
         rank: int | None = None,
         world_size: int | None = None,
-        ddp_policy: DdpPolicy = "pad",
-        lease_timeout: float = 30.0,
-        max_retries: int = 3,
+        ddp_policy: DdpPolicy = JobConfig.ddp_policy,
+        lease_timeout: float = JobConfig.lease_timeout,
+        max_retries: int = JobConfig.max_retries,
         shm_dir: str | None = None,
         columns: Sequence[str] | None = None,
     ) -> None:
@@ -155,26 +153,34 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self.num_readers = num_readers
         # Left out: the embedded master's default; a standalone master's own (runtime.py).
         self._records_per_task_given = records_per_task is not None
-        self.records_per_task = (
-            DEFAULT_RECORDS_PER_TASK if records_per_task is None else records_per_task
+        # The job, as the embedded master runs it (checked here, not at the first batch); a
+        # standalone master's own settings are checked against it at registration.
+        self.job = JobConfig(
+            records_per_task=(
+                DEFAULT_RECORDS_PER_TASK if records_per_task is None else records_per_task
+            ),
+            epochs=epochs,
+            shuffle=shuffle,
+            seed=seed,
+            lease_timeout=lease_timeout,
+            # An embedded master's consumers are this job's own trainers: a dead one's taken
+            # tasks come back as soon as its untaken ones.
+            consumer_timeout=max(lease_timeout, 10.0),
+            max_retries=max_retries,
+            world_size=world_size,
+            ddp_policy=ddp_policy,
         )
-        self.shuffle = shuffle
-        self.seed = seed
         self.shm_budget = parse_size(shm_budget, what="shm_budget")
-        self.epochs = epochs
         self.shuffle_window = shuffle_window
         self.master = master
         self.master_host = master_host
         self.token = token
         self.rank = rank
-        self.world_size = world_size
-        self.ddp_policy = ddp_policy
-        self.lease_timeout = lease_timeout
-        self.max_retries = max_retries
         self.shm_dir = shm_dir
         self._columns = list(columns) if columns is not None else None
         self._columns_checked = False  # columns= against the data, at the first gather
         self._resume = FRESH_START  # where a loaded state leaves the job (checkpoint.py)
+        self._rows_known: tuple[ResumePoint, int] | None = None  # see _rows_before_start
         self._runtime: Runtime | None = None
         self._sampler: TaskSampler | None = None
         self._lock = threading.Lock()
@@ -197,6 +203,39 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             except BaseException:
                 self._close(wait_for_ranks=False)
                 raise
+
+    # The job's parameters, as given (``job`` holds them).
+    @property
+    def records_per_task(self) -> int:
+        return self.job.records_per_task
+
+    @property
+    def shuffle(self) -> bool:
+        return self.job.shuffle
+
+    @property
+    def seed(self) -> int:
+        return self.job.seed
+
+    @property
+    def epochs(self) -> int | None:
+        return self.job.epochs
+
+    @property
+    def world_size(self) -> int | None:
+        return self.job.world_size
+
+    @property
+    def ddp_policy(self) -> DdpPolicy:
+        return self.job.ddp_policy
+
+    @property
+    def lease_timeout(self) -> float:
+        return self.job.lease_timeout
+
+    @property
+    def max_retries(self) -> int:
+        return self.job.max_retries
 
     # -- trainer side --------------------------------------------------------------------
     def start(self) -> SharedTaskDataset:
@@ -276,20 +315,13 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         return RuntimeConfig(
             source=self.source,
             num_readers=self.num_readers,
-            records_per_task=self.records_per_task,
+            job=self.job,
             records_per_task_given=self._records_per_task_given,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            epochs=self.epochs,
             master=None if self._rendezvous is not None else self.master,
             master_host=self.master_host,
             rendezvous=self._rendezvous,
             token=self.token,
             rank=self.rank,
-            world_size=self.world_size,
-            ddp_policy=self.ddp_policy,
-            lease_timeout=self.lease_timeout,
-            max_retries=self.max_retries,
             resume=self._resume,
             # Two windows: the block the sampler takes next and the one after it.
             ready_ahead=2 * self.shuffle_window,
@@ -304,6 +336,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
                 shuffle=self.shuffle,
                 seed=self.seed,
                 window=self.shuffle_window,
+                rows_before_start=self._rows_before_start,
             )
         return self._sampler
 
@@ -327,8 +360,32 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         }
 
     def __len__(self) -> int:
-        """Rows the next pass delivers: what is left of the epoch (``TaskSampler.pass_rows``)."""
+        """Rows the next pass delivers: what is left of the epoch (``TaskSampler.pass_rows``).
+        Before the first iteration, with an embedded master, it is worked out from the plan
+        (the schedule is a function of it and the job), without starting anything."""
         return len(self.sampler())
+
+    def _rows_before_start(self) -> int | None:
+        """The first pass's rows while nothing has started, for an embedded master (None: the
+        runtime has started, or a standalone master keeps its own epochs: ask it)."""
+        if self._runtime is not None or (self.master is not None and self._rendezvous is None):
+            return None
+        resume = self._resume
+        known = self._rows_known
+        if known is not None and known[0] is resume:
+            return known[1]
+        from ..master.epochs import schedule_of
+        from ..master.tasks import TaskTable
+
+        job = resume.job(self.job)
+        if resume.finished or (job.epochs is not None and resume.epoch >= job.epochs):
+            rows = 0
+        else:
+            table = TaskTable(self.source.plan(), job.records_per_task)
+            share = schedule_of(table, job, resume.epoch).queue_records(self.rank or 0)
+            rows = max(0, share - (resume.consumed_records if resume.by_position else 0))
+        self._rows_known = (resume, rows)
+        return rows
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         """Record ``index`` of the dataset, counted in plan order (file by file), as a dict of
@@ -471,6 +528,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._closed = False
         self._lock = threading.Lock()
         self._owner_pid = -1  # a worker copy: never starts or closes anything
+        self._rows_known = None
         self._store = None
 
     @property

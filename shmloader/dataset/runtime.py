@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import MasterError
 from ..master import forked
-from ..master.tasks import DdpPolicy
+from ..master.config import JobConfig
 from ..reader.messages import Failed, MasterLost, Message, Ready
 from ..reader.pool import STOP_SECONDS, ReaderInfo, ReaderPool, ReaderProcess
 from ..reader.process import ReaderConfig
@@ -60,21 +60,14 @@ LOST_STOP_SECONDS = 1.0  # readers' time to stop once the master is lost: they h
 class RuntimeConfig:
     source: Source
     num_readers: int
-    records_per_task: int
+    job: JobConfig  # as the embedded master runs it
     # Chosen by the user, not the default: a standalone master's must then be the same.
     records_per_task_given: bool
-    shuffle: bool
-    seed: int
-    epochs: int | None
     master: str | None
     master_host: str | None
     rendezvous: Rendezvous | None
     token: str | None
     rank: int | None
-    world_size: int | None
-    ddp_policy: DdpPolicy
-    lease_timeout: float
-    max_retries: int
     # Where a loaded state leaves the job (checkpoint.py); the default: a fresh start.
     resume: ResumePoint = FRESH_START
     # Readers lease no new task while this many are ready and not taken up by the sampler
@@ -137,7 +130,7 @@ class Runtime:
             self.client = MasterClient(address, token=config.token, local=local)
             info = self.client.register(self.consumer, config.rank)
             if self.embedded is None:  # another process planned the tasks: the same plan?
-                chosen = config.records_per_task if config.records_per_task_given else None
+                chosen = config.job.records_per_task if config.records_per_task_given else None
                 check_same_plan(config.source.plan(), chosen, info, address)
             self.lease_timeout = float(info.lease_timeout)
             self._elastic = info.world_size is None  # trainers share the master's epochs
@@ -287,7 +280,7 @@ class Runtime:
             token=config.token,
             rank=config.rank,
             skip_tasks=config.resume.skip_tasks(),
-            seed=config.seed,
+            seed=config.job.seed,
             files=self._files,
         )
 
@@ -309,21 +302,8 @@ class Runtime:
         from ..master.server import LOOPBACK_HOSTS, Master
 
         c = self.config
-        self.embedded = Master(
-            c.source,
-            records_per_task=c.records_per_task,
-            epochs=c.epochs,
-            shuffle=c.shuffle,
-            seed=c.seed,
-            world_size=c.world_size,
-            ddp_policy=c.ddp_policy,
-            lease_timeout=c.lease_timeout,
-            consumer_timeout=max(c.lease_timeout, 10.0),
-            max_retries=c.max_retries,
-            token=c.token,
-            first_epoch=c.resume.epoch,
-            resume=c.resume.schedule_resume(),
-            host=host or "127.0.0.1",
+        self.embedded = Master.for_job(
+            c.source, c.resume.job(c.job), token=c.token, host=host or "127.0.0.1"
         ).start()
         if host is not None and host not in LOOPBACK_HOSTS and c.token is None:
             log.warning(

@@ -160,10 +160,14 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         shuffle: bool,
         seed: int,
         window: int = DEFAULT_SHUFFLE_WINDOW,
+        rows_before_start: Callable[[], int | None] | None = None,
     ) -> None:
         if window < 1:
             raise ConfigError(f"shuffle_window must be >= 1, got {window}")
         self._get_feed = feed  # called late: the dataset starts on first use
+        # The rows of the first pass while the dataset has not started (None: ask the feed),
+        # so that len() does not start it.
+        self._rows_before_start = rows_before_start or (lambda: None)
         self.shuffle = shuffle
         self.seed = seed
         self.window = window
@@ -187,6 +191,9 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         ``break`` or a resume, progress bars and schedules count the steps from ``len``), or
         with ``rest_alone`` (see ``chunks``) the rest of the last epoch when its pass left
         some."""
+        before = self._rows_before_start()
+        if before is not None:  # nothing delivered yet: no rest of a pass either
+            return before
         feed = self._get_feed()
         epoch = feed.epoch_to_iterate()
         rest = feed.rest_of_last_pass(epoch) if rest_alone else ()

@@ -20,12 +20,12 @@ if TYPE_CHECKING:  # the names for type checkers (``as``: re-exported)
     from ._convert import LeaseReply as LeaseReply
     from .client import MasterClient as MasterClient
     from .client import RenewError as RenewError
+    from .config import JobConfig as JobConfig
     from .dispatcher import Dispatcher as Dispatcher
     from .journal import FSYNC_POLICIES as FSYNC_POLICIES
     from .journal import Journal as Journal
     from .journal import Recovery as Recovery
     from .progress import ConsumerProgress as ConsumerProgress
-    from .progress import DispatcherConfig as DispatcherConfig
     from .progress import EpochProgress as EpochProgress
     from .progress import Lease as Lease
     from .progress import Progress as Progress
@@ -52,7 +52,7 @@ _EXPORTS = {
     "Journal": ".journal",
     "Recovery": ".journal",
     "ConsumerProgress": ".progress",
-    "DispatcherConfig": ".progress",
+    "JobConfig": ".config",
     "EpochProgress": ".progress",
     "Lease": ".progress",
     "Progress": ".progress",

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 from .._proto import master_pb2 as pb
 from ..errors import NotActive
+from .config import JobConfig
 from .progress import (
     ConsumerProgress,
-    DispatcherConfig,
     EpochProgress,
     Lease,
     Progress,
@@ -160,7 +160,7 @@ def problems_from_msg(msgs: Iterable[pb.LeaseProblem]) -> dict[int, str]:
 
 
 def register_to_msg(
-    consumer: str, rank: int | None, config: DispatcherConfig, table: TaskTable
+    consumer: str, rank: int | None, config: JobConfig, table: TaskTable
 ) -> pb.RegisterReply:
     return pb.RegisterReply(
         consumer=consumer,

@@ -16,9 +16,10 @@ from ..errors import ConfigError, MasterError, NotActive
 from ..sources.base import Shard
 from . import state as _state
 from .closed import GONE_MEMORY, ClosedLeases
+from .config import JobConfig
 from .epochs import DONE, OpenEpoch, find_work
 from .handback import HandBack, handed_back
-from .progress import DispatcherConfig, EpochProgress, Lease, Progress
+from .progress import EpochProgress, Lease, Progress
 from .state import ConsumerState
 from .tasks import TaskTable, records_per_rank
 from .updates import (
@@ -46,7 +47,7 @@ class Dispatcher:
     """Tasks, epochs, leases and progress of one job; see the module docstring."""
 
     def __init__(
-        self, plan: Sequence[Shard], config: DispatcherConfig, *, sink: UpdateSink | None = None
+        self, plan: Sequence[Shard], config: JobConfig, *, sink: UpdateSink | None = None
     ) -> None:
         self.config = config
         self.table = TaskTable(plan, config.records_per_task)
@@ -142,7 +143,7 @@ class Dispatcher:
 
     def restart(self, now: float) -> None:
         """Mark a (re)start on recovered state: see :class:`~.updates.MasterStarted`. Taken
-        elastic leases are renewed for their full hold (``DispatcherConfig.hold``) from now,
+        elastic leases are renewed for their full hold (``JobConfig.hold``) from now,
         as journaled ``LeaseRenewed`` records: nobody could renew them while the master was
         down."""
         self._fresh(MasterStarted(now, self._incarnation + 1, now + self.config.lease_timeout))
@@ -233,7 +234,7 @@ class Dispatcher:
 
     def renew(self, lease_id: int, now: float) -> Lease:
         """Extend an active lease to ``now + lease_timeout`` (a taken elastic lease: ``now +
-        max(lease_timeout, consumer_timeout)``, see ``DispatcherConfig.hold``); returns the
+        max(lease_timeout, consumer_timeout)``, see ``JobConfig.hold``); returns the
         renewed lease."""
         lease = self.get_lease(lease_id)
         self._run(now, LeaseRenewed(now, lease_id, now + self.config.hold(lease)))
@@ -243,7 +244,7 @@ class Dispatcher:
         """The holders' trainers took these leases' tasks into their samplers: a trainer
         sharing the epoch stops waiting for them (see :meth:`whereabouts`). Leases no longer
         active are returned with why; the others are marked and, in elastic mode, renewed for
-        the longer hold of a taken lease (``DispatcherConfig.hold``)."""
+        the longer hold of a taken lease (``JobConfig.hold``)."""
         problems: dict[int, str] = {}
         for lease_id in lease_ids:
             lease = self._leases.get(lease_id)
@@ -278,7 +279,7 @@ class Dispatcher:
         """Take back leases past their deadline and leases of consumers silent for longer than
         ``consumer_timeout``; both count as failed attempts (a task that kills its reader must
         end up quarantined, not loop forever). Call it periodically. A taken elastic lease's
-        deadline is later (``DispatcherConfig.hold``); replays apply the journaled records,
+        deadline is later (``JobConfig.hold``); replays apply the journaled records,
         never decide."""
         applied: list[Update] = []
         for name, c in sorted(self._consumers.items()):

@@ -17,13 +17,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import MasterError
-from .progress import DispatcherConfig, EpochProgress, Lease, QuarantinedTask
+from .config import JobConfig
+from .progress import EpochProgress, Lease, QuarantinedTask
 from .tasks import EpochSchedule, Task, TaskTable, build_schedule, merge_ranges
 
 TODO, LEASED, DONE, QUARANTINED = 0, 1, 2, 3
 
 
-def schedule_of(table: TaskTable, config: DispatcherConfig, epoch: int) -> EpochSchedule:
+def schedule_of(table: TaskTable, config: JobConfig, epoch: int) -> EpochSchedule:
     """Epoch ``epoch``'s schedule under ``config``; only ``first_epoch`` leaves out ``resume``."""
     return build_schedule(
         table,
@@ -64,7 +65,7 @@ class OpenEpoch:
         self.records = [int(self.lengths.sum()), 0, 0, 0]
 
     @classmethod
-    def create(cls, table: TaskTable, config: DispatcherConfig, epoch: int) -> OpenEpoch:
+    def create(cls, table: TaskTable, config: JobConfig, epoch: int) -> OpenEpoch:
         return cls(schedule_of(table, config, epoch))
 
     # A unit's records, as ints for the values handed out.
@@ -152,7 +153,7 @@ class OpenEpoch:
     def make_lease(
         self,
         table: TaskTable,
-        config: DispatcherConfig,
+        config: JobConfig,
         lease_id: int,
         consumer: str,
         unit: int,
@@ -207,7 +208,7 @@ class OpenEpoch:
 
     @classmethod
     def from_state(
-        cls, table: TaskTable, config: DispatcherConfig, data: dict[str, Any], leased: list[int]
+        cls, table: TaskTable, config: JobConfig, data: dict[str, Any], leased: list[int]
     ) -> OpenEpoch:
         """Rebuild from :meth:`to_state` plus the units of the epoch's active leases."""
         ep = cls.create(table, config, int(data["epoch"]))

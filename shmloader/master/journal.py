@@ -32,8 +32,8 @@ from ..formats._framing import FRAME_OVERHEAD, HEADER
 from ..formats.checksum import masked_crc32c
 from ..formats.tfrecord import decode_frames, encode_frame
 from ..sources.base import Shard
+from .config import JobConfig
 from .dispatcher import Dispatcher
-from .progress import DispatcherConfig
 from .state import check_schedule_key, schedule_key
 from .updates import Update, update_from_dict, update_to_dict
 
@@ -98,7 +98,7 @@ class Journal:
         cls,
         directory: str | os.PathLike[str],
         plan: Sequence[Shard],
-        config: DispatcherConfig,
+        config: JobConfig,
         now: float,
         *,
         fsync: Fsync = "batch",

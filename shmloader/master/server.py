@@ -28,10 +28,11 @@ from .._proto import master_pb2_grpc as pb_grpc
 from ..errors import ConfigError, MasterError
 from ..sources.base import Shard, Source
 from . import forked
+from .config import JobConfig
 from .dispatcher import Dispatcher
 from .journal import FSYNC_POLICIES, Fsync, Journal
 from .local import LocalStub
-from .progress import DispatcherConfig, Progress
+from .progress import Progress
 from .service import MasterService
 from .tasks import DdpPolicy
 from .wire import MAX_REQUEST_BYTES
@@ -59,14 +60,14 @@ class Master:
         source_or_plan: Source | Sequence[Shard],
         *,
         records_per_task: int,
-        epochs: int | None = 1,
-        shuffle: bool = True,
-        seed: int = 0,
-        world_size: int | None = None,
-        ddp_policy: DdpPolicy = "pad",
-        lease_timeout: float = 60.0,
-        consumer_timeout: float = 60.0,
-        max_retries: int = 3,
+        epochs: int | None = JobConfig.epochs,
+        shuffle: bool = JobConfig.shuffle,
+        seed: int = JobConfig.seed,
+        world_size: int | None = JobConfig.world_size,
+        ddp_policy: DdpPolicy = JobConfig.ddp_policy,
+        lease_timeout: float = JobConfig.lease_timeout,
+        consumer_timeout: float = JobConfig.consumer_timeout,
+        max_retries: int = JobConfig.max_retries,
         journal: str | os.PathLike[str] | None = None,
         fsync: Fsync = "batch",
         host: str = "127.0.0.1",
@@ -76,8 +77,7 @@ class Master:
         first_epoch: int = 0,
         resume: dict[int, list[tuple[int, int]]] | None = None,
     ) -> None:
-        self.plan = _plan_of(source_or_plan)
-        self.config = DispatcherConfig(
+        job = JobConfig(
             records_per_task=records_per_task,
             epochs=epochs,
             shuffle=shuffle,
@@ -90,6 +90,40 @@ class Master:
             first_epoch=first_epoch,
             resume=resume,
         )
+        self._configure(source_or_plan, job, journal, fsync, host, port, token, tls)
+
+    @classmethod
+    def for_job(
+        cls,
+        source_or_plan: Source | Sequence[Shard],
+        job: JobConfig,
+        *,
+        journal: str | os.PathLike[str] | None = None,
+        fsync: Fsync = "batch",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        tls: tuple[bytes, bytes] | None = None,
+    ) -> Master:
+        """A master for ``job``, given as one value (a ``SharedTaskDataset``'s embedded
+        master); the other arguments as for ``Master``."""
+        master = cls.__new__(cls)
+        master._configure(source_or_plan, job, journal, fsync, host, port, token, tls)
+        return master
+
+    def _configure(
+        self,
+        source_or_plan: Source | Sequence[Shard],
+        job: JobConfig,
+        journal: str | os.PathLike[str] | None,
+        fsync: Fsync,
+        host: str,
+        port: int,
+        token: str | None,
+        tls: tuple[bytes, bytes] | None,
+    ) -> None:
+        self.plan = _plan_of(source_or_plan)
+        self.config = job
         if fsync not in FSYNC_POLICIES:
             raise ConfigError(f"fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")
         if not isinstance(host, str) or not host:

@@ -12,15 +12,13 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, MasterError
+from .config import SCHEDULE_FIELDS, JobConfig, resume_key
 from .epochs import DONE, LEASED, QUARANTINED, TODO, OpenEpoch, schedule_of
 from .progress import (
-    SCHEDULE_FIELDS,
     ConsumerProgress,
-    DispatcherConfig,
     EpochProgress,
     Lease,
     Progress,
-    resume_key,
 )
 from .tasks import TaskTable
 
@@ -69,7 +67,7 @@ class ConsumerState:
         return None if ids is None else [i for i in ids if i in self.leases]
 
 
-def schedule_key(table: TaskTable, config: DispatcherConfig) -> dict[str, Any]:
+def schedule_key(table: TaskTable, config: JobConfig) -> dict[str, Any]:
     key: dict[str, Any] = {name: getattr(config, name) for name in SCHEDULE_FIELDS}
     key["resume"] = resume_key(config.resume)
     if config.resume is not None:  # the consumed records belong to this epoch
@@ -252,7 +250,7 @@ def left_records(d: Dispatcher, epoch: int) -> list[int] | None:
 def _in_hand(d: Dispatcher, lease: Lease, now: float | None) -> bool:
     """Taken, and renewed within ``lease_timeout``. A taken lease not renewed for longer may
     be its trainer's (stalled or dead) to the end of its hold, up to ``consumer_timeout``
-    (``DispatcherConfig.hold``): "other", which trainers wait for at the end of a pass, as for a
+    (``JobConfig.hold``): "other", which trainers wait for at the end of a pass, as for a
     task not taken, else the others could end their last pass before it comes back and its
     rows would be lost. Its deadline is its last renewal plus its hold, so no clock is kept."""
     if not lease.taken or now is None:

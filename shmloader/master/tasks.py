@@ -156,6 +156,10 @@ class EpochSchedule:
     def lengths(self) -> np.ndarray:
         return self.stop - self.start
 
+    def queue_records(self, queue: int) -> int:
+        """The records of queue ``queue``'s units (a rank's share; elastic mode: queue 0)."""
+        return int(self.lengths()[self.bounds[queue] : self.bounds[queue + 1]].sum())
+
     @cached_property
     def _bounds(self) -> list[int]:
         return [int(b) for b in self.bounds]
