@@ -177,9 +177,9 @@ def run_gather(spec: Spec) -> dict[str, Any]:
     alone from segments opened and touched before the clock starts: no mapping costs).
     """
     from shmloader.dataset.gather import encode_indices, gather
+    from shmloader.dataset.gatherer import Gatherer
     from shmloader.dataset.plane import slot_name
     from shmloader.dataset.sampler import block_permutation
-    from shmloader.dataset.worker import Gatherer
     from shmloader.shm.store import SegmentStore
     from shmloader.sources.records import RecordFileSource
 

@@ -6,7 +6,7 @@ test plays the sampler taking a task at the worst moment, no timing."""
 
 from __future__ import annotations
 
-from test_dataplane_regranted import ready_at_a, stall
+from test_dataplane_lapsed_leases import ready_at_a, stall
 
 
 def test_a_task_taken_while_an_answer_is_routed_is_warned_about_once(tmp_path, caplog):
@@ -27,12 +27,12 @@ def test_a_task_taken_while_an_answer_is_routed_is_warned_about_once(tmp_path, c
             return states
 
         outbox._slot_states = listing
-        with caplog.at_level("WARNING", logger="shmloader.dataset.plane"):
+        with caplog.at_level("WARNING", logger="shmloader.dataset"):
             plane.lapsed(d.mark_taken(plane.held_leases(), later))
             warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-            assert len(warned) == plane.regranted.tasks == 1  # by admit: the lease was noted
+            assert len(warned) == plane.lapsed_leases.tasks == 1  # by admit: the lease was noted
             assert f"this trainer's lease {leases[0].lease_id} lapsed" in warned[0]
             plane.lapsed(d.mark_taken(plane.held_leases(), later))  # the next renew cycle
         assert own_lock_held == [False, False]
         warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-        assert len(warned) == plane.regranted.tasks == 1  # not again
+        assert len(warned) == plane.lapsed_leases.tasks == 1  # not again

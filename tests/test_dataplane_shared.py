@@ -11,7 +11,7 @@ import time
 
 from _dataplane_helpers import OFFSETS, SHARDS, TOTAL, announce, trainer
 
-from shmloader.dataset.worker import Gatherer
+from shmloader.dataset.gatherer import Gatherer
 from shmloader.master.config import JobConfig
 from shmloader.master.dispatcher import Dispatcher
 
@@ -285,15 +285,15 @@ def test_a_stalled_trainer_whose_tasks_went_to_another_warns_and_counts(tmp_path
         to_b = d.lease("b", 20, later)
         announce(store, plane, mine[0])  # a second copy: dropped
         assert plane.duplicates == 1
-        with caplog.at_level("WARNING", logger="shmloader.dataset.plane"):
+        with caplog.at_level("WARNING", logger="shmloader.dataset"):
             rest = Gatherer(store.handle(), ["id"]).gather(list(it))
             plane.poll()
         got = first["id"].tolist() + rest["id"].tolist()
         assert sorted(got) == list(range(TOTAL))  # a delivered every row once itself
         warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-        assert len(warned) == len(to_b) == plane.regranted.tasks == len(lapsed) - 1
+        assert len(warned) == len(to_b) == plane.lapsed_leases.tasks == len(lapsed) - 1
         b_rows = sum(x.task.num_records for x in to_b)
-        assert plane.regranted.records == b_rows  # all of them: a delivered them all
+        assert plane.lapsed_leases.records == b_rows  # all of them: a delivered them all
         x = to_b[0]
         text = next(w for w in warned if f"(lease {x.lease_id})" in w)
         task = f"task {x.task.task_id} ({x.task.path}, records {x.task.start}..{x.task.stop})"

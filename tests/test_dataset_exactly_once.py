@@ -168,7 +168,7 @@ def test_torchs_own_drop_last_leaves_rows_for_the_next_pass_and_says_so(
             ds, batch_size=BATCH, sampler=ds.sampler(), collate_fn=ds.collate, drop_last=True
         )
         first = one_pass(dl)
-        with caplog.at_level(logging.WARNING, logger="shmloader.dataset.plane"):
+        with caplog.at_level(logging.WARNING, logger="shmloader.dataset"):
             second = one_pass(dl)
     dropped = set(expected) - set(first)
     assert len(dropped) == len(expected) % BATCH

@@ -1,4 +1,4 @@
-"""Views of parsed segments reused for the next file at the same place (dataset/parsed.py)."""
+"""Views of parsed segments reused for the next file at the same place (dataset/view_cache.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 
 from shmloader.dataset.gather import encode_indices, segment_views
-from shmloader.dataset.parsed import ParsedViews
+from shmloader.dataset.gatherer import Gatherer
 from shmloader.dataset.plane import slot_name
-from shmloader.dataset.worker import Gatherer
+from shmloader.dataset.view_cache import ParsedViews
 from shmloader.shm.region import PAGE, Placed, Region
 from shmloader.shm.store import SegmentStore, read_segment
 

@@ -1,5 +1,5 @@
 """A sorted batch over the segments of the batch before it is gathered through the SlotTable,
-without grouping its rows (dataset/window.py): the same batch as through the groups, and any
+without grouping its rows (dataset/slot_table.py): the same batch as through the groups, and any
 other batch still goes through them, errors included."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import shmloader.dataset.worker as worker
+import shmloader.dataset.gatherer as worker
 from shmloader.dataset.gather import encode_indices, gather, segment_views
+from shmloader.dataset.gatherer import Gatherer
 from shmloader.dataset.plane import slot_name
-from shmloader.dataset.worker import Gatherer
 from shmloader.shm.store import SegmentStore
 
 SIZES = [50, 20, 50, 30]

@@ -15,7 +15,7 @@ from _master_helpers import Recorder
 
 from shmloader.errors import LeaseError, NotActive
 from shmloader.master import Dispatcher, JobConfig
-from shmloader.master import dispatcher as dispatcher_module
+from shmloader.master import snapshot as snapshot_module
 from shmloader.master._convert import problem_to_msg, problems_from_msg
 from shmloader.master.updates import decode_update, encode_update
 from shmloader.sources.base import Shard
@@ -106,7 +106,7 @@ def test_replay_and_state_dict_keep_who_got_it_and_old_states_load() -> None:
 
 
 def test_who_got_it_is_forgotten_with_the_lease(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dispatcher_module, "GONE_MEMORY", 2)
+    monkeypatch.setattr(snapshot_module, "GONE_MEMORY", 2)  # what a dispatcher keeps
     d = make()
     old, _ = stall_and_hand_over(d)
     for lease in d.lease("fast", 3, 12.0):  # three more closed leases push it out

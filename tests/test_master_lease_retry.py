@@ -21,7 +21,7 @@ from shmloader.master import Dispatcher, JobConfig
 from shmloader.master.client import MasterClient
 from shmloader.master.journal import Journal
 from shmloader.master.server import Master
-from shmloader.master.state import REQUEST_MEMORY
+from shmloader.master.snapshot import REQUEST_MEMORY
 from shmloader.master.updates import LeaseGranted, decode_update, encode_update
 from shmloader.sources.base import Shard
 

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 
 from shmloader.dataset.gather import encode_indices, gather, segment_views
+from shmloader.dataset.gatherer import Gatherer
 from shmloader.dataset.plane import slot_name
-from shmloader.dataset.worker import Gatherer
 from shmloader.shm.region import PAGE, Region
 from shmloader.shm.store import SegmentStore
 

@@ -32,9 +32,9 @@ import numpy as np
 
 from ..errors import ShmloaderError
 from .checkpoint import FRESH_START, ResumePoint
-from .consumed import Ranges, row_records, rows_in, to_ranges, union
 from .gather import SegmentRows, encode_indices, split_indices
 from .ready import ReadyTask
+from .record_ranges import Ranges, row_records, rows_in, to_ranges, union
 
 
 class ConsumedWhen(enum.Enum):

@@ -19,8 +19,8 @@ import numpy as np
 from ..errors import ConfigError
 from ..master.config import JobConfig
 from ..master.tasks import TaskTable
-from .consumed import Ranges, count, union
 from .handover import Handover
+from .record_ranges import Ranges, count, union
 
 if TYPE_CHECKING:
     from ..sources.base import Source

@@ -25,10 +25,10 @@ from . import ring
 from .checkpoint import FRESH_START
 from .delivery import TrackedBatch
 from .gather import ROW_BITS, encode_indices, gather, segment_views
+from .gatherer import Gatherer
 from .launcher import TORCHRUN, Rendezvous, rendezvous_from_env
 from .ring import RingBatch
 from .sampler import DEFAULT_SHUFFLE_WINDOW, TaskBatchSampler, TaskSampler
-from .worker import Gatherer
 
 if TYPE_CHECKING:
     from ..master.tasks import DdpPolicy

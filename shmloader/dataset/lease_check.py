@@ -24,7 +24,7 @@ from ..reader.messages import lease_clock
 from .master_ops import LeaseOps
 from .ready import ReadyTask
 
-log = logging.getLogger("shmloader.dataset.plane")
+log = logging.getLogger(__name__)
 
 
 class LeaseCheck:

@@ -38,7 +38,7 @@ from .plane import DataPlane
 from .task_errors import TaskErrors
 
 # The runtime's logger, as before this thread had a module of its own: filters keep working.
-log = logging.getLogger("shmloader.dataset.runtime")
+log = logging.getLogger(__name__)
 POLL_SECONDS = 0.005
 IDLE_POLL_SECONDS = 0.02  # the tick with no ledger rows and no readers held back
 STALL_SECONDS = 300.0  # on one task this long, not waiting for room: warned of

@@ -9,12 +9,12 @@ thread or a poll.
 
 The master may answer that some leases are not active any more: they lapsed (this trainer was
 too slow) and may have gone to another trainer. The renew cycle gets the same answers. ``lapsed``
-routes them to ``Regranted`` (regranted.py), which warns about tasks the sampler took that
+routes them to ``LapsedLeases`` (lapsed_leases.py), which warns about tasks the sampler took that
 another trainer delivers too, and logs each lease's reason once, outside every lock.
 
 Locks, always taken in this order: the flush lock (one flush at a time, so a lease's answer is
 routed before the lease is forgotten), the plane's lock, this outbox's own lock (it guards the
-queues, the slots being completed and ``regranted``). The plane calls in while it holds its
+queues, the slots being completed and ``lapsed_leases``). The plane calls in while it holds its
 lock; the outbox asks for the plane's slots (``slot_states``, which takes the plane's lock)
 never while it holds its own, or the two threads would deadlock.
 """
@@ -26,11 +26,11 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 
 from .accounting import SlotState
+from .lapsed_leases import LapsedLeases
 from .master_ops import LeaseOps
 from .ready import ReadyTask
-from .regranted import Regranted
 
-log = logging.getLogger("shmloader.dataset.plane")
+log = logging.getLogger(__name__)
 
 
 class Outbox:
@@ -55,7 +55,7 @@ class Outbox:
         # Slots whose completion is being sent: warned about if the master answers that their
         # lease went to another trainer.
         self._completing: dict[int, SlotState] = {}
-        self.regranted = Regranted(consumer)  # leases lapsed and handed to another trainer
+        self.lapsed_leases = LapsedLeases(consumer)  # leases lapsed and handed to another trainer
 
     def complete(self, lease_id: int, state: SlotState | None = None) -> None:
         """Queue completing the lease: its task was consumed (``state``: its slot), or its
@@ -75,18 +75,18 @@ class Outbox:
         its lease already went to another trainer."""
         with self._lock:
             self._to_mark_taken.append(state.task.lease_id)
-            self.regranted.warn(state)
+            self.lapsed_leases.warn(state)
 
     def dropped(self, lease_id: int) -> None:
         """The lease's ready copy was not delivered (it lapsed): nothing more to say of it."""
         with self._lock:
-            self.regranted.done([lease_id])
+            self.lapsed_leases.done([lease_id])
 
     def forget_before(self, epoch: int, live: Iterable[int]) -> None:
-        """The plane forgot epochs before ``epoch``: so does ``regranted``, but for ``live``
-        leases (Regranted.forget_before)."""
+        """The plane forgot epochs before ``epoch``: so does ``lapsed_leases``, but for ``live``
+        leases (LapsedLeases.forget_before)."""
         with self._lock:
-            self.regranted.forget_before(epoch, live)
+            self.lapsed_leases.forget_before(epoch, live)
 
     def flush(self) -> None:
         """Tell the master about taken and consumed tasks (one call each)."""
@@ -103,7 +103,7 @@ class Outbox:
             with self._lock:
                 for lease_id in pending:
                     self._completing.pop(lease_id, None)
-                self.regranted.done(pending)
+                self.lapsed_leases.done(pending)
 
     def lapsed(self, problems: Mapping[int, str], what: str = "renewing lease %d: %s") -> None:
         """The master says these leases are not active (a renew, complete or taken call):
@@ -113,13 +113,13 @@ class Outbox:
         if not problems:
             return
         with self._lock:
-            untold = self.regranted.lapsed(problems)
+            untold = self.lapsed_leases.lapsed(problems)
         # Listed after the leases are noted: a task the sampler takes from now on is warned
         # about by ``taken``, one it took before is in the list.
         epochs = {t.lease_id: t.epoch for t in self._ready()}
         states = self._slot_states()  # takes the plane's lock: never while holding ours
         with self._lock:
-            self.regranted.held(
+            self.lapsed_leases.held(
                 problems,
                 [*self._completing.values(), *states],
                 epochs=epochs,

@@ -93,7 +93,7 @@ class DataPlane:
         self.outbox = Outbox(
             master, consumer, slot_states=self._slot_states, ready=self.ready.pending
         )
-        self.regranted = self.outbox.regranted  # leases lapsed and handed to another trainer
+        self.lapsed_leases = self.outbox.lapsed_leases  # lapsed, handed to another trainer
         self.lease_check = LeaseCheck(master, lease_timeout, consumer)
         self.wait_seconds = 0.0  # how long the training loop waited for batches
         self.batches_delivered = 0

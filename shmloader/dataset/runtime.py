@@ -36,7 +36,7 @@ from ..shm.store import SegmentStore
 from ..sources.base import SkippedRecord, Source
 from . import at_exit
 from .checkpoint import FRESH_START, ResumePoint
-from .forms import FormCheck
+from .column_forms import FormCheck
 from .handover import Handover
 from .launcher import Rendezvous
 from .ledger import LedgerReader, ledger_dir
@@ -73,7 +73,7 @@ class RuntimeConfig:
     # Readers lease no new task while this many are ready and not taken up by the sampler
     # (unless it waits for one): see shm/hints.py.
     ready_ahead: int = 16
-    # columns= of the batches: only their forms must agree between tasks (forms.py).
+    # columns= of the batches: only their forms must agree between tasks (column_forms.py).
     columns: tuple[str, ...] | None = None
 
 

@@ -26,10 +26,10 @@ import torch.utils.data
 
 from ..errors import ConfigError, ShmSpaceError
 from .accounting import ConsumedWhen
-from .consumed import row_records
 from .delivery import Requests, prefetch_depth, tracked
 from .gather import split_indices
 from .ready import ReadyTask, ReadyTasks
+from .record_ranges import row_records
 from .strays import StrayCount
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ complete it (its rows reached training: counted once, ``complete_late``). Granti
 again (``regranted``) or finishing the epoch (``epoch_closed``) ends that.
 
 Only the dispatcher's apply handlers change this (it is rebuilt by a journal's replay like the
-rest of the state); ``state.py`` dumps and loads it as the "lapsed", "gone" and "handed" fields
+rest of the state); ``snapshot.py`` dumps and loads it as the "lapsed", "gone" and "handed" fields
 of a state.
 """
 
@@ -113,7 +113,7 @@ class ClosedLeases:
     # ----------------------------------------------------------------- states
 
     def to_state(self, lease_state: Callable[[Lease], dict[str, Any]]) -> dict[str, Any]:
-        """The "lapsed", "gone" and "handed" fields of a dispatcher state (see state.py)."""
+        """The "lapsed", "gone" and "handed" fields of a dispatcher state (see snapshot.py)."""
         return {
             "lapsed": [lease_state(x) for _, x in sorted(self._lapsed.items())],
             "gone": [[lease_id, why] for lease_id, why in self._gone.items()],

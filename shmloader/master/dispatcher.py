@@ -14,13 +14,12 @@ from typing import Any
 
 from ..errors import ConfigError, MasterError, NotActive
 from ..sources.base import Shard
-from . import state as _state
-from .closed import GONE_MEMORY, ClosedLeases
+from . import snapshot
 from .config import JobConfig
 from .epochs import DONE, OpenEpoch, find_work
 from .handback import HandBack, handed_back
-from .progress import EpochProgress, Lease, Progress
-from .state import ConsumerState
+from .progress import Lease, Progress
+from .snapshot import ConsumerState, DispatcherState
 from .tasks import TaskTable, records_per_rank
 from .updates import (
     ConsumerHeartbeat,
@@ -39,8 +38,6 @@ from .updates import (
     Update,
     UpdateSink,
 )
-
-COUNTERS = ("granted", "completed", "late_completed", "failed", "expired", "released")
 
 
 class Dispatcher:
@@ -79,16 +76,8 @@ class Dispatcher:
         self._reset()
 
     def _reset(self) -> None:
-        self._incarnation = 0
-        self._next_lease_id = 1
-        self._epochs_started = self.config.first_epoch
-        self._open: dict[int, OpenEpoch] = {}
-        self._closed: list[EpochProgress] = []
-        self._consumers: dict[str, ConsumerState] = {}
-        self._leases: dict[int, Lease] = {}
-        # Leases no longer active: why, who got their task, which may be completed late.
-        self._ended = ClosedLeases(GONE_MEMORY)
-        self._counters = dict.fromkeys(COUNTERS, 0)
+        # Everything the updates change, and a snapshot holds (snapshot.py).
+        self.state = DispatcherState(epochs_started=self.config.first_epoch)
 
     # ----------------------------------------------------------------- queries
 
@@ -96,48 +85,49 @@ class Dispatcher:
     def finished(self) -> bool:
         """All planned epochs closed (never, with ``epochs=None``): readers may stop asking."""
         planned = self.config.epochs
-        return planned is not None and len(self._closed) >= planned - self.config.first_epoch
+        return planned is not None and len(self.state.closed) >= planned - self.config.first_epoch
 
     def get_lease(self, lease_id: int) -> Lease:
         """The active lease ``lease_id``; LeaseError saying why when it is not active."""
-        lease = self._leases.get(lease_id)
+        lease = self.state.leases.get(lease_id)
         if lease is None:
-            raise self._ended.not_active(lease_id)
+            raise self.state.ended.not_active(lease_id)
         return lease
 
     def rank_of(self, consumer: str) -> int | None:
         """Whose queue ``consumer`` draws from (None: elastic); MasterError if unregistered."""
-        return self._consumer(consumer).rank
+        return self.consumer_state(consumer).rank
 
     def leases_of(self, consumer: str) -> list[Lease]:
         """Its active leases by id; MasterError if unregistered, so it doubles as a check."""
-        return [self._leases[i] for i in sorted(self._consumer(consumer).leases)]
+        return [self.state.leases[i] for i in sorted(self.consumer_state(consumer).leases)]
 
     def whereabouts(
         self, consumer: str, epoch: int, units: Sequence[int], now: float | None = None
     ) -> list[str]:
         """Where each of ``units`` of ``epoch`` is, as seen by ``consumer``: one of
-        ``state.WHEREABOUTS``. A trainer asks this about tasks it waits for, to learn which of
+        ``snapshot.WHEREABOUTS``. A trainer asks this about tasks it waits for, to learn which of
         them another trainer's readers took (elastic mode: all share one queue), which that
         trainer took in hand (:meth:`mark_taken`), and which are finished already.
 
         Epochs not started yet are all "todo"; finished ones "done" or "quarantined". With
         ``now``, a taken task whose lease was not renewed for over ``lease_timeout`` is "other"."""
-        self._consumer(consumer)
-        return _state.whereabouts(self, consumer, epoch, units, now)
+        self.consumer_state(consumer)
+        return snapshot.whereabouts(self, consumer, epoch, units, now)
 
     def progress(self, since_epoch: int = 0) -> Progress:
         """Per-epoch counts, quarantined and dropped work, consumers and their leases; finished
         epochs before ``since_epoch`` are left out of ``epochs`` (not of the counts)."""
-        return _state.progress(self, since_epoch)
+        return snapshot.progress(self, since_epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue after a restart, as JSON-ready dicts and lists."""
-        return _state.dump_state(self)
+        return snapshot.dump_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Replace all state by ``state``; ConfigError if it was made for another schedule."""
-        _state.load_state(self, state)
+        """Replace all state by ``state``; ConfigError if it was made for another schedule, or
+        is damaged (the state is then as it was)."""
+        self.state = snapshot.load_state(self.table, self.config, state)
 
     # ---------------------------------------------------------- public requests
 
@@ -146,7 +136,7 @@ class Dispatcher:
         elastic leases are renewed for their full hold (``JobConfig.hold``) from now,
         as journaled ``LeaseRenewed`` records: nobody could renew them while the master was
         down."""
-        self._fresh(MasterStarted(now, self._incarnation + 1, now + self.config.lease_timeout))
+        self._fresh(MasterStarted(now, self.state.incarnation + 1, now + self.config.lease_timeout))
 
     def resume(self, now: float, stopped_for: float) -> None:
         """The master could not run for ``stopped_for`` seconds up to ``now`` (its timer saw
@@ -157,7 +147,7 @@ class Dispatcher:
     def _fresh(self, update: MasterStarted | MasterResumed) -> None:
         now = update.now
         self.apply(update)
-        for lease_id, lease in sorted(self._leases.items()):
+        for lease_id, lease in sorted(self.state.leases.items()):
             if lease.kept:
                 self.apply(LeaseRenewed(now, lease_id, now + self.config.hold(lease)))
         self._commit(now)
@@ -165,7 +155,7 @@ class Dispatcher:
     def register(self, consumer: str, now: float, rank: int | None = None) -> None:
         """Join (or re-join with the same rank); in DDP mode ``rank`` says whose queue it reads."""
         self.config.check_rank(consumer, rank)
-        known = self._consumers.get(consumer)
+        known = self.state.consumers.get(consumer)
         if known is not None and known.rank != rank:
             raise MasterError(
                 f"consumer {consumer!r} is registered with rank {known.rank}; leave before "
@@ -175,7 +165,7 @@ class Dispatcher:
 
     def heartbeat(self, consumer: str, now: float) -> None:
         """Keep ``consumer`` alive; leases are extended separately with :meth:`renew`."""
-        self._consumer(consumer)
+        self.consumer_state(consumer)
         self._run(now, ConsumerHeartbeat(now, consumer))
 
     def leave(self, consumer: str, now: float, consumed: HandBack | None = None) -> None:
@@ -195,25 +185,27 @@ class Dispatcher:
         ``request`` names the call: a repeat of a recent one that was granted leases (a retry
         whose first answer was lost) gets those still active again, and no new ones.
         """
-        state = self._consumer(consumer)
+        state = self.consumer_state(consumer)
         if isinstance(max_tasks, bool) or not isinstance(max_tasks, int) or max_tasks < 0:
             raise MasterError(f"max_tasks must be an int >= 0, got {max_tasks!r}")
         before = None if request is None else state.granted_before(request)
         if before is not None:
             self._run(now, ConsumerHeartbeat(now, consumer))
-            return [self._leases[i] for i in before]
+            return [self.state.leases[i] for i in before]
         queue = state.rank or 0
         granted: list[Lease] = []
         while len(granted) < max_tasks:
-            found = find_work(self._open.values(), queue)
+            found = find_work(self.state.open.values(), queue)
             if found is None:
                 planned = self.config.epochs
-                if len(self._open) > 1 or (planned is not None and self._epochs_started >= planned):
+                if len(self.state.open) > 1 or (
+                    planned is not None and self.state.epochs_started >= planned
+                ):
                     break
-                self.apply(EpochStarted(now, self._epochs_started))
+                self.apply(EpochStarted(now, self.state.epochs_started))
                 continue
             ep, unit = found
-            lease_id = self._next_lease_id
+            lease_id = self.state.next_lease_id
             self.apply(
                 LeaseGranted(
                     now,
@@ -226,7 +218,7 @@ class Dispatcher:
                     request=request,
                 )
             )
-            granted.append(self._leases[lease_id])
+            granted.append(self.state.leases[lease_id])
         if not granted:
             self.apply(ConsumerHeartbeat(now, consumer))
         self._commit(now)
@@ -238,7 +230,7 @@ class Dispatcher:
         renewed lease."""
         lease = self.get_lease(lease_id)
         self._run(now, LeaseRenewed(now, lease_id, now + self.config.hold(lease)))
-        return self._leases[lease_id]
+        return self.state.leases[lease_id]
 
     def mark_taken(self, lease_ids: Sequence[int], now: float) -> dict[int, str]:
         """The holders' trainers took these leases' tasks into their samplers: a trainer
@@ -247,12 +239,12 @@ class Dispatcher:
         the longer hold of a taken lease (``JobConfig.hold``)."""
         problems: dict[int, str] = {}
         for lease_id in lease_ids:
-            lease = self._leases.get(lease_id)
+            lease = self.state.leases.get(lease_id)
             if lease is None:
-                problems[lease_id] = NotActive.of_error(self._ended.not_active(lease_id))
+                problems[lease_id] = NotActive.of_error(self.state.ended.not_active(lease_id))
             elif not lease.taken:
                 self.apply(LeaseTaken(now, lease_id))
-                taken = self._leases[lease_id]
+                taken = self.state.leases[lease_id]
                 if taken.kept:
                     self.apply(LeaseRenewed(now, lease_id, now + self.config.hold(taken)))
         self._commit(now)
@@ -264,8 +256,8 @@ class Dispatcher:
         A lease that lapsed (expired, or its holder was dropped) is still accepted while nobody
         has taken its unit since; otherwise LeaseError says what became of it.
         """
-        if lease_id not in self._leases and self._ended.lapsed(lease_id) is None:
-            raise self._ended.not_active(lease_id)
+        if lease_id not in self.state.leases and self.state.ended.lapsed(lease_id) is None:
+            raise self.state.ended.not_active(lease_id)
         self._run(now, LeaseCompleted(now, lease_id))
 
     def fail(self, lease_id: int, error: str, now: float, *, permanent: bool = False) -> None:
@@ -282,7 +274,7 @@ class Dispatcher:
         deadline is later (``JobConfig.hold``); replays apply the journaled records,
         never decide."""
         applied: list[Update] = []
-        for name, c in sorted(self._consumers.items()):
+        for name, c in sorted(self.state.consumers.items()):
             if now - c.last_seen > self.config.consumer_timeout:
                 for lease_id in sorted(c.leases):
                     self._take_back(
@@ -294,7 +286,7 @@ class Dispatcher:
                     )
                 applied.append(ConsumerLeft(now, name, "timeout"))
                 self.apply(applied[-1])
-        for lease_id, lease in sorted(self._leases.items()):
+        for lease_id, lease in sorted(self.state.leases.items()):
             if now > lease.deadline:
                 self._take_back(
                     applied,
@@ -306,7 +298,7 @@ class Dispatcher:
         return applied
 
     def _take_back(self, applied: list[Update], lease_id: int, why: str, now: float) -> None:
-        exhausted = self._exhausted(self._leases[lease_id])
+        exhausted = self._exhausted(self.state.leases[lease_id])
         applied.append(LeaseExpired(now, lease_id, why, exhausted))
         self.apply(applied[-1])
 
@@ -328,11 +320,11 @@ class Dispatcher:
             self.sink.record(update)
 
     def _on_master_started(self, u: MasterStarted) -> None:
-        if u.incarnation <= self._incarnation:
-            raise MasterError(f"{u}: incarnation must exceed the current {self._incarnation}")
+        if u.incarnation <= self.state.incarnation:
+            raise MasterError(f"{u}: incarnation must exceed the current {self.state.incarnation}")
         self._emit(u)
-        self._incarnation = u.incarnation
-        self._next_lease_id = (u.incarnation << 32) + 1
+        self.state.incarnation = u.incarnation
+        self.state.next_lease_id = (u.incarnation << 32) + 1
         self._grace(u.now, u.lease_deadline)
 
     def _on_master_resumed(self, u: MasterResumed) -> None:
@@ -342,103 +334,103 @@ class Dispatcher:
     def _grace(self, now: float, lease_deadline: float | None) -> None:
         """Nobody could reach the master until ``now``: consumers count as seen then, and
         active leases last at least to ``lease_deadline`` (None: old record, none extended)."""
-        for c in self._consumers.values():
+        for c in self.state.consumers.values():
             c.last_seen = max(c.last_seen, now)
         if lease_deadline is not None:
-            for lease_id, lease in self._leases.items():
+            for lease_id, lease in self.state.leases.items():
                 if lease.deadline < lease_deadline:
-                    self._leases[lease_id] = replace(lease, deadline=lease_deadline)
+                    self.state.leases[lease_id] = replace(lease, deadline=lease_deadline)
 
     def _on_epoch_started(self, u: EpochStarted) -> None:
-        if u.epoch != self._epochs_started:
-            raise MasterError(f"{u}: the next epoch to start is {self._epochs_started}")
+        if u.epoch != self.state.epochs_started:
+            raise MasterError(f"{u}: the next epoch to start is {self.state.epochs_started}")
         self._emit(u)
-        self._open[u.epoch] = OpenEpoch.create(self.table, self.config, u.epoch)
-        self._epochs_started += 1
+        self.state.open[u.epoch] = OpenEpoch.create(self.table, self.config, u.epoch)
+        self.state.epochs_started += 1
 
     def _on_registered(self, u: ConsumerRegistered) -> None:
-        known = self._consumers.get(u.consumer)
+        known = self.state.consumers.get(u.consumer)
         if known is not None and known.rank != u.rank:
             raise MasterError(f"{u}: consumer is registered with rank {known.rank}")
         self._emit(u)
         if known is None:
-            self._consumers[u.consumer] = ConsumerState(u.rank, u.now)
+            self.state.consumers[u.consumer] = ConsumerState(u.rank, u.now)
         else:
             known.last_seen = u.now
 
     def _on_heartbeat(self, u: ConsumerHeartbeat) -> None:
-        c = self._consumer(u.consumer)
+        c = self.consumer_state(u.consumer)
         self._emit(u)
         c.last_seen = u.now
 
     def _on_left(self, u: ConsumerLeft) -> None:
-        c = self._consumer(u.consumer)
+        c = self.consumer_state(u.consumer)
         self._emit(u)
         # Highest id first onto the front, so the oldest lease's unit is retried first.
         for lease_id in sorted(c.leases, reverse=True):
-            lease = self._leases.pop(lease_id)
-            self._open[lease.epoch].put_back(lease.unit)
-            self._ended.lapse(lease, f"consumer {u.consumer!r} left ({u.reason}) at t={u.now}")
-            self._counters["released"] += 1
-        del self._consumers[u.consumer]
+            lease = self.state.leases.pop(lease_id)
+            self.state.open[lease.epoch].put_back(lease.unit)
+            self.state.ended.lapse(lease, f"consumer {u.consumer!r} left ({u.reason}) at t={u.now}")
+            self.state.counters["released"] += 1
+        del self.state.consumers[u.consumer]
 
     def _on_handed_back(self, u: LeaseHandedBack) -> None:
         lease = self._active(u.lease_id, u)
-        ep = self._open[lease.epoch]
+        ep = self.state.open[lease.epoch]
         if lease.rank is not None or ep.outside(lease.unit, u.consumed) is not None:
             raise MasterError(f"{u}: not elastic mode, or records outside the lease's task")
         self._emit(u)
         ep.hand_back(lease.unit, u.consumed)
 
     def _on_granted(self, u: LeaseGranted) -> None:
-        c = self._consumer(u.consumer)
-        ep = self._open.get(u.epoch)
-        if ep is None or not ep.can_take(u.unit) or u.lease_id < self._next_lease_id:
+        c = self.consumer_state(u.consumer)
+        ep = self.state.open.get(u.epoch)
+        if ep is None or not ep.can_take(u.unit) or u.lease_id < self.state.next_lease_id:
             raise MasterError(f"{u}: the unit is not available or the lease id is reused")
         self._emit(u)
         ep.take(u.unit)
-        self._ended.regranted(u.epoch, u.unit, u.lease_id, u.consumer)
-        self._leases[u.lease_id] = ep.make_lease(
+        self.state.ended.regranted(u.epoch, u.unit, u.lease_id, u.consumer)
+        self.state.leases[u.lease_id] = ep.make_lease(
             self.table, self.config, u.lease_id, u.consumer, u.unit, u.attempt, u.deadline
         )
-        self._next_lease_id = u.lease_id + 1
+        self.state.next_lease_id = u.lease_id + 1
         c.leases.add(u.lease_id)
         if u.request is not None:
             c.granted_for(u.request, u.lease_id)
         c.last_seen = u.now
-        self._counters["granted"] += 1
+        self.state.counters["granted"] += 1
 
     def _on_renewed(self, u: LeaseRenewed) -> None:
         lease = self._active(u.lease_id, u)
         self._emit(u)
-        self._leases[u.lease_id] = replace(lease, deadline=u.deadline)
+        self.state.leases[u.lease_id] = replace(lease, deadline=u.deadline)
         self._touch(lease.consumer, u.now)
 
     def _on_taken(self, u: LeaseTaken) -> None:
         lease = self._active(u.lease_id, u)
         self._emit(u)
-        self._leases[u.lease_id] = replace(lease, taken=True)
+        self.state.leases[u.lease_id] = replace(lease, taken=True)
         self._touch(lease.consumer, u.now)
 
     def _on_completed(self, u: LeaseCompleted) -> None:
-        lease = self._leases.get(u.lease_id)
+        lease = self.state.leases.get(u.lease_id)
         late = lease is None
         if lease is None:
-            lease = self._ended.lapsed(u.lease_id)
+            lease = self.state.ended.lapsed(u.lease_id)
             if lease is None:
-                raise MasterError(f"{u}: {self._ended.not_active(u.lease_id)}")
+                raise MasterError(f"{u}: {self.state.ended.not_active(u.lease_id)}")
         self._emit(u)
-        ep = self._open[lease.epoch]
+        ep = self.state.open[lease.epoch]
         if late:
-            self._ended.complete_late(u.lease_id)
+            self.state.ended.complete_late(u.lease_id)
             ep.settle_lapsed(lease.unit)
-            self._counters["late_completed"] += 1
+            self.state.counters["late_completed"] += 1
         else:
             self._drop_lease(lease)
             ep.move(lease.unit, DONE)
-        self._counters["completed"] += 1
+        self.state.counters["completed"] += 1
         self._touch(lease.consumer, u.now)
-        self._ended.forget(
+        self.state.ended.forget(
             u.lease_id,
             f"it was completed at t={u.now}; task {lease.task.task_id} of epoch {lease.epoch} "
             "is counted once",
@@ -449,18 +441,18 @@ class Dispatcher:
         lease = self._active(u.lease_id, u)
         self._emit(u)
         self._drop_lease(lease)
-        ep = self._open[lease.epoch]
+        ep = self.state.open[lease.epoch]
         ep.failures[lease.unit] = ep.failures.get(lease.unit, 0) + 1
         if u.quarantine:
             ep.quarantine(lease.unit, u.error)
         else:
             ep.put_back(lease.unit)
         if isinstance(u, LeaseExpired):
-            self._counters["expired"] += 1
-            self._ended.lapse(lease, f"it was taken back at t={u.now}: {u.error}")
+            self.state.counters["expired"] += 1
+            self.state.ended.lapse(lease, f"it was taken back at t={u.now}: {u.error}")
         else:
-            self._counters["failed"] += 1
-            self._ended.forget(u.lease_id, f"it was reported failed at t={u.now}: {u.error}")
+            self.state.counters["failed"] += 1
+            self.state.ended.forget(u.lease_id, f"it was reported failed at t={u.now}: {u.error}")
             self._touch(lease.consumer, u.now)
         self._maybe_close(ep)
 
@@ -474,8 +466,9 @@ class Dispatcher:
         if self.sink is not None:
             self.sink.commit(now)
 
-    def _consumer(self, consumer: str) -> ConsumerState:
-        c = self._consumers.get(consumer)
+    def consumer_state(self, consumer: str) -> ConsumerState:
+        """What is known of ``consumer``; MasterError unless it is registered."""
+        c = self.state.consumers.get(consumer)
         if c is None:
             raise MasterError(
                 f"consumer {consumer!r} is not registered (never was, left, or was declared "
@@ -484,29 +477,29 @@ class Dispatcher:
         return c
 
     def _touch(self, consumer: str, now: float) -> None:
-        c = self._consumers.get(consumer)
+        c = self.state.consumers.get(consumer)
         if c is not None:
             c.last_seen = max(c.last_seen, now)
 
     def _active(self, lease_id: int, update: Update) -> Lease:
-        lease = self._leases.get(lease_id)
+        lease = self.state.leases.get(lease_id)
         if lease is None:
-            raise MasterError(f"{update}: {self._ended.not_active(lease_id)}")
+            raise MasterError(f"{update}: {self.state.ended.not_active(lease_id)}")
         return lease
 
     def _exhausted(self, lease: Lease) -> bool:
-        failures = self._open[lease.epoch].failures.get(lease.unit, 0) + 1
+        failures = self.state.open[lease.epoch].failures.get(lease.unit, 0) + 1
         return failures > self.config.max_retries
 
     def _drop_lease(self, lease: Lease) -> None:
-        del self._leases[lease.lease_id]
-        c = self._consumers.get(lease.consumer)
+        del self.state.leases[lease.lease_id]
+        c = self.state.consumers.get(lease.consumer)
         if c is not None:
             c.leases.discard(lease.lease_id)
 
     def _maybe_close(self, ep: OpenEpoch) -> None:
         if not ep.finished:
             return
-        del self._open[ep.epoch]
-        self._closed.append(ep.progress(self.table))
-        self._ended.epoch_closed(ep.epoch)
+        del self.state.open[ep.epoch]
+        self.state.closed.append(ep.progress(self.table))
+        self.state.ended.epoch_closed(ep.epoch)

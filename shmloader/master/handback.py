@@ -36,14 +36,14 @@ def handed_back(
     """The updates that record ``consumed`` (lease id -> record ranges) for ``consumer``'s
     leases, checked before any applies: ranges of leases it does not hold (any more) and of
     DDP leases are left out, ranges outside a lease's unit raise ConfigError."""
-    held = d._consumer(consumer).leases
+    held = d.consumer_state(consumer).leases
     out = []
     for lease_id, ranges in sorted((consumed or {}).items()):
-        lease = d._leases.get(lease_id)
+        lease = d.state.leases.get(lease_id)
         merged = tuple(merge_ranges(ranges))
         if lease_id not in held or lease is None or lease.rank is not None or not merged:
             continue
-        bad = d._open[lease.epoch].outside(lease.unit, merged)
+        bad = d.state.open[lease.epoch].outside(lease.unit, merged)
         if bad is not None:
             raise ConfigError(
                 f"lease {lease_id}: consumed records [{bad[0]}, {bad[1]}) are not within its "

@@ -34,7 +34,7 @@ from ..formats.tfrecord import decode_frames, encode_frame
 from ..sources.base import Shard
 from .config import JobConfig
 from .dispatcher import Dispatcher
-from .state import check_schedule_key, schedule_key
+from .snapshot import check_schedule_key, schedule_key
 from .updates import Update, update_from_dict, update_to_dict
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from . import _convert
 from .dispatcher import Dispatcher
 from .epochs import schedule_of
 from .progress import Lease as DispatcherLease
-from .state import WHEREABOUTS, left_records
+from .snapshot import WHEREABOUTS, left_records
 from .wire import (
     MAX_EPOCH,
     MAX_ERROR_CHARS,

@@ -65,7 +65,7 @@ class Ready:
     # master kept it until at least then + lease_timeout. None: not known.
     confirmed: float | None = None
     # What each column becomes in a batch (``(name, *gather_form)``): the trainer checks that
-    # every task's columns gather alike (dataset/forms.py). Empty: not known.
+    # every task's columns gather alike (dataset/column_forms.py). Empty: not known.
     forms: tuple[tuple[str, bool, str], ...] = ()
 
 

@@ -8,7 +8,7 @@ images, each of those copies cost about 1 µs per record, as much as decoding.
 But an Arrow IPC file of fixed-width columns without nulls is laid out by the schema and the
 row count alone: every buffer's offset and length, and with them all the metadata bytes, follow
 from those two (the same fact the gather's reuse of parsed views rests on,
-``dataset/parsed.py``). So for the first batch of a schema and row count, pyarrow writes a
+``dataset/view_cache.py``). So for the first batch of a schema and row count, pyarrow writes a
 file of zeros of that schema and row count (:func:`zeros_like`: they take no memory) onto a
 scratch mapping, stepping over the zeros themselves (:func:`ipc_skipping_values`), and the
 store learns from it where each column's values go, keeping all the other bytes (file magic,

@@ -111,7 +111,7 @@ def gather_form(typ: pa.DataType) -> tuple[bool, str]:
     gather alike (``string`` and ``large_string``, a dictionary of strings and strings); a
     batch cannot draw rows from segments whose forms for a column differ, and a batch drawn
     from one of them alone would silently differ from the next: readers send these forms
-    with every segment, and the trainer compares them (dataset/forms.py). A column of type
+    with every segment, and the trainer compares them (dataset/column_forms.py). A column of type
     null agrees with any form that is not a tensor (``forms_agree``)."""
     form = tensor_form(typ)
     if form is not None:

@@ -222,6 +222,6 @@ def collect_stats(ds: SharedTaskDataset) -> Stats:
         quarantined_tasks=len(progress.quarantined),
         batches_delivered=runtime.plane.batches_delivered,
         loop_wait_seconds=runtime.plane.wait_seconds,
-        regranted_tasks=runtime.plane.regranted.tasks,
-        regranted_records=runtime.plane.regranted.records,
+        regranted_tasks=runtime.plane.lapsed_leases.tasks,
+        regranted_records=runtime.plane.lapsed_leases.records,
     )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, MasterError
+from .closed import GONE_MEMORY, ClosedLeases
 from .config import SCHEDULE_FIELDS, JobConfig, resume_key
 from .epochs import DONE, LEASED, QUARANTINED, TODO, OpenEpoch, schedule_of
 from .progress import (
@@ -35,6 +36,7 @@ _STATUS_NAMES = {TODO: "todo", DONE: "done", QUARANTINED: "quarantined"}
 # Lease request ids remembered per consumer. A trainer's readers all lease under its consumer
 # id, so the memo must outlast the calls of its other readers made while one retries.
 REQUEST_MEMORY = 64
+COUNTERS = ("granted", "completed", "late_completed", "failed", "expired", "released")
 
 
 @dataclass
@@ -65,6 +67,24 @@ class ConsumerState:
         request, grant anew)."""
         ids = self.requests.get(request)
         return None if ids is None else [i for i in ids if i in self.leases]
+
+
+@dataclass
+class DispatcherState:
+    """What a dispatcher holds besides its plan and config: everything its updates change, and
+    what a snapshot (``state_dict``) stores. Only the dispatcher's update handlers change it;
+    the read-outs below take it as it is."""
+
+    epochs_started: int
+    incarnation: int = 0
+    next_lease_id: int = 1
+    open: dict[int, OpenEpoch] = field(default_factory=dict)
+    closed: list[EpochProgress] = field(default_factory=list)
+    consumers: dict[str, ConsumerState] = field(default_factory=dict)
+    leases: dict[int, Lease] = field(default_factory=dict)
+    # Leases no longer active: why, who got their task, which may be completed late.
+    ended: ClosedLeases = field(default_factory=lambda: ClosedLeases(GONE_MEMORY))
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
 
 
 def schedule_key(table: TaskTable, config: JobConfig) -> dict[str, Any]:
@@ -118,61 +138,64 @@ def dump_state(d: Dispatcher) -> dict[str, Any]:
     return {
         "format": STATE_FORMAT,
         "schedule": schedule_key(d.table, d.config),
-        "incarnation": d._incarnation,
-        "next_lease_id": d._next_lease_id,
-        "epochs_started": d._epochs_started,
-        "open_epochs": [ep.to_state() for ep in d._open.values()],
-        "closed_epochs": [p.to_dict() for p in d._closed],
-        "consumers": [_consumer_state(name, c) for name, c in sorted(d._consumers.items())],
-        "leases": [_lease_state(x) for _, x in sorted(d._leases.items())],
-        **d._ended.to_state(_lease_state),  # "lapsed", "gone", "handed"
-        "counters": dict(d._counters),
+        "incarnation": d.state.incarnation,
+        "next_lease_id": d.state.next_lease_id,
+        "epochs_started": d.state.epochs_started,
+        "open_epochs": [ep.to_state() for ep in d.state.open.values()],
+        "closed_epochs": [p.to_dict() for p in d.state.closed],
+        "consumers": [_consumer_state(name, c) for name, c in sorted(d.state.consumers.items())],
+        "leases": [_lease_state(x) for _, x in sorted(d.state.leases.items())],
+        **d.state.ended.to_state(_lease_state),  # "lapsed", "gone", "handed"
+        "counters": dict(d.state.counters),
     }
 
 
-def load_state(d: Dispatcher, state: dict[str, Any]) -> None:
+def load_state(table: TaskTable, config: JobConfig, state: dict[str, Any]) -> DispatcherState:
+    """The dispatcher state ``state`` (a ``state_dict``) holds, checked against the plan's
+    table and the config: ConfigError if it was saved for another schedule or is damaged."""
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         found = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise ConfigError(f"not a dispatcher state_dict of format {STATE_FORMAT} (got {found!r})")
     key = state.get("schedule") or {}
-    check_schedule_key(schedule_key(d.table, d.config), key, "the state_dict")
+    check_schedule_key(schedule_key(table, config), key, "the state_dict")
     try:
-        _load(d, state)
+        return _load(table, config, state)
     except (KeyError, TypeError, ValueError, IndexError, MasterError) as exc:
-        d._reset()
         raise ConfigError(f"the state_dict is damaged or incomplete: {exc!r}") from exc
 
 
-def _load(d: Dispatcher, state: dict[str, Any]) -> None:
-    d._reset()
-    d._incarnation = int(state["incarnation"])
-    d._next_lease_id = int(state["next_lease_id"])
-    d._epochs_started = int(state["epochs_started"])
-    d._closed = [EpochProgress.from_dict(p) for p in state["closed_epochs"]]
+def _load(table: TaskTable, config: JobConfig, state: dict[str, Any]) -> DispatcherState:
+    s = DispatcherState(
+        epochs_started=int(state["epochs_started"]),
+        incarnation=int(state["incarnation"]),
+        next_lease_id=int(state["next_lease_id"]),
+        closed=[EpochProgress.from_dict(p) for p in state["closed_epochs"]],
+    )
     for c in state["consumers"]:
         # States saved before Lease calls had ids have no "requests".
         requests = {int(r): [int(i) for i in ids] for r, ids in c.get("requests", [])}
         consumer = ConsumerState(c["rank"], float(c["last_seen"]), requests=requests)
-        d._consumers[str(c["consumer"])] = consumer
+        s.consumers[str(c["consumer"])] = consumer
     leased: dict[int, list[int]] = {}
     for x in state["leases"]:
         leased.setdefault(int(x["epoch"]), []).append(int(x["unit"]))
     for data in state["open_epochs"]:
         epoch = int(data["epoch"])
-        d._open[epoch] = OpenEpoch.from_state(d.table, d.config, data, leased.get(epoch, []))
+        s.open[epoch] = OpenEpoch.from_state(table, config, data, leased.get(epoch, []))
     for x in state["leases"]:
-        lease = _lease(d, x)
-        d._leases[lease.lease_id] = lease
-        d._consumers[lease.consumer].leases.add(lease.lease_id)
-    d._ended.load_state(state, lambda x: _lease(d, x))
-    d._counters.update({k: int(v) for k, v in state["counters"].items()})
+        lease = _lease(table, config, s, x)
+        s.leases[lease.lease_id] = lease
+        s.consumers[lease.consumer].leases.add(lease.lease_id)
+    s.ended.load_state(state, lambda x: _lease(table, config, s, x))
+    s.counters.update({k: int(v) for k, v in state["counters"].items()})
+    return s
 
 
-def _lease(d: Dispatcher, x: dict[str, Any]) -> Lease:
-    ep = d._open[int(x["epoch"])]
+def _lease(table: TaskTable, config: JobConfig, s: DispatcherState, x: dict[str, Any]) -> Lease:
+    ep = s.open[int(x["epoch"])]
     lease = ep.make_lease(
-        d.table,
-        d.config,
+        table,
+        config,
         int(x["lease_id"]),
         str(x["consumer"]),
         int(x["unit"]),
@@ -184,28 +207,32 @@ def _lease(d: Dispatcher, x: dict[str, Any]) -> Lease:
 
 
 def progress(d: Dispatcher, since_epoch: int = 0) -> Progress:
-    closed = d._closed if since_epoch <= 0 else [p for p in d._closed if p.epoch >= since_epoch]
-    epochs = [*closed, *(ep.progress(d.table) for ep in d._open.values())]
+    closed = (
+        d.state.closed
+        if since_epoch <= 0
+        else [p for p in d.state.closed if p.epoch >= since_epoch]
+    )
+    epochs = [*closed, *(ep.progress(d.table) for ep in d.state.open.values())]
     consumers = tuple(
         ConsumerProgress(
             consumer=name,
             rank=c.rank,
             last_seen=c.last_seen,
             leases=tuple(sorted(c.leases)),
-            leased_records=sum(d._leases[i].task.num_records for i in c.leases),
+            leased_records=sum(d.state.leases[i].task.num_records for i in c.leases),
         )
-        for name, c in sorted(d._consumers.items())
+        for name, c in sorted(d.state.consumers.items())
     )
     return Progress(
         epochs_planned=d.config.epochs,
-        epochs_started=d._epochs_started,
-        epochs_finished=len(d._closed),
+        epochs_started=d.state.epochs_started,
+        epochs_finished=len(d.state.closed),
         finished=d.finished,
         num_tasks=len(d.table),
         total_records=d.table.total_records,
         epochs=tuple(epochs),
         consumers=consumers,
-        counters=dict(d._counters),
+        counters=dict(d.state.counters),
     )
 
 
@@ -213,17 +240,17 @@ def whereabouts(
     d: Dispatcher, consumer: str, epoch: int, units: Sequence[int], now: float | None = None
 ) -> list[str]:
     """See :meth:`Dispatcher.whereabouts`."""
-    ep = d._open.get(epoch)
-    if ep is None and epoch >= d._epochs_started:
+    ep = d.state.open.get(epoch)
+    if ep is None and epoch >= d.state.epochs_started:
         return ["todo"] * len(units)
     size = len(ep.status) if ep is not None else _closed_size(d, epoch)
     bad = [u for u in units if not 0 <= u < size]
     if bad:
         raise ConfigError(f"epoch {epoch} has units 0..{size - 1}, not {bad[0]}")
     if ep is None:
-        lost = {q.unit for p in d._closed if p.epoch == epoch for q in p.quarantined}
+        lost = {q.unit for p in d.state.closed if p.epoch == epoch for q in p.quarantined}
         return ["quarantined" if u in lost else "done" for u in units]
-    holders = {lease.unit: lease for lease in d._leases.values() if lease.epoch == epoch}
+    holders = {lease.unit: lease for lease in d.state.leases.values() if lease.epoch == epoch}
     out = []
     for unit in units:
         status = int(ep.status[unit])
@@ -239,10 +266,10 @@ def whereabouts(
 def left_records(d: Dispatcher, epoch: int) -> list[int] | None:
     """Records of each queue of ``epoch`` not done yet (to do or leased); None before the
     epoch starts (all of each queue's records), zeros once it finished."""
-    ep = d._open.get(epoch)
+    ep = d.state.open.get(epoch)
     if ep is not None:
         return ep.left_by_queue()
-    if epoch >= d._epochs_started:
+    if epoch >= d.state.epochs_started:
         return None
     return [0] * (d.config.world_size or 1)
 
@@ -260,7 +287,7 @@ def _in_hand(d: Dispatcher, lease: Lease, now: float | None) -> bool:
 
 
 def _closed_size(d: Dispatcher, epoch: int) -> int:
-    for done in d._closed:
+    for done in d.state.closed:
         if done.epoch == epoch:
             return done.total_units
     # Before first_epoch (a resumed job): consumed before the master started.

@@ -20,10 +20,10 @@ from collections.abc import Iterable, Mapping
 
 from .accounting import SlotState
 
-log = logging.getLogger("shmloader.dataset.plane")
+log = logging.getLogger(__name__)
 
 
-class Regranted:
+class LapsedLeases:
     """Which leases went to another consumer, and what was warned about (the outbox's lock
     guards it: outbox.py)."""
 

@@ -32,9 +32,9 @@ from .gather import (
     segment_views,
 )
 from .ledger import LedgerWriter, ledger_dir
-from .parsed import ParsedViews
 from .ring import BatchRing, RingBatch
-from .window import SlotTable
+from .slot_table import SlotTable
+from .view_cache import ParsedViews
 
 
 class GatherSink(Protocol):
@@ -59,7 +59,7 @@ SWEEP_SECONDS = 0.05
 # (mapped pages count in the PSS of whoever maps them, though the files exist regardless).
 KEPT_MAX = 256
 KEPT_BUDGET_SHARE = 2  # half the budget
-# Parsed segments whose views a new segment at the same place may use (parsed.py): one per
+# Parsed segments whose views a new segment at the same place may use (view_cache.py): one per
 # place in the region that segments are mapped at, so a few hundred cover any steady state.
 PARSED_MAX = 256
 

@@ -1,4 +1,4 @@
-"""What a trainer keeps of its leases that went to another consumer (dataset/regranted.py).
+"""What a trainer keeps of its leases that went to another consumer (dataset/lapsed_leases.py).
 
 A lapsed lease the trainer still holds fails every renew cycle: its reason is logged once, not
 once per cycle, and not while the plane's lock is held (the sampler and the training loop need
@@ -16,11 +16,11 @@ import time
 from _dataplane_helpers import announce, trainer
 from test_dataplane_shared import dispatcher
 
-from shmloader.dataset.worker import Gatherer
+from shmloader.dataset.gatherer import Gatherer
 
 
 def kept(plane) -> int:
-    r = plane.regranted
+    r = plane.lapsed_leases
     return len(r._to) + len(r._warned) + len(r._told) + len(r._epoch)
 
 
@@ -61,17 +61,17 @@ def test_a_lapsed_lease_is_logged_once_outside_the_lock_and_forgotten_when_done(
                     lock_held.append(plane._lock._is_owned())
 
         spy = Spy()
-        logging.getLogger("shmloader.dataset.plane").addHandler(spy)
+        logging.getLogger("shmloader.dataset").addHandler(spy)
         try:
-            with caplog.at_level("INFO", logger="shmloader.dataset.plane"):
+            with caplog.at_level("INFO", logger="shmloader.dataset"):
                 for _ in range(3):  # three renew cycles, each told the same
                     plane.lapsed(d.mark_taken(held, later))
         finally:
-            logging.getLogger("shmloader.dataset.plane").removeHandler(spy)
+            logging.getLogger("shmloader.dataset").removeHandler(spy)
         infos = [r for r in caplog.records if r.levelname == "INFO"]
         assert len(infos) == len(held)  # once per lease, not once per cycle
         assert lock_held and not any(lock_held)  # logged outside the plane's lock
-        assert plane.regranted.tasks > 0  # and the tasks taken were warned about
+        assert plane.lapsed_leases.tasks > 0  # and the tasks taken were warned about
         assert kept(plane) > 0
         # a delivers the rest of its pass (this plane checks no lease: it delivers every
         # copy) and completes each task: nothing is kept of their leases any more.
@@ -85,7 +85,7 @@ def test_what_is_kept_goes_with_a_forgotten_epoch(tmp_path):
     with ready_at_a(tmp_path) as (d, _, plane, _, leases):  # ready, never taken
         _, later = stall(d)
         plane.lapsed(d.mark_taken(plane.held_leases(), later))
-        assert len(plane.regranted._epoch) == len(leases)
+        assert len(plane.lapsed_leases._epoch) == len(leases)
         plane.finish_epoch(0)
         plane.forget_finished(1)  # the master finished epoch 0 (b delivered it)
         assert kept(plane) == 0
