@@ -585,6 +585,11 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
                     yield from self._end_of_pass(carry)
                 carry = np.empty(0, dtype=np.int64)
                 self._held = 0
+                if self._tracked:
+                    # The pass is to wait for tasks other trainers hold, which it may only with
+                    # nothing of its own in flight (TaskSampler._strays); the loop receives
+                    # these batches only once it goes on, so they count now, as gathered.
+                    self._count_in_flight(warn=False)
                 continue
             if chunk is LET_GO:
                 if not len(carry) and self._tracked and self._in_flight():
@@ -613,18 +618,19 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         elif len(carry):
             yield self._issue(np.sort(carry))
 
-    def _count_in_flight(self) -> None:
+    def _count_in_flight(self, *, warn: bool = True) -> None:
         """A plain DataLoader whose deliveries its requests tell, stuck: the batches it has in
         flight hold the budget, and their rows count as consumed only once the loop receives
         them, which it cannot while this batcher waits. They are counted consumed now (their
         segments go once gathered), with a warning: a ``break`` before the loop receives them
-        loses them, as under ``sampler=ds.sampler()``."""
+        loses them, as under ``sampler=ds.sampler()``. Also at the end of the master's last
+        epoch (FLUSH), without one."""
         rows = self._in_flight()
         for i, batch in enumerate(self.issued):
             if len(batch) and self.on_counted_early is not None:
                 self.on_counted_early(batch)
             self.issued[i] = batch[:0]  # its request still comes: nothing left to report
-        if not self._warned_early:
+        if warn and not self._warned_early:
             self._warned_early = True
             log.warning(
                 "shm_budget is full with the segments of %d rows in batches the DataLoader's "
