@@ -100,6 +100,14 @@ def run_loader(spec: Spec) -> dict[str, Any]:
                 num_workers=spec["workers"],
                 persistent_workers=spec["workers"] > 0,
             )
+        elif spec.get("loader") == "torch-batches":  # deliveries told by its requests
+            dl = torch.utils.data.DataLoader(
+                ds,
+                batch_sampler=ds.batch_sampler(spec["batch"]),
+                collate_fn=ds.collate,
+                num_workers=spec["workers"],
+                persistent_workers=spec["workers"] > 0,
+            )
         else:  # ours: hands sorted index arrays to __getitems__, completes on delivery
             dl = shmloader.DataLoader(
                 ds,

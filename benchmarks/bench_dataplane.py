@@ -111,7 +111,13 @@ def _jobs(c: str, base: dict[str, Any], args: Any) -> list[tuple[str, dict[str, 
         if c == "gather"
         else {"e": None, "e:sorted": "sorted"}
         if c == "e"
-        else {c: None, f"{c}:inproc": None, f"{c}:inproc:torch": None, f"{c}:inproc:views": None}
+        else {
+            c: None,
+            f"{c}:batches": None,
+            f"{c}:inproc": None,
+            f"{c}:inproc:torch": None,
+            f"{c}:inproc:views": None,
+        }
         if c in ("c", "d")
         else {"b": None, "b:inproc": None}
         if c == "b"
@@ -124,13 +130,15 @@ def _jobs(c: str, base: dict[str, Any], args: Any) -> list[tuple[str, dict[str, 
             spec["workers"] = 0
         elif c in ("a", "b"):
             spec["workers"] = args.workers_torch
-        elif key in ("c", "d"):
+        elif key in ("c", "d", "c:batches", "d:batches"):
             spec.update(workers=args.workers_shm, readers=args.readers)
         elif key.startswith(("c:inproc", "d:inproc")):
             # Same process count, the other split: gather in the trainer itself.
             spec.update(workers=0, readers=args.readers_inproc)
         if key.endswith(":torch"):
             spec["loader"] = "torch"
+        if key.endswith(":batches"):  # a plain DataLoader given ds.batch_sampler(...)
+            spec["loader"] = "torch-batches"
         if key.endswith(":views"):  # payloads as memoryviews, no copy each
             spec["views"] = True
         out.append((key, spec))
