@@ -78,8 +78,8 @@ class LapsedLeases:
                 self._epoch[lease_id] = known[lease_id]
             elif lease_id not in known and lease_id not in self._to:
                 # Not held here (a renew sent before the task completed here: "it was
-                # completed"), so never asked about again: no reason to keep. Kept, one such
-                # answer per race stayed for the trainer's life (35 after 400 short epochs).
+                # completed"), so never asked about again: no reason to keep, and kept, such
+                # answers would pile up for the trainer's life.
                 self._told.pop(lease_id, None)
         unwarned = {x for x in problems if x in self._to and x not in self._warned}
         for state in states if unwarned else ():

@@ -32,7 +32,7 @@ class LeaseCheck:
 
     def __init__(self, master: LeaseOps, lease_timeout: float | None, consumer: str | None):
         self._master = master
-        # None: no check (tests that drive a plane without a clock, and planes of old callers).
+        # None: no check (a plane driven without a clock, as in tests of the plane alone).
         self._fresh_for = None if lease_timeout is None else lease_timeout / 2
         self._consumer = consumer
         self._lock = threading.Lock()

@@ -7,11 +7,9 @@ tasks and reads the master's progress (quarantined tasks, epochs the master fini
 
 The short tick is for the ledger, which only a plain DataLoader's workers write, and for readers
 held back by the ``ahead`` hint. With neither (``num_workers=0``, or ``shmloader.DataLoader``,
-whose loop marks what it consumed itself), the thread ticks every ``IDLE_POLL_SECONDS``: at
-5 ms its wake-ups, each taking the GIL from the training loop, cost 77-128 µs of the trainer's
-CPU per tabular batch of 1024 rows, 26-34 µs at 20 ms (threads' CPU times from
-``/proc/self/task`` over the data-plane benchmark). Completions then reach the master up to
-20 ms later.
+whose loop marks what it consumed itself), the thread ticks every ``IDLE_POLL_SECONDS``: each
+wake-up takes the GIL from the training loop, so fewer of them leave it more of the trainer's
+CPU. Completions then reach the master up to that much later.
 
 Apart from the runtime (runtime.py), which starts and wires the parts and later closes them,
 because this is one job with its own thread, clock and state (when to renew, which readers were

@@ -2,12 +2,11 @@
 
 torch sends a worker's batch to the training process as shared storages: a new shared-memory
 file per batch, its pages faulted in on both sides, its file descriptor handed over through a
-fresh connection to the worker. For 12 KB images on the development machine that was 20-25 µs
-of the worker's CPU per image, ten times the gather itself. Under ``shmloader.DataLoader`` a
-worker instead gathers the dense columns straight into a free slot of a file of its own in the
-dataset's store (mapped once), and returns a :class:`RingBatch`: a few numbers and the other
-columns. The training process copies the slot out into fresh tensors (one ``memcpy``) and
-marks it free.
+fresh connection to the worker: for images, many times the cost of the gather itself. Under
+``shmloader.DataLoader`` a worker instead gathers the dense columns straight into a free slot
+of a file of its own in the dataset's store (mapped once), and returns a :class:`RingBatch`: a
+few numbers and the other columns. The training process copies the slot out into fresh
+tensors (one ``memcpy``) and marks it free.
 
 A slot is busy from the worker's claim until the training process has copied it, or has
 dropped the batch unread: when a loop breaks off, torch discards the batches in flight (with

@@ -374,7 +374,7 @@ class Runtime:
         """Raise or lower the store's ``ahead`` hint: readers lease no new task while
         ``ready_ahead`` tasks are ready and not taken (shm/hints.py). Raised as soon as a
         reader's announcement fills the count, not at the next tick: a reader of small tasks
-        would lease more within the tick's 5 ms. Returns whether readers are held back."""
+        would lease more within one tick. Returns whether readers are held back."""
         with self._ahead_lock:
             ahead = len(self.plane.ready) >= self.config.ready_ahead
             if ahead != self._ahead:

@@ -1,8 +1,8 @@
 """Views of segments parsed before, for the next segment placed where they were.
 
-Opening a segment means parsing its Arrow IPC file and making a view of every column: on the
-development machine about 100 µs per segment (IPC footer, schema, extension types, numpy
-views), as much as gathering 2,500 tabular rows. But segments of one dataset are written
+Opening a segment means parsing its Arrow IPC file and making a view of every column (IPC
+footer, schema, extension types, numpy views): as much work as gathering thousands of tabular
+rows. But segments of one dataset are written
 alike (same schema, usually the same row count), and a gatherer maps each new one where an
 earlier one was (``shm/kept.py``, first-fit placement in ``shm/region.py``).
 

@@ -30,8 +30,8 @@ FRAME_OVERHEAD = 16
 # Sequential scans read this much at a time; indexed range reads group records into blocks
 # of at most BLOCK bytes (a single larger record is read on its own). A block is read, checked,
 # decoded and copied into shared memory while it is still in the CPU cache (L2/L3), which
-# a larger block outgrows: for 12-KiB images a reader's steps cost about 3.7 µs per record
-# with 2-MiB blocks, 4.0-4.5 with 1 or 4-8 MiB, and 4.9-5.7 with a whole task at once.
+# a larger block outgrows; a smaller one costs more calls per record. 2 MiB is where a reader's
+# steps cost least (benchmarks/bench_reader_steps.py).
 CHUNK = 4 << 20
 BLOCK = 2 << 20
 # A damaged length that passed its CRC by chance could ask for exabytes: never read more
@@ -240,7 +240,7 @@ def iter_indexed_runs(
     while i < stop:
         lo = int(offsets[i])
         # The key in the offsets' own type: a Python int against uint64 offsets makes numpy
-        # convert the whole array on every call (60 µs for 100,001 offsets, against 2).
+        # convert the whole array on every call.
         end = offsets.dtype.type(lo + BLOCK)
         j = int(np.searchsorted(offsets, end, side="right")) - 1
         j = min(max(j, i + 1), stop)

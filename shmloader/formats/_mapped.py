@@ -5,9 +5,8 @@ copies each block out of the page cache into a new buffer, and only then are its
 checked and its payloads sliced, decoded and copied into shared memory. Mapped, the block is
 the page cache's own pages: the CRCs are computed over them, ``views=True`` payloads are
 ``memoryview`` slices of them, and ``views=False`` payloads are ``bytes`` copied straight out
-of them, so every byte is copied once less. For a task of 12-KiB images that saved 1-1.5 µs
-per record of a reader's 5-7 µs of reading, slicing and copying
-(``benchmarks/bench_reader_steps.py``).
+of them, so every byte is copied once less (``benchmarks/bench_reader_steps.py`` measures a
+reader's steps).
 
 One mapping covers one range read (a task's records); it lives while any view of it does,
 like the blocks read before did, and unmaps when the last one goes. A file that shrinks
@@ -82,8 +81,7 @@ class MappedSource(ByteSource):
     def mapped_at(self) -> tuple[mmap.mmap, int] | None:
         """The mapping and where the next view starts in it: ``bytes`` copies of records are
         sliced straight out of the mapping (``mapping[a:b]``: one step), not out of a view and
-        then copied (two; 0.40 against 0.16 µs per 264-byte record on the development
-        machine)."""
+        then copied (two)."""
         if self._mapping is None:
             return None
         return self._mapping, self.position - self._base

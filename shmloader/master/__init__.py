@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # the names for type checkers (``as``: re-exported)
     from .updates import UpdateSink as UpdateSink
 
 # Imported on first use, like the top-level package: a reader process needs the client only,
-# and the server side (dispatcher, journal, gRPC server) cost it about 0.1 s of start-up.
+# and importing the server side (dispatcher, journal, gRPC server) would delay its start.
 _EXPORTS = {
     "ConsumerInfo": "._convert",
     "EpochInfo": "._convert",

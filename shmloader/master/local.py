@@ -3,11 +3,9 @@
 A dataset with an embedded master (``master=None``) serves its readers over gRPC, but its own
 calls (tasks taken, tasks completed, where the tasks it waits for are, lease renewals) came
 over the same loopback gRPC: a request and a reply serialised, a channel, the server's
-completion queue and a thread pool handing the call over, about a millisecond of the trainer's
-CPU per call on both sides together. With tabular batches of 1024 rows those threads used a
-fifth of the trainer process's CPU (``/proc/self/task``: 213 µs per batch in the server's
-threads, 111 in the maintenance thread that makes most calls, against 546 in the training
-loop's thread).
+completion queue and a thread pool handing the call over, all in the trainer's process: with
+small batches, a good share of its CPU went to those threads rather than to the training
+loop.
 
 :class:`LocalStub` has the generated stub's shape (one callable per RPC, taking the request,
 ``timeout`` and ``metadata``) and calls the :class:`~shmloader.master.service.MasterService`

@@ -1,8 +1,8 @@
 """What the master's client and server agree on beyond the protobuf schema.
 
 Kept apart from :mod:`.service` so that a reader process, which only ever talks to a master,
-imports the client without the server side (dispatcher, journal updates, epochs): about 50 ms
-less of start-up per reader, which is on the path to a dataset's first batch.
+imports the client without the server side (dispatcher, journal updates, epochs): a reader's
+start-up is on the path to a dataset's first batch.
 """
 
 from __future__ import annotations

@@ -4,9 +4,8 @@ A reader allocates a task's worth of memory several times per task: file blocks,
 the joined bytes of a ``decode_batch``, contiguous columns. For 4096 records of 12 KB images
 that is 50 MiB each time. glibc serves blocks above its mmap threshold (32 MiB at most by
 default) with a fresh ``mmap`` and unmaps them on ``free``, so every task faults all those
-pages in again, zero-filled by the kernel. For the data-plane benchmark's images, its
-``decode_batch`` (a join) took 5.8 µs per record that way and 1.1 µs with freed memory kept,
-and a reader's steps together 14.3 and 8.7 µs (``benchmarks/bench_reader_steps.py``).
+pages in again, zero-filled by the kernel: for images, faulting dominated a ``decode_batch``
+that joins payloads (``benchmarks/bench_reader_steps.py`` measures a reader's steps).
 
 Raising the mmap and trim thresholds sends freed blocks back to the heap, where the next task
 reuses them. The price is that a reader stays near its peak resident memory, about one task's

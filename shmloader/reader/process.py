@@ -25,8 +25,8 @@ from typing import Any
 from .. import augment
 from ..errors import ConfigError, DataError, LeaseError, MasterError, StoreClosedError
 
-# At the top, not where the client is made: a reader imports it (grpc, about 0.1 s) while it
-# waits for its configuration, which the trainer sends only once its master is up.
+# At the top, not where the client is made: a reader imports it (grpc, slow to import) while
+# it waits for its configuration, which the trainer sends only once its master is up.
 from ..master.client import MasterClient
 from ..shm import hints
 from ..shm.names import new_segment_name

@@ -17,7 +17,7 @@ Every change that could make a scan under-count is done under an exclusive ``flo
 rename makes a file vanish under one name and appear under another). Removing a file needs no
 lock: a scan that misses a removal only over-counts, which errs on the safe side.
 
-Writers that do not fit wait by polling with exponential backoff from 0.5 ms to 10 ms (one
+Writers that do not fit wait by polling with exponential backoff (one
 lock, one directory scan per poll). A stop ``Event`` is waited on instead of sleeping, so a
 stop request ends the wait at once. There is no queue: a large batch can wait while smaller
 ones keep fitting; with equal-sized tasks (the usual case) this does not starve anyone.

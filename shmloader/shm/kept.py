@@ -4,8 +4,8 @@ A released segment's file becomes a spare, and a reader soon writes the next seg
 (``budget.py``). A process that gathered from the old segment can keep its mapping of the
 file and use it for the new segment: the mapping is shared, so it shows the new contents,
 and its page tables are still filled in. Mapping the file anew costs an ``mmap``, a page
-fault per 64 KiB or so on first touch, and a ``munmap`` later; on the development machine
-that was about 260 µs per MiB, more than gathering the rows themselves.
+fault per 64 KiB or so on first touch, and a ``munmap`` later: more than gathering the rows
+themselves.
 
 A kept mapping is found again by the file's inode. While the mapping exists the file does
 too, even unlinked, so no other file can carry that inode number: an inode match is the same

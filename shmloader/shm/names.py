@@ -51,7 +51,7 @@ def start_token(pid: int) -> int | None:
         if state in (b"Z", b"X", b"x"):
             return None
         return int(ticks)
-    import psutil  # only here: a reader imports this module, and psutil takes 20-50 ms
+    import psutil  # only here: a reader imports this module, and psutil is slow to import
 
     try:
         proc = psutil.Process(pid)

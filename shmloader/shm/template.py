@@ -2,8 +2,8 @@
 
 A ``decode_batch`` result is usually numpy views of one joined buffer: strided arrays (a label
 after each image). Arrow has no strides, so building the batch copies every such array, and
-writing the batch into shared memory copies it again. On the development machine, for 12-KiB
-images, each of those copies cost about 1 µs per record, as much as decoding.
+writing the batch into shared memory copies it again; for images each of those copies costs
+about as much as decoding.
 
 But an Arrow IPC file of fixed-width columns without nulls is laid out by the schema and the
 row count alone: every buffer's offset and length, and with them all the metadata bytes, follow
@@ -169,7 +169,7 @@ def ipc_skipping_values(batch: pa.RecordBatch, values: Sequence[np.ndarray], nby
     """``batch``, whose columns lie on ``values`` (:func:`zeros_like`), as an ``nbytes``-byte
     IPC file on an anonymous mapping, without writing the values: those pages stay the
     kernel's zero page, as zeros read. So teaching a layout costs the metadata's few pages, not
-    the file's size in writes (about 45 ms for 50 MB of images, on a reader's first task).
+    the file's size in writes (on a reader's first task, on the way to the first batch).
     Returns the mapping; RuntimeError if pyarrow writes another size than ``nbytes``."""
     scratch = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # see zeros_like
     sink = _SkippingSink(scratch, values)

@@ -1,9 +1,9 @@
 """A tensor column of per-record arrays, checked and not yet stacked into one.
 
-A per-record ``decode`` returns one array per record and column. Building the batch used to
-stack them (``numpy.concatenate``: a copy of every value), after which a reader copied the
-stacked column into its shared-memory segment: two copies of each image. Kept as the list, the
-column is stacked straight into its place in the segment instead, one copy (``shm/template.py``
+A per-record ``decode`` returns one array per record and column. Stacking them into one array
+(``numpy.concatenate``: a copy of every value), which a reader then copies into its
+shared-memory segment, would copy each image twice. Kept as the list, the column is stacked
+straight into its place in the segment instead, one copy (``shm/template.py``
 calls :meth:`RowArrays.copy_into`). Anything else that wants an array gets one built on demand
 (``numpy.asarray``).
 """

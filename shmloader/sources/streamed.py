@@ -5,9 +5,7 @@ moves every byte through main memory four times: the file's blocks are read, che
 ``decode_batch`` and copied into the segment, each pass over more bytes than the CPU caches
 hold. Handing the columns over block by block (about 2 MiB, ``formats/_framing.BLOCK``) lets a
 writer copy each block's columns into their place in the segment while the block is still in
-the cache: on the development machine a reader's steps for those images went from 5.0 to
-about 3.7 µs per record (``docs/performance.md``), and a reader no longer holds a task's worth
-of decoded memory.
+the cache, and a reader does not hold a task's worth of decoded memory.
 
 The row count is known before decoding (the range's size) unless records are skipped, so a
 writer can reserve the segment first (``shm/template.py``); when fewer rows come, or a block's
