@@ -17,6 +17,8 @@ import sys
 import time
 from typing import Any
 
+import torch.utils.data
+
 import shmloader
 
 
@@ -32,11 +34,21 @@ def main(config_path: str) -> int:
         shm_dir=cfg["shm_dir"],
         shuffle_window=4,
     )
-    dl = shmloader.DataLoader(ds, batch_size=cfg["batch_size"])
+    workers = cfg.get("workers", 0)
+    dl: Any
+    if cfg.get("loader", "shmloader") == "shmloader":
+        dl = shmloader.DataLoader(ds, batch_size=cfg["batch_size"], num_workers=workers)
+    else:  # a plain DataLoader: the dataset tells its deliveries from its requests
+        dl = torch.utils.data.DataLoader(
+            ds,
+            batch_sampler=ds.batch_sampler(cfg["batch_size"]),
+            collate_fn=ds.collate,
+            num_workers=workers,
+        )
     state_path = cfg["state"]
     if os.path.exists(state_path):
         with open(state_path) as f:
-            dl.load_state_dict(json.load(f))
+            ds.load_state_dict(json.load(f))
     with open(cfg["out"], "a", buffering=1) as out:
 
         def emit(**line: Any) -> None:
@@ -52,7 +64,7 @@ def main(config_path: str) -> int:
                 batches += 1
                 if batches % cfg["save_every"] == 0:
                     with open(state_path + ".tmp", "w") as f:
-                        json.dump(dl.state_dict(), f)
+                        json.dump(ds.state_dict(), f)
                     os.replace(state_path + ".tmp", state_path)
                     emit(saved=batches)
                     if os.path.exists(cfg["arm"]):

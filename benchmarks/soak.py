@@ -4,8 +4,9 @@ Run by hand (not a test): ``python benchmarks/soak.py [--rounds R] [--seed S]``.
 
 Each round writes a dataset of ``--records`` records (ids 0..N-1) in ``--files`` record files,
 starts ``shmloader master --journal`` (``--epochs`` epochs, short lease and consumer timeouts)
-and ``--trainers`` elastic trainers (``benchmarks/_soak_trainer.py``, shmloader.DataLoader,
-a state saved every few batches). Then, at random intervals drawn from ``random.Random(seed +
+and ``--trainers`` elastic trainers (``benchmarks/_soak_trainer.py``: shmloader.DataLoader, or
+with ``--loader batch_sampler`` a plain torch DataLoader given ``ds.batch_sampler(...)``; with
+``--workers`` DataLoader workers; a state saved every few batches). Then, at random intervals drawn from ``random.Random(seed +
 round)``, it SIGKILLs one of:
 
 - a **reader** of a random trainer (the trainer's pool starts another);
@@ -143,6 +144,8 @@ class Trainer:
             "readers": args.readers,
             "shm_dir": str(work / "shm"),
             "batch_size": args.batch_size,
+            "loader": args.loader,
+            "workers": args.workers,
             "save_every": args.save_every,
             "step_seconds": args.step_seconds,
             "state": str(work / f"state-{index}.json"),
@@ -335,6 +338,13 @@ def main() -> None:
     p.add_argument("--trainers", type=int, default=2)
     p.add_argument("--readers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument(
+        "--loader",
+        choices=("shmloader", "batch_sampler"),
+        default="shmloader",
+        help="shmloader.DataLoader, or a plain torch DataLoader given ds.batch_sampler(...)",
+    )
+    p.add_argument("--workers", type=int, default=0, help="each trainer's DataLoader workers")
     p.add_argument("--save-every", type=int, default=10)
     p.add_argument("--step-seconds", type=float, default=0.01, help="sleep per batch")
     p.add_argument("--round-timeout", type=float, default=300.0)

@@ -399,13 +399,10 @@ def test_short_tasks_read_ahead_do_not_starve_a_large_task_of_room(tmp_path: Pat
 
 def test_a_wait_that_cannot_end_is_a_named_error() -> None:
     # Starved, nothing ready, a wanted reader blocked and nothing handed out to consume.
-    from shmloader.dataset.ready import ReadyTasks
-
-    def always() -> bool:
-        return True
+    from shmloader.dataset.ready import Pressure, ReadyTasks
 
     with pytest.raises(shmloader.ShmSpaceError, match="read ahead into a later epoch"):
-        ReadyTasks().take(0, [3], starved=always, dead_end=always, patience=0.05)
+        ReadyTasks().take(0, [3], pressure=lambda: Pressure.DEAD_END, patience=0.05)
 
 
 def test_a_blocked_reader_of_the_task_waited_for_starves_the_sampler() -> None:
@@ -413,13 +410,11 @@ def test_a_blocked_reader_of_the_task_waited_for_starves_the_sampler() -> None:
     first), so the room it estimates looks ample, while the reader of the large task the
     sampler waits for has none: the sampler must take the later tasks that are ready, which
     frees room, rather than wait for ever (the end-to-end test above hung now and then)."""
-    from shmloader.dataset.ready import ReadyTask, ReadyTasks
+    from shmloader.dataset.ready import Pressure, ReadyTask, ReadyTasks
 
     ready = ReadyTasks()
     ready.put(ReadyTask(0, 4, 4, "seg-a", 300, 104))
-    took = ready.take(
-        0, [0], starved=lambda: False, blocked=lambda: True, later=[1, 2, 3, 4], patience=30
-    )
+    took = ready.take(0, [0], pressure=lambda: Pressure.BLOCKED, later=[1, 2, 3, 4], patience=30)
     assert took is not None and [t.seq for t in took] == [4]
 
 

@@ -23,6 +23,7 @@ from shmloader._proto import master_pb2_grpc as pb_grpc
 from shmloader.errors import ConfigError, LeaseError, MasterError
 from shmloader.master import build_schedule
 from shmloader.master.client import EpochInfo, MasterClient, RenewError
+from shmloader.master.config import JobConfig
 from shmloader.master.dispatcher import Dispatcher
 from shmloader.master.server import SERVICE_NAME, Master
 from shmloader.master.updates import Update
@@ -78,7 +79,7 @@ def test_round_trip_of_every_rpc(master: Master, client: MasterClient) -> None:
     info = client.register("c1")
     assert info.consumer == "c1" and info.rank is None and info.world_size is None
     assert (info.num_tasks, info.total_records, info.epochs) == (NUM_TASKS, 17, 2)
-    assert info.paths == ["a", "b"] and info.lease_timeout == 60.0
+    assert info.paths == ["a", "b"] and info.lease_timeout == JobConfig.lease_timeout  # the default
     client.heartbeat("c1")
     for epoch in (0, 1):
         assert client.epoch_info("c1", epoch) == EpochInfo(epoch, NUM_TASKS, 17)

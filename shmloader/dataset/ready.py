@@ -8,6 +8,7 @@ background thread.
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -34,6 +35,27 @@ STUCK_MESSAGE = (
     "shmloader.DataLoader or batch_sampler=ds.batch_sampler(...), or raise shm_budget to two "
     "shuffle windows of tasks"
 )
+
+
+class Pressure(enum.Enum):
+    """Where room in ``shm_budget`` stands while the sampler waits for tasks: what a wait
+    (:meth:`ReadyTasks.take`) looks at on every poll. Each state implies those above it."""
+
+    #: Readers have room: the tasks come as they are read.
+    NONE = 0
+    #: Readers wait for room, which rows handed out and not consumed yet hold (starved).
+    STARVED = 1
+    #: A reader of a task waited for has said it has no room.
+    BLOCKED = 2
+    #: Blocked, and the rows the caller's batcher keeps (or the batches in flight that only it
+    #: could let be received) are all that is not consumed: only letting them go makes room.
+    PINNED = 3
+    #: Blocked with nothing handed out left to consume: no wait can end.
+    DEAD_END = 4
+
+
+def no_pressure() -> Pressure:
+    return Pressure.NONE
 
 
 @dataclass(frozen=True)
@@ -101,37 +123,30 @@ class ReadyTasks:
         epoch: int,
         seqs: Iterable[int],
         *,
-        starved: Callable[[], bool] | None = None,
-        poll: float = 0.05,
-        patience: float = 1.0,
+        pressure: Callable[[], Pressure] = no_pressure,
         later: Sequence[int] = (),
         gone: Callable[[list[int]], set[int]] | None = None,
+        poll: float = 0.05,
+        patience: float = 1.0,
         recheck: float = 0.1,
-        stuck: Callable[[], bool] | None = None,
-        dead_end: Callable[[], bool] | None = None,
-        blocked: Callable[[], bool] | None = None,
     ) -> list[ReadyTask] | None:
         """Wait for the tasks ``seqs`` of ``epoch`` and return them in ``seqs`` order.
 
-        If ``starved()`` (or ``blocked()``) stays true for ``patience`` seconds (readers blocked
-        on the shared-memory budget, so the missing tasks cannot arrive until some are
-        consumed), return the ready subset instead of deadlocking; if none of ``seqs`` is
-        ready, ready tasks among ``later`` (the epoch's following tasks) instead, as many as
-        ``seqs`` has: consuming them frees room. ``gone(missing)``, asked every ``recheck``
-        seconds while some are missing (outside the lock: it may ask the master), names those
-        that will not come here (another trainer took them): they are waited for no more. The
-        result is empty only when every one of ``seqs`` is gone.
+        ``pressure()``, asked every ``poll`` seconds, says where room in the budget stands
+        (:class:`Pressure`). If it stays STARVED or worse for ``patience`` seconds (readers
+        wait for room, so the missing tasks cannot arrive until some are consumed), the ready
+        subset is returned instead of deadlocking; if none of ``seqs`` is ready, ready tasks
+        among ``later`` (the epoch's following tasks) instead, as many as ``seqs`` has:
+        consuming them frees room. BLOCKED or worse returns them at once. ``gone(missing)``,
+        asked every ``recheck`` seconds while some are missing (outside the lock: it may ask
+        the master), names those that will not come here (another trainer took them): they
+        are waited for no more. The result is empty only when every one of ``seqs`` is gone.
 
-        Starved with *nothing* ready, only rows already handed out can free room. ``stuck()``
-        (asked then, after ``patience``) says whether those are held by the caller's batcher,
-        which waits for more rows to fill a batch: then None is returned, for it to let them go.
-        ``blocked()`` (a reader of a task waited for says it has no room) ends the wait for
-        ``patience`` at once, or after ``BLOCKED_GRACE`` when nothing is ready. Without
-        ``stuck``, or while it is false, a warning says what is waited for after ``STUCK_WARN``
-        seconds. ``dead_end()``, asked then too, says that
-        nothing handed out is left to consume and still the task waited for has no room (the
-        budget holds segments of later epochs, read ahead): that raises ``ShmSpaceError``,
-        since no wait can end.
+        Starved with *nothing* ready, only rows already handed out can free room: PINNED
+        (after ``patience``, or ``BLOCKED_GRACE`` once a reader said it has no room, for
+        segments consumed but not yet released) returns None, for the caller's batcher to let
+        its rows go; DEAD_END (after ``patience``) raises ``ShmSpaceError``, since no wait can
+        end. Otherwise a warning says what is waited for after ``STUCK_WARN`` seconds.
         """
         wanted = list(seqs)
         starved_since: float | None = None
@@ -151,8 +166,9 @@ class ReadyTasks:
                     # A reader of a task waited for that has no room says so itself (one look
                     # at the store per poll): room estimated from the segments seen so far can
                     # look ample while it is not.
-                    no_room = blocked is not None and blocked()
-                    hungry = no_room or (starved is not None and starved())
+                    room = pressure()
+                    no_room = room.value >= Pressure.BLOCKED.value
+                    hungry = room is not Pressure.NONE
                     if have and hungry:
                         starved_since = starved_since or now
                         # A reader of one of them says it has no room: no need to wait and see.
@@ -167,9 +183,9 @@ class ReadyTasks:
                         # can be true now, so look after a short grace (for segments consumed
                         # but not yet released), not the whole patience.
                         grace = BLOCKED_GRACE if no_room else patience
-                        if now - empty_since >= grace and stuck is not None and stuck():
+                        if now - empty_since >= grace and room is Pressure.PINNED:
                             return None
-                        if now - empty_since >= patience and dead_end is not None and dead_end():
+                        if now - empty_since >= patience and room is Pressure.DEAD_END:
                             raise ShmSpaceError(DEAD_END_MESSAGE.format(epoch=epoch, seqs=wanted))
                         if now - empty_since >= STUCK_WARN and not warned:
                             warned = True

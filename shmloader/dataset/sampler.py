@@ -28,7 +28,7 @@ from ..errors import ConfigError, ShmSpaceError
 from .accounting import ConsumedWhen
 from .delivery import Requests, prefetch_depth, tracked
 from .gather import split_indices
-from .ready import ReadyTask, ReadyTasks
+from .ready import Pressure, ReadyTask, ReadyTasks
 from .record_ranges import row_records
 from .strays import StrayCount
 
@@ -278,14 +278,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             if block:
                 feed.want(epoch, block)
                 tasks = feed.ready.take(
-                    epoch,
-                    block,
-                    starved=feed.starved,
-                    later=pending,
-                    gone=gone,
-                    stuck=stuck,
-                    dead_end=feed.dead_end,
-                    blocked=feed.blocked,
+                    epoch, block, pressure=lambda: _pressure(feed, stuck), later=pending, gone=gone
                 )
                 feed.want(epoch, [])
             if tasks is None:  # nothing can come until the batcher lets its rows go
@@ -686,7 +679,7 @@ class _NoProgress:
     sampler waits for is ready and a reader of one has no room. Nothing else could consume
     them: the loop does not run while torch asks the sampler for indices, and workers gather
     the batches they were given in milliseconds (the wait allows for workers that are still
-    starting). ``ReadyTasks.take`` asks it only while starved with nothing ready."""
+    starting). The wait acts on it only while starved with nothing ready (``_pressure``)."""
 
     def __init__(self, feed: Feed, stall: float = STALL_SECONDS) -> None:
         self._feed = feed
@@ -700,6 +693,16 @@ class _NoProgress:
             self._rows, self._since = rows, now
             return False
         return rows > 0 and self._feed.blocked() and now - self._since >= self._stall
+
+
+def _pressure(feed: Feed, stuck: Callable[[], bool] | None) -> Pressure:
+    """Where room in the budget stands for the sampler's wait (:class:`Pressure`): from the
+    data plane, and ``stuck()`` of the batcher (whether the rows it holds pin the room)."""
+    if not feed.blocked():
+        return Pressure.STARVED if feed.starved() else Pressure.NONE
+    if stuck is not None and stuck():
+        return Pressure.PINNED
+    return Pressure.DEAD_END if feed.dead_end() else Pressure.BLOCKED
 
 
 def _all_consumed(feed: Feed, grace: float) -> bool:
