@@ -56,3 +56,10 @@ def test_augment_is_reproducible_under_its_seed_and_differs_per_epoch() -> None:
     assert "two runs with seed 7 saw the same augmented images: True" in out
     differ = int(re.search(r"differently in epoch 1 than in epoch 0: (\d+) of 1500", out)[1])
     assert differ > 1300, out  # a flip and a crop of 25 places: few repeat by chance
+
+
+def test_the_quickstart_of_the_getting_started_page_trains() -> None:
+    """docs/getting-started.md includes examples/quickstart.py as it is: it must run."""
+    out = run_example(sys.executable, "quickstart.py")
+    assert "epoch 0: 20000 records" in out and "epoch 1: 20000 records" in out
+    assert "next epoch to deliver: 2" in out
