@@ -6,8 +6,8 @@ Each round writes a dataset of ``--records`` records (ids 0..N-1) in ``--files``
 starts ``shmloader master --journal`` (``--epochs`` epochs, short lease and consumer timeouts)
 and ``--trainers`` elastic trainers (``benchmarks/_soak_trainer.py``: shmloader.DataLoader, or
 with ``--loader batch_sampler`` a plain torch DataLoader given ``ds.batch_sampler(...)``; with
-``--workers`` DataLoader workers; a state saved every few batches). Then, at random intervals drawn from ``random.Random(seed +
-round)``, it SIGKILLs one of:
+``--workers`` DataLoader workers; a state saved every few batches). Then, at random intervals
+drawn from ``random.Random(seed + round)``, it SIGKILLs one of:
 
 - a **reader** of a random trainer (the trainer's pool starts another);
 - a **trainer**, right after it saved its state (it is told to stop there), restarted at once
