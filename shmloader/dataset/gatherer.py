@@ -16,7 +16,7 @@ import numpy as np
 
 from ..shm.kept import KeptMappings
 from ..shm.region import Placed, Region
-from ..shm.store import read_segment
+from ..shm.store import StoreHandle, read_segment
 from .accounting import slot_name
 from .gather import (
     BatchSegments,
@@ -65,7 +65,7 @@ PARSED_MAX = 256
 
 
 class Gatherer:
-    def __init__(self, store: object, columns: Sequence[str]) -> None:
+    def __init__(self, store: StoreHandle, columns: Sequence[str]) -> None:
         self.store = store  # StoreHandle: picklable, never deletes the store
         self.columns = list(columns)
         # Slots of a batch ring per DataLoader worker (ring.py); 0: torch's transport.
@@ -110,7 +110,7 @@ class Gatherer:
         self._sink_pid = os.getpid()
 
     def _store_path(self) -> str:
-        return str(self.store.path)  # type: ignore[attr-defined]
+        return str(self.store.path)
 
     def __getstate__(self) -> dict[str, object]:
         return {
@@ -128,7 +128,7 @@ class Gatherer:
         region = self._region_here()
         views = self._open_in_region(slot, region) if region is not None else None
         if views is None:  # no region here, or no room in it: a mapping of its own
-            views = segment_views(self.store.open(slot_name(slot)))  # type: ignore[attr-defined]
+            views = segment_views(self.store.open(slot_name(slot)))
         self._views[slot] = views
         return views
 
@@ -141,7 +141,7 @@ class Gatherer:
         """The gather region, made on first use. A forked worker goes on with its copy of the
         parent's: fork() copies the mappings and the bookkeeping of them alike."""
         if self._region is None and not self._no_region:
-            budget = int(self.store.budget)  # type: ignore[attr-defined]
+            budget = int(self.store.budget)
             self._region = Region.create(REGION_PER_BUDGET * budget + REGION_EXTRA)
             self._no_region = self._region is None
             if self._region is not None:
@@ -154,10 +154,10 @@ class Gatherer:
         # swept here: segments of the batch being gathered must stay mapped). Kept mappings
         # are used by nothing, so they go first.
         kept = self._kept
-        placed = self.store.place_in(name, region, kept.take if kept else None)  # type: ignore[attr-defined]
+        placed = self.store.place_in(name, region, kept.take if kept else None)
         if placed is None and kept:
             kept.clear()
-            placed = self.store.place_in(name, region)  # type: ignore[attr-defined]
+            placed = self.store.place_in(name, region)
         if placed is None:
             return None
         views = self._parsed.find(placed)
@@ -188,7 +188,7 @@ class Gatherer:
         self._parsed.clear()
         if self._kept is not None:
             self._kept.forget()  # unmapped with the whole region just below
-        self.store.drop_all()  # type: ignore[attr-defined]
+        self.store.drop_all()
         if self._region is not None:
             self._region.close()
             self._region = None
@@ -282,7 +282,7 @@ class Gatherer:
                 elif placed is not None and self._region is not None:
                     self._region.unmap(placed)
                 else:
-                    self.store.drop(name)  # type: ignore[attr-defined]
+                    self.store.drop(name)
         if self._kept:
             self._kept.sweep(entry.inode() for entry in entries)
 

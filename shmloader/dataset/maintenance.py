@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import LeaseError, MasterError
 from ..reader.messages import lease_clock
@@ -34,6 +34,10 @@ from ..reader.pool import ReaderPool
 from ..shm import hints
 from .plane import DataPlane
 from .task_errors import TaskErrors
+
+if TYPE_CHECKING:
+    from ..master.client import MasterClient
+    from ..master.progress import Progress
 
 # The runtime's logger, as before this thread had a module of its own: filters keep working.
 log = logging.getLogger(__name__)
@@ -44,7 +48,7 @@ STALL_CHECK_SECONDS = 1.0  # how often readers are looked at for that (a listdir
 ALIVE_EVERY = 0.25  # seconds between the trainer's signs of life to its readers (hints.py)
 
 
-def first_unfinished(progress: Any) -> int:
+def first_unfinished(progress: Progress) -> int:
     """The oldest epoch the master has not finished, or the next to start if none is open."""
     open_epochs = [e.epoch for e in progress.epochs if not e.finished]
     return min(open_epochs, default=progress.epochs_started)
@@ -56,7 +60,7 @@ class Maintenance:
     store's ``ahead`` hint (the runtime's, shared with the readers' announcements)."""
 
     plane: DataPlane
-    client: Any
+    client: MasterClient
     pool: ReaderPool
     store_path: str
     lease_timeout: float

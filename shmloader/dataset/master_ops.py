@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ..master.client import EpochInfo, MasterClient
 
 # Epoch sizes kept: the plane asks about the epoch it iterates and the next, so a few suffice;
 # a size asked again after it went is one more EpochInfo call. Unbounded, the cache would grow
@@ -43,17 +46,17 @@ class LeaseOps(Protocol):
 class MasterOps:
     """The plane's view of the master: this consumer's calls."""
 
-    def __init__(self, client: Any, consumer: str, epochs: int | None) -> None:
+    def __init__(self, client: MasterClient, consumer: str, epochs: int | None) -> None:
         self._client = client
         self._consumer = consumer
         self._epochs = epochs  # the master's, counted from 0 (None: unbounded)
-        self._info: OrderedDict[int, Any] = OrderedDict()
+        self._info: OrderedDict[int, EpochInfo] = OrderedDict()
         self._lock = threading.Lock()  # the training loop and the maintenance thread ask
 
     def complete(self, lease_ids: list[int]) -> dict[int, str]:
         return dict(self._client.complete_many(lease_ids))
 
-    def _epoch(self, epoch: int) -> Any:
+    def _epoch(self, epoch: int) -> EpochInfo:
         with self._lock:
             info = self._info.get(epoch)
             if info is not None:

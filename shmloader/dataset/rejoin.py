@@ -11,16 +11,21 @@ nobody but this rank takes from its queue, so the count is not a race with the o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
+    from ..master.client import ConsumerInfo, MasterClient
     from .runtime import RuntimeConfig
 
 
 def check_whole_share(
-    client: Any, consumer: str, config: RuntimeConfig, joined: Any, epoch: int
+    client: MasterClient,
+    consumer: str,
+    config: RuntimeConfig,
+    joined: ConsumerInfo,
+    epoch: int,
 ) -> None:
     """ConfigError unless this rank's queue of ``epoch`` is whole at the master (nothing done),
     for a DDP rank (``joined``: the master's reply to its registration) of a standalone master

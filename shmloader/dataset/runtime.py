@@ -21,7 +21,7 @@ import weakref
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import MasterError
 from ..master import forked
@@ -46,6 +46,10 @@ from .plan_check import check_same_plan
 from .plane import DataPlane
 from .rejoin import check_whole_share
 from .task_errors import TaskErrors
+
+if TYPE_CHECKING:
+    from ..master.client import ConsumerInfo, MasterClient
+    from ..master.server import Master
 
 log = logging.getLogger(__name__)
 SKIPPED_KEPT = 10_000  # reports of skipped records kept for a look (Runtime.skipped)
@@ -107,8 +111,8 @@ class Runtime:
         self.store = store  # owned (and closed) by the dataset
         self._pid = os.getpid()
         at_exit.close_at_exit(self)
-        self.embedded: Any = None
-        self.client: Any = None
+        self.embedded: Master | None = None
+        self.client: MasterClient | None = None
         self.pool: ReaderPool | None = None
         try:
             # Readers start first (or were started with the dataset: ``launched``): their
@@ -224,7 +228,7 @@ class Runtime:
             with contextlib.suppress(FileNotFoundError):  # the store is gone: so are they
                 hints.set_left(handle.path)
         with contextlib.suppress(MasterError):
-            self.client.leave(self.consumer, handed)
+            self.master_client.leave(self.consumer, handed)
 
     def _leave_master(self) -> None:
         """Complete what the loop consumed since the last tick, then (standalone master)
@@ -235,12 +239,14 @@ class Runtime:
             try:
                 plane.poll()
             except MasterError:
-                self.client.stop_retrying()  # gone: leave and the rest get one try each
+                self.master_client.stop_retrying()  # gone: leave and the rest get one try each
         if self.embedded is None:  # an embedded master stops next: nobody to tell
             elastic = getattr(self, "_elastic", False)
             self._just_leave(plane.hand_back() if plane is not None and elastic else None)
 
-    def _unless_resumed(self, config: RuntimeConfig, info: Any, ops: MasterOps) -> RuntimeConfig:
+    def _unless_resumed(
+        self, config: RuntimeConfig, info: ConsumerInfo, ops: MasterOps
+    ) -> RuntimeConfig:
         """A loaded state's positions, unless the standalone master was started from that
         state (``--resume``): its schedule then already leaves the consumed records out, and
         the positions, in the old schedule, would name other tasks (their rows were lost).
@@ -251,6 +257,13 @@ class Runtime:
         if ops.epoch_records(config.resume.epoch) >= whole:
             return config
         return dataclasses.replace(config, resume=config.resume.without_positions())
+
+    @property
+    def master_client(self) -> MasterClient:
+        """The client of the job's master (set once the runtime started)."""
+        if self.client is None:
+            raise MasterError("this dataset's runtime has no master client (it did not start)")
+        return self.client
 
     def handover(self) -> Handover | None:
         """What a checkpoint of this trainer hands over to the trainer resumed from it
@@ -264,7 +277,7 @@ class Runtime:
         """The oldest epoch the master has not finished (the next to start if none is open):
         a trainer that joins or restarts later begins there, not with passes over epochs
         every task of which is done."""
-        return first_unfinished(self.client.progress())
+        return first_unfinished(self.master_client.progress())
 
     def _reader_config(self, index: int) -> ReaderConfig:
         """What reader ``index`` needs (asked for once the master is up, and at restarts)."""
@@ -296,6 +309,7 @@ class Runtime:
         if not rendezvous.hosts_master:
             return rendezvous.lookup()
         self._start_embedded(rendezvous.bind_host)
+        assert self.embedded is not None
         return rendezvous.publish(self.embedded.port)
 
     def _start_embedded(self, host: str | None) -> str:
@@ -356,7 +370,7 @@ class Runtime:
                 message.path,
                 message.error,
             )
-            self.task_errors.fail_if_quarantined(self.client.progress(), self.plane.ready)
+            self.task_errors.fail_if_quarantined(self.master_client.progress(), self.plane.ready)
         elif isinstance(message, MasterLost):
             self.plane.ready.fail(MasterError(f"reader {info.index}: {message.error}"))
 

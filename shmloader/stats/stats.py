@@ -204,7 +204,7 @@ def collect_stats(ds: SharedTaskDataset) -> Stats:
         )
         for r in reader_infos
     ]
-    progress = runtime.client.progress()
+    progress = runtime.master_client.progress()
     in_use = handle.in_use()
     return Stats(
         readers=readers,
