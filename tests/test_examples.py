@@ -63,3 +63,9 @@ def test_the_quickstart_of_the_getting_started_page_trains() -> None:
     out = run_example(sys.executable, "quickstart.py")
     assert "epoch 0: 20000 records" in out and "epoch 1: 20000 records" in out
     assert "next epoch to deliver: 2" in out
+
+
+def test_a_checkpoint_of_two_ranks_resumes_in_one_trainer_exactly_once() -> None:
+    """docs/how-to/checkpoints.md includes examples/checkpoint.py, which checks it itself."""
+    out = run_example(sys.executable, "checkpoint.py")
+    assert "every one of the 6000 records came exactly once" in out
