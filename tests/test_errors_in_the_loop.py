@@ -1,4 +1,4 @@
-"""A data error reaches the training loop as the class the README's "Errors" section names.
+"""A data error reaches the training loop as the class docs/troubleshooting.md names.
 
 Real readers, a real embedded master: each error is raised in a reader and must arrive in the
 loop as itself (``except shmloader.DecodeError`` catches it), with file and record, the user's
