@@ -67,4 +67,4 @@ def test_after_a_stall_only_ready_tasks_still_leased_here_are_delivered(tmp_path
         (back,) = d.lease("a", 1, later)
         assert back.unit == queued.unit
         announce(store, plane, back, lease_clock())
-        assert [t.seq for t in plane.take_strays()] == [queued.unit]
+        assert [t.seq for t in plane.strays.take_strays()] == [queued.unit]

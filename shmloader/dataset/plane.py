@@ -39,7 +39,7 @@ from .ledger import LedgerReader
 from .master_ops import LeaseOps
 from .outbox import Outbox
 from .ready import ReadyTask, ReadyTasks
-from .strays import StrayCount, Strays
+from .strays import Strays
 
 __all__ = ["DataPlane", "SegmentOps", "slot_name"]
 
@@ -224,15 +224,6 @@ class DataPlane:
             self._book.note_elsewhere(epoch, gone)
         return gone
 
-    def look_at_strays(self) -> StrayCount:
-        return self.strays.look()
-
-    def want_strays(self) -> None:
-        self.strays.want_strays()
-
-    def take_strays(self) -> list[ReadyTask]:
-        return self.strays.take_strays()
-
     def admit(self, task: ReadyTask) -> np.ndarray:
         """Number the task's segment with the next slot and start tracking its rows.
 
@@ -296,9 +287,6 @@ class DataPlane:
 
     def starved(self) -> bool:
         return self._starved()
-
-    def want(self, epoch: int, seqs: list[int]) -> None:
-        self.strays.want(epoch, seqs)
 
     def finish_epoch(self, epoch: int) -> None:
         with self._lock:

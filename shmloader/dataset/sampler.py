@@ -62,6 +62,11 @@ class Feed(Protocol):
 
     ready: ReadyTasks
 
+    @property
+    def strays(self) -> StrayFeed:
+        """The tasks the sampler waits for that are not ready here."""
+        ...
+
     def epoch_to_iterate(self) -> int:
         """The unfinished epoch, or the next one."""
         ...
@@ -111,10 +116,6 @@ class Feed(Protocol):
         """Rows handed out and not consumed yet (in flight to the loop, or held by a batcher)."""
         ...
 
-    def want(self, epoch: int, seqs: list[int]) -> None:
-        """The sampler is about to wait for these tasks (empty: for none)."""
-        ...
-
     def pass_rows(self, epoch: int) -> int:
         """Rows a pass over ``epoch`` delivers: what ``reclaim`` gives back, and the epoch's
         rows not admitted yet, less those consumed before a resume."""
@@ -126,13 +127,21 @@ class Feed(Protocol):
         """Those of ``seqs`` that will not come here (another trainer took them, or done)."""
         ...
 
+
+class StrayFeed(Protocol):
+    """What the sampler asks of the tasks it waits for that are not ready here (strays.py)."""
+
+    def want(self, epoch: int, seqs: list[int]) -> None:
+        """The sampler is about to wait for these tasks (empty: for none)."""
+        ...
+
     def take_strays(self) -> list[ReadyTask]:
         """Tasks given up as elsewhere that came here after all, ready now."""
         ...
 
-    def look_at_strays(self) -> StrayCount:
+    def look(self) -> StrayCount:
         """Of the tasks given up as elsewhere, how many may still come here and how many
-        another trainer took in hand (strays.py)."""
+        another trainer took in hand."""
         ...
 
     def want_strays(self) -> None:
@@ -276,11 +285,11 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             size = full = min(full * 2, self.window)
             tasks: list[ReadyTask] | None = []
             if block:
-                feed.want(epoch, block)
+                feed.strays.want(epoch, block)
                 tasks = feed.ready.take(
                     epoch, block, pressure=lambda: _pressure(feed, stuck), later=pending, gone=gone
                 )
-                feed.want(epoch, [])
+                feed.strays.want(epoch, [])
             if tasks is None:  # nothing can come until the batcher lets its rows go
                 pending, (size, full) = block + pending, this  # the same block, once room is back
                 yield LET_GO
@@ -292,7 +301,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             if left or not got <= set(block):
                 pending = left + [s for s in pending if s not in got]
                 self._warn_out_of_order(epoch, left, sorted(got))
-            indices = self._block_indices(feed, epoch, tasks + feed.take_strays())
+            indices = self._block_indices(feed, epoch, tasks + feed.strays.take_strays())
             if len(indices):
                 yield indices
         over = yield from self._strays(feed, epoch, flush, consumed_when, passes_again)
@@ -397,11 +406,11 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         kept = flush  # the batcher may keep rows of the pass: FLUSH before waiting
         try:
             while True:
-                indices = self._block_indices(feed, epoch, feed.take_strays())
+                indices = self._block_indices(feed, epoch, feed.strays.take_strays())
                 if len(indices):
                     yield indices
                     kept = flush
-                strays = feed.look_at_strays()
+                strays = feed.strays.look()
                 if not strays.may_come:
                     held = strays.taken_elsewhere
                     if not last or not held:
@@ -415,10 +424,10 @@ class TaskSampler(torch.utils.data.Sampler[int]):
                             self._warn_left_open(epoch, held)
                         return False
                     waited_since = self._note_waiting(epoch, held, waited_since)
-                feed.want_strays()
+                feed.strays.want_strays()
                 feed.ready.wait(STRAY_POLL)
         finally:
-            feed.want(epoch, [])
+            feed.strays.want(epoch, [])
 
     def _note_waiting(self, epoch: int, held: int, since: float | None) -> float:
         """Say that the end of the last epoch waits for tasks other trainers hold: at once in
