@@ -223,3 +223,19 @@ def test_a_resume_in_an_epoch_this_trainer_does_not_start_in_counts_nothing_cons
 def test_a_state_saved_after_the_last_epoch_puts_the_sampler_past_it() -> None:
     book = ConsumptionBook(start_epoch=1, resume=ResumePoint(epoch=1, finished=True))
     assert book.epoch_to_iterate() == 2
+
+
+def test_a_batch_received_before_its_rows_are_known_gathered_consumes_only_those_gathered() -> None:
+    """A plain DataLoader's loop received a batch (told by its requests): rows the ledger has
+    not said gathered yet (or never will: the worker failed) are not consumed."""
+    book = ConsumptionBook()
+    indices, _ = admitted(book, task(0))
+    groups = group_by_segment(indices)
+    assert not book.all_gathered(groups)
+    book.report(group_by_segment(indices[:3]), gathered=True, consumed=False)
+    assert book.report(groups, gathered=False, consumed=True, only_gathered=True) == []
+    assert book.unconsumed_in_order(0)[0].tolist() == indices[3:].tolist()
+    book.report(group_by_segment(indices[3:]), gathered=True, consumed=False)
+    assert book.all_gathered(groups)
+    effects = book.report(groups, gathered=False, consumed=True, only_gathered=True)
+    assert [type(e) for e in effects] == [Release, Complete]

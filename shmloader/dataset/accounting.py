@@ -322,6 +322,14 @@ class ConsumptionBook:
             effects += self._settle(state)
         return effects
 
+    def all_gathered(self, groups: Sequence[SegmentRows]) -> bool:
+        """Whether every row of ``groups`` was reported gathered (or its slot is settled)."""
+        for group in groups:
+            state = self._slots.get(group.slot)
+            if state is not None and not state.gathered[group.rows].all():
+                return False
+        return True
+
     def _settle(self, state: SlotState) -> list[Effect]:
         effects: list[Effect] = []
         need = len(state.to_deliver)

@@ -194,5 +194,9 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
 
 
 def _pinned(batch: dict[str, Any]) -> dict[str, Any]:
-    """The batch with its tensors in pinned memory (for ``pin_memory=True`` without workers)."""
-    return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    """The batch with its tensors in pinned memory (for ``pin_memory=True`` without workers),
+    still the dataset's batch type."""
+    for name, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            batch[name] = value.pin_memory()
+    return batch

@@ -318,23 +318,29 @@ class DataPlane:
             if len(consumed):
                 self._report(group_by_segment(consumed), gathered=True, consumed=True)
             if later.any():
-                gathered = np.sort(-entries[later])
+                gathered = -entries[later]
                 self._report(group_by_segment(gathered), gathered=True, consumed=False)
             return len(consumed)
 
     def received(self, indices: np.ndarray) -> None:
         """A plain DataLoader's loop receives this batch now, as its requests tell
         (delivery.py): its rows that workers gathered are consumed. The ledger is read first:
-        a worker writes it before handing the batch over. A row not gathered (its worker
-        failed) stays unconsumed, and comes again."""
-        self._read_ledger()
+        a worker writes it before handing the batch over; only when the ledger as the
+        maintenance thread last read it does not have every row yet (the loop's thread reads no
+        files for a batch gathered long enough ago). A row not gathered (its worker failed)
+        stays unconsumed, and comes again."""
         idx = np.asarray(indices, dtype=np.int64)
-        if len(idx):
-            groups = group_by_segment(idx)
-            with self._lock:
-                self._apply(
-                    self._book.report(groups, gathered=False, consumed=True, only_gathered=True)
-                )
+        if not len(idx):
+            return
+        groups = group_by_segment(idx)
+        with self._lock:
+            known = self._book.all_gathered(groups)
+        if not known:
+            self._read_ledger()
+        with self._lock:
+            self._apply(
+                self._book.report(groups, gathered=False, consumed=True, only_gathered=True)
+            )
 
     def gathered(
         self, indices: np.ndarray, groups: list[SegmentRows] | None, *, consumed: bool

@@ -21,11 +21,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any, NoReturn, TypeVar
 
 import grpc
-import numpy as np
 
 from .._proto import master_pb2 as pb
 from .._proto import master_pb2_grpc as pb_grpc
@@ -343,9 +341,9 @@ class MasterService(pb_grpc.MasterServicer):
                 self._shapes.move_to_end(epoch)
                 return shape
         schedule = schedule_of(self.dispatcher.table, self.dispatcher.config, epoch)
-        cum = np.concatenate(([0], np.cumsum(schedule.lengths())))
         bounds = tuple(int(b) for b in schedule.bounds)
-        shape = EpochShape(bounds, tuple(int(cum[hi] - cum[lo]) for lo, hi in pairwise(bounds)))
+        records = tuple(schedule.queue_records(q) for q in range(len(bounds) - 1))
+        shape = EpochShape(bounds, records)
         with self._shapes_lock:
             self._shapes[epoch] = shape
             while len(self._shapes) > _SHAPES_KEPT:
