@@ -129,3 +129,17 @@ def test_every_python_block_parses_and_calls_what_exists(page: Path) -> None:
                 if kw.arg is not None and kw.arg not in params:
                     problems.append(f"{where} takes no {kw.arg}=")
     assert not problems, "\n".join(problems)
+
+
+SNIPPET = re.compile(r'^--8<-- "(examples/[^":]+)(?::[^"]*)?"$', re.MULTILINE)
+
+
+def test_every_example_a_page_includes_is_run_by_a_test() -> None:
+    """A page that includes an example file shows code that runs: tests/test_examples.py runs
+    each file a page includes (by name), so an included example cannot rot unseen."""
+    included = {m[1] for page in PAGES for m in SNIPPET.finditer(page.read_text())}
+    assert included, "no page includes an example file"
+    runner = (ROOT / "tests" / "test_examples.py").read_text()
+    for path in sorted(included):
+        assert (ROOT / path).is_file(), f"a page includes {path}, which does not exist"
+        assert f'"{Path(path).name}"' in runner, f"{path} is included by a page but no test runs it"

@@ -69,3 +69,10 @@ def test_a_checkpoint_of_two_ranks_resumes_in_one_trainer_exactly_once() -> None
     """docs/how-to/checkpoints.md includes examples/checkpoint.py, which checks it itself."""
     out = run_example(sys.executable, "checkpoint.py")
     assert "every one of the 6000 records came exactly once" in out
+
+
+def test_each_format_of_the_formats_page_reads_every_record_once() -> None:
+    """docs/how-to/formats.md includes parts of examples/formats.py."""
+    out = run_example(sys.executable, "formats.py")
+    for name in ("tfrecord + tf.train.Example", "parquet", "arrow", "jsonl", "csv", "webdataset"):
+        assert f"{name}: 2,000 records, each once: True" in out, out

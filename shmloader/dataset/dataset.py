@@ -533,4 +533,6 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
     @property
     def runtime(self) -> Runtime:
+        """The running parts (master link, readers, store, data plane), started on first use:
+        what ``stats()`` and ``shmloader.DataLoader`` read."""
         return self._ensure_started()
