@@ -67,9 +67,7 @@ def table(f: int) -> pa.Table:
     """File ``f``'s rows as an Arrow table: an id and a fixed-size list of 4 floats."""
     ids = np.asarray(rows(f), dtype=np.int64)
     x = np.stack([features(i) for i in rows(f)])
-    return pa.table(
-        {"id": ids, "x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 4)}
-    )
+    return pa.table({"id": ids, "x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 4)})
 
 
 # --8<-- [start:parquet]
