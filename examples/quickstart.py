@@ -66,7 +66,10 @@ def main() -> None:
                 print(f"epoch {epoch}: {seen} records, accuracy {correct / seen:.2f}")
             state = loader.state_dict()  # where the loop is: save it with your checkpoint
             print(f"next epoch to deliver: {state['epoch']}")
-            print(ds.stats())
+            stats = ds.stats()  # what the job did and costs; advice() says what to change
+            print(stats)
+            for line in stats.advice():
+                print("advice:", line)
 
 
 if __name__ == "__main__":

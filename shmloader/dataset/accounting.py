@@ -201,7 +201,8 @@ class ConsumptionBook:
         # Whether some task of an epoch went to another consumer, or was done before this
         # trainer started: then what this trainer consumed is not the epoch's position.
         self.shares_epochs = False
-        self.consumed_records = 0
+        self.consumed_rows = 0  # rows consumed since the start, counted as they are consumed
+        self.consumed_records = 0  # rows of the tasks completed (all their rows consumed)
         self.skipped_records = 0  # what sources left out of the tasks consumed (on_error)
         self.duplicates = 0
 
@@ -315,7 +316,8 @@ class ConsumptionBook:
             if consumed:
                 rows = group.rows[state.gathered[group.rows]] if only_gathered else group.rows
                 state.consumed[rows] = True
-                state.n_consumed = int(np.count_nonzero(state.consumed))
+                before, state.n_consumed = state.n_consumed, int(np.count_nonzero(state.consumed))
+                self.consumed_rows += state.n_consumed - before
             if gathered:
                 state.gathered[group.rows] = True
                 state.n_gathered = int(np.count_nonzero(state.gathered))

@@ -466,14 +466,15 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         return None if self._runtime is None else str(self._runtime.address)
 
     def stats(self) -> Stats:
-        """A snapshot to tell whether readers keep up and what the job's memory costs.
+        """A snapshot to tell whether readers keep up and what the job's memory costs;
+        ``ds.stats().advice()`` says what to change.
 
-        It starts the dataset if it has not started; each call asks the master for its
-        progress and reads every process's memory maps (milliseconds per process).
+        It starts the dataset if it has not started. Counts are exact at the call; memory, CPU
+        and the master's progress are measured at most once a second and given from the last
+        measurement in between, so a call every step costs little (docs/how-to/tuning.md).
         """
-        from ..stats.stats import collect_stats
-
-        return collect_stats(self)
+        runtime = self.runtime
+        return runtime.stats_collector().collect(runtime)
 
     def close(self) -> None:
         """Stop readers and the embedded master, remove every shared-memory segment."""

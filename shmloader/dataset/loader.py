@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch.utils.data
 
@@ -21,6 +21,9 @@ from .accounting import ConsumedWhen
 from .dataset import SharedTaskDataset
 from .ring import MAX_RING_SLOTS, RingBatch
 from .sampler import TaskBatchSampler
+
+# What a batch's tensor columns are: torch tensors, or NumPy arrays over the same memory.
+BatchFormat = Literal["torch", "numpy"]
 
 
 def ring_slots(prefetch_factor: int | None) -> int:
@@ -71,6 +74,11 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     instead, called in the training process once the batch is counted delivered: for
     per-batch work such as normalising, mixing rows (mixup) or moving to a device. Per-record
     augmentation belongs in ``decode``, in the readers (``shmloader.task_rng()``).
+
+    ``format``: ``"torch"`` (batches of tensors) or ``"numpy"``: each tensor column becomes a
+    NumPy array over the same memory (no copy), for JAX, TensorFlow or plain NumPy loops;
+    ``transform`` then gets the NumPy batch. Columns a batch holds as Python lists (strings,
+    variable-length lists) stay lists in both.
     """
 
     def __init__(
@@ -80,11 +88,18 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         *,
         drop_last: bool = False,
         transform: Callable[[dict[str, Any]], Any] | None = None,
+        format: BatchFormat = "torch",
         **kwargs: Any,
     ) -> None:
         if transform is not None and not callable(transform):
             raise ConfigError(f"transform must be a function of a batch, got {transform!r}")
+        if format not in get_args(BatchFormat):
+            raise ConfigError(
+                f"format must be one of {', '.join(map(repr, get_args(BatchFormat)))}, "
+                f"got {format!r}"
+            )
         self.transform = transform
+        self.format = format
         if not isinstance(dataset, SharedTaskDataset):
             raise ConfigError("shmloader.DataLoader takes a SharedTaskDataset")
         if batch_size is None:  # torch's "one sample per step, no collate" mode
@@ -124,6 +139,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         plane = self.dataset.runtime.plane  # type: ignore[attr-defined]
         began = time.perf_counter()  # the loop waits for data from here (workers start too) ...
+        step_began = began  # ... and its step began when it got the batch before
         batches = self._passes()
         while True:
             try:
@@ -134,11 +150,19 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             except Exception as exc:
                 self._check_open(exc)
                 raise
-            plane.record_wait(time.perf_counter() - began)  # ... to here
+            now = time.perf_counter()
+            plane.record_wait(now - began, now - step_began)  # ... to here
+            step_began = now
             # Workers of this loader write no ledger: rows are reported gathered here.
             plane.delivered(self._recorder.issued.popleft())
-            yield batch if self.transform is None else self.transform(batch)
+            yield self._handed(batch)
             began = time.perf_counter()
+
+    def _handed(self, batch: dict[str, Any]) -> Any:
+        """What the loop gets for ``batch``: in the format asked for, transformed."""
+        if self.format == "numpy":
+            batch = as_numpy(batch)
+        return batch if self.transform is None else self.transform(batch)
 
     def _check_open(self, cause: Exception | None = None) -> None:
         """``StoreClosedError`` once the dataset is closed (``cause``: what the iterator raised
@@ -191,6 +215,15 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``; call before iterating (the readers start from it)."""
         self.dataset.load_state_dict(state)  # type: ignore[attr-defined]
+
+
+def as_numpy(batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch with each tensor column as a NumPy array over the same memory (the array
+    keeps the tensor alive); other columns as they are."""
+    return {
+        name: value.numpy() if isinstance(value, torch.Tensor) else value
+        for name, value in batch.items()
+    }
 
 
 def _pinned(batch: dict[str, Any]) -> dict[str, Any]:

@@ -95,7 +95,12 @@ class DataPlane:
         )
         self.lapsed_leases = self.outbox.lapsed_leases  # lapsed, handed to another trainer
         self.lease_check = LeaseCheck(master, lease_timeout, consumer)
-        self.wait_seconds = 0.0  # how long the training loop waited for batches
+        # How long the training loop waited for its first batch (readers starting, the first
+        # task read), and for the others; how long its steps took, waits included.
+        self.first_batch_seconds: float | None = None
+        self._reader_wait_before = 0.0  # the sampler's wait for tasks until the first batch
+        self.wait_seconds = 0.0
+        self.loop_seconds = 0.0
         self.batches_delivered = 0
 
     def _apply(self, effects: list[Effect]) -> None:
@@ -113,7 +118,19 @@ class DataPlane:
 
     # -- what the book counts --------------------------------------------------------------
     @property
+    def reader_wait_seconds(self) -> float:
+        """How long the sampler waited for tasks that the readers had not made ready, after
+        the loop's first batch (as ``wait_seconds``)."""
+        return self.ready.waited_seconds - self._reader_wait_before
+
+    @property
+    def consumed_rows(self) -> int:
+        """Rows consumed since the start, counted as they are consumed."""
+        return self._book.consumed_rows
+
+    @property
     def consumed_records(self) -> int:
+        """Rows of the tasks completed (a task counts once all its rows were consumed)."""
         return self._book.consumed_records
 
     @property
@@ -363,11 +380,18 @@ class DataPlane:
         self._grouped = (None, [])
         self._report(groups, gathered=True, consumed=True)
 
-    def record_wait(self, seconds: float) -> None:
-        """The loop waited ``seconds`` for its next batch (``shmloader.DataLoader`` only)."""
+    def record_wait(self, seconds: float, step: float) -> None:
+        """The loop waited ``seconds`` for its next batch, in a step of ``step`` seconds since
+        it got the one before (or since its pass began): ``shmloader.DataLoader`` only. The
+        first batch's wait is the start-up, kept apart from the steady figures."""
         with self._lock:
-            self.wait_seconds += seconds
             self.batches_delivered += 1
+            if self.first_batch_seconds is None:
+                self.first_batch_seconds = seconds
+                self._reader_wait_before = self.ready.waited_seconds
+                return
+            self.wait_seconds += seconds
+            self.loop_seconds += step
 
     def delivered(self, indices: np.ndarray) -> None:
         """The training loop received these samples (``shmloader.DataLoader`` only): gathered

@@ -87,6 +87,9 @@ class ReadyTasks:
         self._ready: dict[tuple[int, int], ReadyTask] = {}
         self._error: BaseException | None = None
         self._closed = False
+        # How long take() waited for tasks that were not ready: the sampler, and so the loop,
+        # waiting on the readers (Stats.reader_wait_seconds).
+        self.waited_seconds = 0.0
 
     def put(self, task: ReadyTask) -> None:
         with self._cond:
@@ -148,7 +151,23 @@ class ReadyTasks:
         its rows go; DEAD_END (after ``patience``) raises ``ShmSpaceError``, since no wait can
         end. Otherwise a warning says what is waited for after ``STUCK_WARN`` seconds.
         """
-        wanted = list(seqs)
+        began = time.monotonic()
+        try:
+            return self._take(epoch, list(seqs), pressure, later, gone, poll, patience, recheck)
+        finally:
+            self.waited_seconds += time.monotonic() - began
+
+    def _take(
+        self,
+        epoch: int,
+        wanted: list[int],
+        pressure: Callable[[], Pressure],
+        later: Sequence[int],
+        gone: Callable[[list[int]], set[int]] | None,
+        poll: float,
+        patience: float,
+        recheck: float,
+    ) -> list[ReadyTask] | None:
         starved_since: float | None = None
         empty_since: float | None = None
         warned = False

@@ -50,6 +50,7 @@ from .task_errors import TaskErrors
 if TYPE_CHECKING:
     from ..master.client import ConsumerInfo, MasterClient
     from ..master.server import Master
+    from ..stats.collect import StatsCollector
 
 log = logging.getLogger(__name__)
 SKIPPED_KEPT = 10_000  # reports of skipped records kept for a look (Runtime.skipped)
@@ -106,6 +107,7 @@ class Runtime:
         self._closed = False
         self._left = False  # the consumer's Leave was sent (by close() or the SIGTERM hook)
         self._maintenance: Maintenance | None = None
+        self._stats_collector: StatsCollector | None = None
         self._ahead = False  # the store's ``ahead`` hint as last set
         self._ahead_lock = threading.Lock()
         self.store = store  # owned (and closed) by the dataset
@@ -264,6 +266,15 @@ class Runtime:
         if self.client is None:
             raise MasterError("this dataset's runtime has no master client (it did not start)")
         return self.client
+
+    def stats_collector(self) -> StatsCollector:
+        """What makes this dataset's ``stats()`` (made on first use: it keeps the last figures
+        of each process, so a call every step measures each at most once a second)."""
+        if self._stats_collector is None:
+            from ..stats.collect import StatsCollector
+
+            self._stats_collector = StatsCollector(self.store.handle().path)
+        return self._stats_collector
 
     def handover(self) -> Handover | None:
         """What a checkpoint of this trainer hands over to the trainer resumed from it

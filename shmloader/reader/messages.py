@@ -57,7 +57,7 @@ class Ready:
     segment: str
     num_rows: int
     nbytes: int
-    read_seconds: float
+    read_seconds: float  # from the lease to the announcement, room_wait_seconds included
     skipped: tuple[SkippedRecord, ...]
     # Records of the task that earlier holders consumed (LeaseInfo.consumed): not delivered.
     consumed: tuple[tuple[int, int], ...] = ()
@@ -67,6 +67,8 @@ class Ready:
     # What each column becomes in a batch (``(name, *gather_form)``): the trainer checks that
     # every task's columns gather alike (dataset/column_forms.py). Empty: not known.
     forms: tuple[tuple[str, bool, str], ...] = ()
+    # Of read_seconds, how long the reader waited for room in the shm budget.
+    room_wait_seconds: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,12 @@ class ReaderInfo:
     records: int = 0
     bytes: int = 0
     failures: int = 0
-    busy_seconds: float = 0.0
+    busy_seconds: float = 0.0  # reading and writing tasks, not waiting for room
+    room_wait_seconds: float = 0.0  # waiting for room in the shm budget
+    # time.monotonic() when the slot's first reader started, and when its last one exited for
+    # good (None: still running): busy_seconds is a share of the time in between.
+    since: float | None = None
+    ended: float | None = None
     current_lease: int | None = None
     sealing: str | None = None  # segment being written for current_lease, not announced yet
     started_at: float | None = None  # time.monotonic() when it began current_lease
@@ -210,6 +215,8 @@ class ReaderPool:
         proc = self._launched.pop() if self._launched else launch_reader()
         info.pid = proc.popen.pid
         info.current_lease = info.started_at = None
+        if info.since is None:
+            info.since = time.monotonic()
         self._procs[info.index] = proc
 
     def _send_config(self, info: ReaderInfo) -> None:
@@ -304,7 +311,8 @@ class ReaderPool:
             info.tasks += 1
             info.records += message.num_rows
             info.bytes += message.nbytes
-            info.busy_seconds += message.read_seconds
+            info.busy_seconds += message.read_seconds - message.room_wait_seconds
+            info.room_wait_seconds += message.room_wait_seconds
         elif isinstance(message, Failed):
             info.current_lease = info.started_at = None
             info.sealing = None
@@ -334,6 +342,7 @@ class ReaderPool:
         info = self.readers[index]
         info.exit_codes.append(code)
         if self._stopping.is_set() or info.finished or info.master_lost is not None:
+            info.ended = time.monotonic()
             return
         if self._on_death is not None:
             self._on_death(info, code)

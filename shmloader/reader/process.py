@@ -30,6 +30,7 @@ from ..errors import ConfigError, DataError, LeaseError, MasterError, StoreClose
 from ..master.client import MasterClient
 from ..shm import hints
 from ..shm.names import new_segment_name
+from ..shm.store import SegmentInfo
 from ..sources._tensor_types import schema_forms
 from ..sources.base import ReadResult, Shard, SkippedRecord, Source
 from .by_value import unpickle_config
@@ -291,7 +292,7 @@ class Reader:
                 raise ConfigError(f"{lease.path}: not a file of the planned dataset; not opened")
             check_unchanged(lease.path, self.config.files.get(lease.path))
             if (lease.epoch, lease.seq) in self.config.skip_tasks:
-                self._announce(lease, began, "", 0, 0, ())
+                self._announce(lease, began, SegmentInfo("", 0, 0), ())
                 return True
             shard = Shard(lease.path, lease.stop)
             augment.begin_task(self.config.seed, lease.epoch, lease.task_id)
@@ -338,16 +339,14 @@ class Reader:
         if info is None:  # stopped, or gave way, while waiting for budget; nothing written
             return not gave_way
         forms = schema_forms(result.content.schema)
-        self._announce(lease, began, info.name, info.num_rows, info.nbytes, result.skipped, forms)
+        self._announce(lease, began, info, result.skipped, forms)
         return True
 
     def _announce(
         self,
         lease: Any,
         began: float,
-        segment: str,
-        num_rows: int,
-        nbytes: int,
+        segment: SegmentInfo,
         skipped: tuple[SkippedRecord, ...],
         forms: tuple[tuple[str, bool, str], ...] = (),
     ) -> None:
@@ -360,10 +359,11 @@ class Reader:
                 path=lease.path,
                 start=lease.start,
                 stop=lease.stop,
-                segment=segment,
-                num_rows=num_rows,
-                nbytes=nbytes,
+                segment=segment.name,
+                num_rows=segment.num_rows,
+                nbytes=segment.nbytes,
                 read_seconds=time.monotonic() - began,
+                room_wait_seconds=segment.room_wait_seconds,
                 skipped=skipped,
                 consumed=tuple(lease.consumed),
                 confirmed=self._renewer.confirmed(lease.lease_id),

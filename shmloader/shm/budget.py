@@ -46,6 +46,8 @@ from .names import (
 )
 from .sizes import format_size
 
+PEAK_NAME = "peak"  # the most bytes of segments held at once (_note_peak)
+
 _MIN_DELAY = 0.0005
 _BLOCKED_EVERY = 0.05  # seconds between looks at whether the consumer waits for a blocked write
 _MAX_DELAY = 0.010
@@ -217,6 +219,7 @@ def reserve(
                 if not fits and urgent is not None and used + nbytes <= budget:
                     fits = urgent()
                 if fits:
+                    _note_peak(dataset_path, used + nbytes)
                     return _take_room(dataset_path, nbytes, budget - used - nbytes, spares)
             if not waiting:  # a reader that waits for room is not stuck: say so (hints.py)
                 waiting = True
@@ -249,6 +252,26 @@ def reserve(
             hints.set_blocked(dataset_path, False)
         if waiting:
             hints.set_waiting(dataset_path, False)
+
+
+def _note_peak(dataset_path: str, in_use: int) -> None:
+    """Keep the most bytes of segments the store held at once (under the lock, as the
+    reservation that reaches it is made; :func:`peak` reads it)."""
+    if in_use > peak(dataset_path):
+        path = os.path.join(dataset_path, PEAK_NAME)
+        temp = f"{path}.{os.getpid()}"
+        with open(temp, "w") as f:
+            f.write(str(in_use))
+        os.replace(temp, path)
+
+
+def peak(dataset_path: str) -> int:
+    """The most bytes of segments the store held at once (0 before the first)."""
+    try:
+        with open(os.path.join(dataset_path, PEAK_NAME)) as f:
+            return int(f.read() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
 
 
 def _take_room(dataset_path: str, nbytes: int, room: int, spares: dict[str, int]) -> str:

@@ -20,6 +20,7 @@ import contextlib
 import errno
 import itertools
 import os
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -54,11 +55,13 @@ def read_segment(buffer: pa.Buffer) -> pa.RecordBatch:
 
 
 class SegmentInfo(NamedTuple):
-    """What crosses processes about a segment: its name, rows and size in bytes."""
+    """What crosses processes about a segment: its name, rows and size in bytes, and how long
+    its writer waited for room in the budget."""
 
     name: str
     num_rows: int
     nbytes: int
+    room_wait_seconds: float = 0.0
 
 
 class _Plan(NamedTuple):
@@ -156,6 +159,7 @@ class StoreHandle:
             raise ValueError(f"{name!r} is not a segment name (expected 'seg-' + 32 hex digits)")
         plan = self._plan(batch)
         self.sweep_written()
+        asked = time.monotonic()
         temp = _budget.reserve(
             self.path,
             plan.nbytes,
@@ -164,6 +168,7 @@ class StoreHandle:
             should_stop=should_stop,
             urgent=urgent,
         )
+        waited = time.monotonic() - asked
         if temp is None:
             return None
         try:
@@ -175,7 +180,10 @@ class StoreHandle:
                 assert plan.columns is not None
                 rest = plan.columns.assemble(filled.rows, filled.head, filled.rest)
                 wait = dict(timeout=timeout, should_stop=should_stop, urgent=urgent)
-                return self.write(rest, name=name, **wait)  # type: ignore[arg-type]
+                info = self.write(rest, name=name, **wait)  # type: ignore[arg-type]
+                if info is None:
+                    return None
+                return info._replace(room_wait_seconds=info.room_wait_seconds + waited)
             name = name or new_segment_name()
             _budget.seal(self.path, temp, name)
         except BaseException:
@@ -183,7 +191,7 @@ class StoreHandle:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
             raise
-        return SegmentInfo(name, plan.num_rows, plan.nbytes)
+        return SegmentInfo(name, plan.num_rows, plan.nbytes, waited)
 
     def _plan(self, batch: pa.RecordBatch | FixedColumns | StreamedColumns) -> _Plan:
         """How ``batch`` will be written, and the size of its file."""
@@ -406,6 +414,17 @@ class StoreHandle:
         """Bytes held by sealed and unsealed segments now (exact: taken under the lock)."""
         with _budget.locked(self.path):
             return _budget.usage(self.path)
+
+    def occupancy(self) -> tuple[int, int]:
+        """(bytes of segments, sealed or not; bytes of spares kept for reuse), from one scan
+        under the lock: :meth:`in_use` and :meth:`held` at once."""
+        with _budget.locked(self.path):
+            found = _budget.scan(self.path)
+        return found.in_use, sum(found.spares.values())
+
+    def peak(self) -> int:
+        """The most bytes of segments the store held at once, since it was made."""
+        return _budget.peak(self.path)
 
     def held(self) -> int:
         """Bytes of all the store's files: segments, sealed or not, and spares kept for reuse

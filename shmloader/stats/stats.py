@@ -7,40 +7,40 @@ or not anyone maps them, gathering processes keep mappings of released segments 
 (``shm/kept.py``) and readers keep mappings of the files they wrote (``shm/written.py``),
 so :attr:`Stats.total_memory` counts the store's files once, as files, and the processes' PSS
 without their mappings of them.
+
+The figures are made by ``collect.py``; what they mean for tuning, in words, by
+``advice.py``.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-import psutil
+from .probe import Memory
 
-from ..shm.space import space
-
-if TYPE_CHECKING:
-    from ..dataset.dataset import SharedTaskDataset
-
-
-@dataclass(frozen=True)
-class Memory:
-    rss: int
-    uss: int
-    pss: int
-    # The part of ``pss`` that maps this dataset's segment files.
-    pss_segments: int = 0
+MIB = 1 << 20
 
 
 @dataclass(frozen=True)
 class ProcessStats:
+    """One process of the job: its role, memory (None: never measured, e.g. access denied)
+    and CPU. A reader that exited keeps its last figures, with ``alive`` False."""
+
     pid: int
     role: str  # "trainer", "reader", "worker"
     memory: Memory | None
+    cpu_seconds: float = 0.0  # user + system, over its life
+    cpu_share: float = 0.0  # cores it kept busy on average over its life (1.0: one core)
+    alive: bool = True
+    # The last PSS measured in each epoch of the loop, oldest first: (epoch, bytes). Measured
+    # when stats() is called, so it holds the epochs in which it was.
+    pss_by_epoch: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
 class ReaderStats:
+    """One reader slot: what its readers (the first and any restarted in its place) did."""
+
     index: int
     pid: int
     restarts: int
@@ -48,27 +48,40 @@ class ReaderStats:
     records: int
     bytes: int
     failures: int
-    busy_seconds: float
+    busy_seconds: float  # reading, decoding and writing tasks
     memory: Memory | None
+    room_wait_seconds: float = 0.0  # waiting for room in the shm budget
+    # busy_seconds and room_wait_seconds as shares of the slot's time since it started (until
+    # its last reader exited).
+    busy_share: float = 0.0
+    room_wait_share: float = 0.0
+    alive: bool = True
+    cpu_share: float = 0.0  # the current reader's, as ProcessStats.cpu_share
 
 
 @dataclass(frozen=True)
 class Stats:
-    """What ``SharedTaskDataset.stats()`` saw at one moment; ``print()`` it for a summary.
+    """What ``SharedTaskDataset.stats()`` saw at one moment; ``print()`` it for a summary and
+    :meth:`advice` for what to change.
 
     Counts marked "master" are the whole job's (every trainer of a shared master); the others
-    are this trainer's, since it started.
+    are this trainer's, since it started. Memory and CPU figures are at most a second old
+    (``probe.py``); counts are exact at the call.
 
     - ``readers``: one ``ReaderStats`` per reader slot (pid, restarts, tasks, records, bytes,
-      failures, busy seconds, memory); ``processes``: the trainer, its DataLoader workers and
-      readers with their ``Memory`` (None when it could not be measured: it exited, or
-      access was denied).
+      failures, busy and room-wait seconds and shares, memory); ``processes``: the trainer,
+      its DataLoader workers and readers, with their ``Memory`` and CPU. Readers that exited
+      keep their last figures (``alive`` False) and count in the totals.
     - ``shm_in_use``: bytes of segments in the store now, written or being written;
-      ``shm_budget``: the most it may hold; ``shm_spare``: released segment files kept for
-      readers to write into again (counted in the budget, not in ``shm_in_use``);
-      ``shm_free``: bytes free on the store's filesystem, for every process on the machine.
-    - ``records_consumed``: rows of the tasks this trainer completed (a task counts once all
-      its rows were consumed); ``records_skipped``: records the source left out of those tasks
+      ``shm_peak``: the most it held at once; ``shm_budget``: the most it may hold;
+      ``shm_spare``: released segment files kept for readers to write into again (counted in
+      the budget, not in ``shm_in_use``); ``shm_free``: bytes free on the store's filesystem,
+      for every process on the machine.
+    - ``records_consumed``: rows this trainer's loop consumed, counted as they are (delivered
+      to the loop under ``shmloader.DataLoader`` or a plain DataLoader given
+      ``batch_sampler=``; gathered by a worker under a plain one given ``sampler=``).
+      ``records_completed``: rows of the tasks completed at the master (a task counts once all
+      its rows were consumed). ``records_skipped``: records the source left out of those tasks
       under ``on_error="skip"``.
     - ``task_failures``: tasks this trainer's readers reported failing (a read or decode error;
       a reader that dies shows in its ``restarts`` instead).
@@ -83,9 +96,17 @@ class Stats:
       Readers lease ahead, so the master is often one epoch ahead of the loop; a job resumed
       at epoch e counts the epochs before e as started, not as finished.
     - ``quarantined_tasks`` (master): tasks that exhausted their retries, summed over epochs.
-    - ``batches_delivered``, ``loop_wait_seconds``: batches the loop received and how long it
-      waited for them, from asking for a batch to receiving it (``shmloader.DataLoader`` only:
-      0 with a plain DataLoader, whose loop the dataset cannot see).
+    - ``batches_delivered``, ``loop_wait_seconds``, ``loop_seconds``: batches the loop
+      received, how long it waited for them (from asking for a batch to receiving it), and how
+      long its steps took, waits included; ``first_batch_seconds``: the wait for the very
+      first batch (start-up: readers starting, the first task read), left out of the other
+      two. ``shmloader.DataLoader`` only: 0 and None with a plain DataLoader, whose loop the
+      dataset cannot see. :attr:`loop_wait_share` is the wait over the steps' time.
+      ``reader_wait_seconds``: of the wait, how long the sampler waited for tasks the readers
+      had not made ready yet (the rest is gathering batches and handing them over);
+      :attr:`reader_wait_share` over the steps' time too.
+    - ``cpu_cores``, ``cpu_busy_share``: the machine's cores, and the share of their time that
+      was busy (any process) since the dataset started.
     - ``notes``: lines added to the printed summary; ``stats()`` leaves it empty.
     """
 
@@ -101,15 +122,33 @@ class Stats:
     epochs_started: int
     epochs_finished: int
     quarantined_tasks: int
-    # Released segments kept for readers to write into again (within the budget).
     shm_spare: int = 0
-    # Measured by shmloader.DataLoader only (a plain DataLoader hides its loop from us).
+    shm_peak: int = 0
+    records_completed: int = 0
     batches_delivered: int = 0
     loop_wait_seconds: float = 0.0
-    # Lapsed leases whose tasks another trainer delivers too (elastic mode).
+    loop_seconds: float = 0.0
+    first_batch_seconds: float | None = None
+    reader_wait_seconds: float = 0.0
     regranted_tasks: int = 0
     regranted_records: int = 0
+    cpu_cores: int = 1
+    cpu_busy_share: float = 0.0
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def loop_wait_share(self) -> float | None:
+        """The share of the loop's time spent waiting for data (None: no loop seen)."""
+        if self.batches_delivered < 2 or self.loop_seconds <= 0:
+            return None
+        return min(1.0, self.loop_wait_seconds / self.loop_seconds)
+
+    @property
+    def reader_wait_share(self) -> float | None:
+        """The share of the loop's time spent waiting on the readers (None: no loop seen)."""
+        if self.loop_wait_share is None:
+            return None
+        return min(1.0, self.reader_wait_seconds / self.loop_seconds)
 
     @property
     def total_pss(self) -> int:
@@ -123,105 +162,51 @@ class Stats:
         mapped = sum(p.memory.pss_segments for p in self.processes if p.memory is not None)
         return self.total_pss - mapped + self.shm_in_use + self.shm_spare
 
+    def advice(self) -> list[str]:
+        """What to change, in plain words, each backed by the figures it quotes; empty when
+        nothing stands out. See ``shmloader/stats/advice.py`` for the rules."""
+        from .advice import advice
+
+        return advice(self)
+
     def __str__(self) -> str:
-        mib = 1 << 20
         lines = [
-            f"shm: {self.shm_in_use / mib:.1f} MiB in use of {self.shm_budget / mib:.1f} MiB "
-            f"budget, {self.shm_spare / mib:.1f} MiB kept for reuse "
-            f"({self.shm_free / mib:.0f} MiB free on the filesystem)",
-            f"records consumed: {self.records_consumed}, skipped: {self.records_skipped}, "
+            f"shm: {self.shm_in_use / MIB:.1f} MiB in use (peak {self.shm_peak / MIB:.1f}) of "
+            f"{self.shm_budget / MIB:.1f} MiB budget, {self.shm_spare / MIB:.1f} MiB kept for "
+            f"reuse ({self.shm_free / MIB:.0f} MiB free on the filesystem)",
+            f"records consumed: {self.records_consumed} (of completed tasks: "
+            f"{self.records_completed}), skipped: {self.records_skipped}, "
             f"task failures: {self.task_failures}, quarantined: {self.quarantined_tasks}",
             f"epochs started/finished at the master: {self.epochs_started}/{self.epochs_finished}",
-            f"memory (PSS) of trainer + workers + readers: {self.total_pss / mib:.1f} MiB; "
-            f"with the segment files, each page once: {self.total_memory / mib:.1f} MiB",
+            f"memory (PSS) of trainer + workers + readers: {self.total_pss / MIB:.1f} MiB; "
+            f"with the segment files, each page once: {self.total_memory / MIB:.1f} MiB",
+            f"CPU: {self.cpu_busy_share:.0%} of {self.cpu_cores} cores busy since the start",
         ]
         if self.regranted_tasks:
             lines.append(
                 f"rows that may have come twice: {self.regranted_records}, of "
                 f"{self.regranted_tasks} tasks whose lease lapsed and went to another trainer"
             )
-        if self.batches_delivered:
+        share = self.loop_wait_share
+        if share is not None:
+            first = self.first_batch_seconds or 0.0
             lines.append(
-                f"training loop waited {self.loop_wait_seconds:.2f} s for data over "
-                f"{self.batches_delivered} batches"
+                f"training loop: first batch after {first:.2f} s, then waited "
+                f"{self.loop_wait_seconds:.2f} s for data over {self.batches_delivered - 1} "
+                f"batches: {share:.0%} of its time, "
+                f"{self.reader_wait_share or 0.0:.0%} waiting for the readers"
             )
         for r in self.readers:
-            pss = f"{r.memory.pss / mib:.1f} MiB" if r.memory else "-"
+            pss = f"{r.memory.pss / MIB:.1f} MiB" if r.memory else "-"
             if r.memory and r.memory.pss_segments:
                 # Readers keep the files they wrote mapped (shm/written.py): say how much of
                 # their PSS is those files, which the total above counts once, as files.
-                pss += f" ({r.memory.pss_segments / mib:.1f} MiB of it segment files)"
+                pss += f" ({r.memory.pss_segments / MIB:.1f} MiB of it segment files)"
             lines.append(
-                f"  reader {r.index} pid {r.pid}: {r.tasks} tasks, {r.records} records, "
-                f"busy {r.busy_seconds:.1f} s, restarts {r.restarts}, PSS {pss}"
+                f"  reader {r.index} pid {r.pid}{'' if r.alive else ' (exited)'}: "
+                f"{r.tasks} tasks, {r.records} records, busy {r.busy_seconds:.1f} s "
+                f"({r.busy_share:.0%}), waiting for room {r.room_wait_share:.0%}, "
+                f"restarts {r.restarts}, PSS {pss}"
             )
         lines.extend(self.notes)
         return "\n".join(lines)
-
-
-def memory_of(pid: int, segments_dir: str | None = None) -> Memory | None:
-    """Memory of process ``pid``; with ``segments_dir``, also the PSS of its mappings of
-    files in that folder (from ``/proc/PID/smaps``: milliseconds per process, tens of them
-    for a trainer that maps hundreds of segments)."""
-    try:
-        proc = psutil.Process(pid)
-        info = proc.memory_full_info()
-        mapped = 0
-        if segments_dir is not None and hasattr(proc, "memory_maps"):
-            prefix = segments_dir.rstrip(os.sep) + os.sep  # removed files end in " (deleted)"
-            maps = proc.memory_maps(grouped=True)
-            mapped = sum(m.pss for m in maps if m.path.startswith(prefix))
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return None
-    pss = getattr(info, "pss", info.uss)
-    return Memory(rss=info.rss, uss=info.uss, pss=pss, pss_segments=mapped)
-
-
-def collect_stats(ds: SharedTaskDataset) -> Stats:
-    runtime = ds.runtime
-    runtime.plane.poll()  # count what workers gathered up to now, not up to the last tick
-    pool = runtime.pool
-    reader_infos = pool.readers if pool is not None else []
-    reader_pids = {r.pid for r in reader_infos}
-    handle = runtime.store.handle()
-    me = os.getpid()
-    processes = [ProcessStats(me, "trainer", memory_of(me, handle.path))]
-    for child in psutil.Process(me).children(recursive=False):
-        role = "reader" if child.pid in reader_pids else "worker"
-        processes.append(ProcessStats(child.pid, role, memory_of(child.pid, handle.path)))
-    measured = {p.pid: p.memory for p in processes}  # smaps is slow: read each process once
-    readers = [
-        ReaderStats(
-            index=r.index,
-            pid=r.pid,
-            restarts=r.restarts,
-            tasks=r.tasks,
-            records=r.records,
-            bytes=r.bytes,
-            failures=r.failures,
-            busy_seconds=r.busy_seconds,
-            memory=measured[r.pid] if r.pid in measured else memory_of(r.pid, handle.path),
-        )
-        for r in reader_infos
-    ]
-    progress = runtime.master_client.progress()
-    in_use = handle.in_use()
-    return Stats(
-        readers=readers,
-        processes=processes,
-        shm_in_use=in_use,
-        shm_spare=handle.held() - in_use,
-        shm_budget=handle.budget,
-        shm_free=space(handle.base_dir).free,
-        records_consumed=runtime.plane.consumed_records,
-        records_skipped=runtime.plane.skipped_records,
-        task_failures=len(runtime.failures),
-        duplicate_tasks=runtime.plane.duplicates,
-        epochs_started=progress.epochs_started,
-        epochs_finished=progress.epochs_finished,
-        quarantined_tasks=len(progress.quarantined),
-        batches_delivered=runtime.plane.batches_delivered,
-        loop_wait_seconds=runtime.plane.wait_seconds,
-        regranted_tasks=runtime.plane.lapsed_leases.tasks,
-        regranted_records=runtime.plane.lapsed_leases.records,
-    )

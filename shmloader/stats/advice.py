@@ -1,0 +1,168 @@
+"""``Stats.advice()``: the figures of a snapshot turned into what to change, in plain words.
+
+Each rule looks at a few figures and, when they point one way, says what they show (quoting
+them) and what to try. The thresholds below are where the rule starts to speak; a rule never
+guesses from figures that are not there (a plain DataLoader hides its loop: then the loop's
+rules keep quiet and one line says how to see it).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from .stats import MIB, ProcessStats, Stats
+
+# The loop waits for data in more than this share of its time: feeding is the bottleneck;
+# in less, with readers idle or waiting for room, the loop is. (Without workers the wait
+# includes gathering each batch, a few percent of a short step.)
+LOOP_WAITS = 0.10
+# Readers are busy reading in more than this share of their time (on average).
+READERS_BUSY = 0.70
+# Readers are busy in less than this share of their time: they have little to do.
+READERS_IDLE = 0.30
+# Readers wait for room in the budget in more than this share of their time (on average).
+READERS_WAIT_FOR_ROOM = 0.30
+# The budget counts as used up when its peak reached this share of it.
+FULL_BUDGET = 0.80
+# Cores count as free when at least this many are idle on average.
+FREE_CORES = 0.75
+# Batches the loop must have received before its figures say anything (its first batches
+# wait for the readers to start).
+MIN_BATCHES = 20
+# A process's PSS grows: by more than this share and this many bytes from the first epoch
+# measured after the first one, over at least MIN_EPOCHS epochs measured.
+GROWTH_SHARE = 0.10
+GROWTH_BYTES = 32 * MIB
+MIN_EPOCHS = 3
+
+
+def advice(stats: Stats) -> list[str]:
+    """The advice for ``stats``, most important first; empty when nothing stands out."""
+    lines = _feeding(stats)
+    lines += [_growth(p) for p in stats.processes if _grows(p)]
+    lines += _health(stats)
+    return lines
+
+
+def _feeding(stats: Stats) -> list[str]:
+    """Who is the bottleneck: the readers, the budget, gathering, or the loop."""
+    share, on_readers = stats.loop_wait_share, stats.reader_wait_share
+    if share is None or on_readers is None:
+        if stats.records_consumed and not stats.batches_delivered:
+            return [
+                "The loop's wait for data is not measured under a plain torch DataLoader: "
+                "iterate shmloader.DataLoader(ds, batch_size=...) to see it, and advice on it."
+            ]
+        return []
+    if stats.batches_delivered < MIN_BATCHES or not stats.readers:
+        return []
+    n = len(stats.readers)
+    busy = sum(r.busy_share for r in stats.readers) / n
+    room = sum(r.room_wait_share for r in stats.readers) / n
+    free = (1.0 - stats.cpu_busy_share) * stats.cpu_cores
+    waits = f"The loop waited for data {share:.0%} of its time ({on_readers:.0%} for the readers)"
+    if share > LOOP_WAITS and on_readers >= share / 2:  # waiting on the readers, mostly
+        if busy > READERS_BUSY and free >= FREE_CORES:
+            return [
+                f"{waits}, while {_were(n)} busy {busy:.0%} of the time and {free:.1f} of "
+                f"{stats.cpu_cores} cores were idle: the readers are the bottleneck. Add "
+                f"readers (num_readers={n + max(1, int(free))}), or decode with a "
+                "decode_batch that works on many records at once."
+            ]
+        if busy > READERS_BUSY:
+            return [
+                f"{waits}, while {_were(n)} busy {busy:.0%} of the time and the machine's "
+                f"cores were {stats.cpu_busy_share:.0%} busy: decoding needs more CPU than is "
+                "free. More readers would not help; a cheaper decode would (a decode_batch, "
+                "fewer columns), or more cores."
+            ]
+        if room > READERS_WAIT_FOR_ROOM:
+            return [
+                f"{waits}, while the readers waited for room in shared memory {room:.0%} of "
+                f"theirs (shm_budget {_mib(stats.shm_budget)}, peak in use "
+                f"{_mib(stats.shm_peak)}): rows handed out hold the budget. Raise "
+                "shm_budget (about two shuffle windows of tasks)."
+            ]
+        return [
+            f"{waits}, but the readers were busy only {busy:.0%} of theirs and waited for "
+            f"room {room:.0%}: they wait for tasks. Larger tasks (records_per_task) mean "
+            "fewer round trips to the master per record; with several trainers on one "
+            "master, see whether it keeps up (shmloader top HOST:PORT)."
+        ]
+    if share > LOOP_WAITS:  # waiting for batches to be gathered and handed over
+        workers = "more DataLoader workers" if free >= FREE_CORES else "fewer columns"
+        return [
+            f"{waits}: the rows were ready, and the wait is gathering them into batches and "
+            f"handing those over. Try {workers}, or a larger batch_size (gathering costs "
+            "less per row in larger batches)."
+        ]
+    if busy < READERS_IDLE or room > READERS_WAIT_FOR_ROOM:
+        held = (
+            f"waited for room in shared memory {room:.0%} of theirs"
+            if room > READERS_WAIT_FOR_ROOM
+            else f"were busy only {busy:.0%} of theirs"
+        )
+        spare = []
+        if n > 1:
+            spare.append(f"fewer readers (num_readers={n - 1})")
+        if stats.shm_peak >= FULL_BUDGET * stats.shm_budget:
+            spare.append(f"a smaller shm_budget than {_mib(stats.shm_budget)}")
+        said = " or ".join(spare)
+        then = (
+            f"{said[0].upper()}{said[1:]} would keep its speed and leave cores and memory to "
+            "the model."
+            if spare
+            else "Feeding keeps up; nothing to change on this side."
+        )
+        return [
+            f"{waits}, and the readers {held}: the loop is the bottleneck, and the readers "
+            f"are ahead of it. {then}"
+        ]
+    return []
+
+
+def _grows(p: ProcessStats) -> bool:
+    epochs = p.pss_by_epoch[1:]  # the first epoch warms up (imports, caches, mappings)
+    if len(epochs) < MIN_EPOCHS - 1 or p.memory is None:
+        return False
+    first, last = epochs[0][1], epochs[-1][1]
+    rising = all(b[1] >= a[1] for a, b in itertools.pairwise(epochs))
+    return rising and last - first > max(GROWTH_BYTES, GROWTH_SHARE * first)
+
+
+def _growth(p: ProcessStats) -> str:
+    (e0, first), (e1, last) = p.pss_by_epoch[1], p.pss_by_epoch[-1]
+    return (
+        f"The {p.role} pid {p.pid} grew from {_mib(first)} (PSS) in epoch {e0} to "
+        f"{_mib(last)} in epoch {e1}: something in that process keeps data from "
+        "batch to batch (a list of batches or losses that keep their tensors, a cache "
+        "without bound)."
+    )
+
+
+def _health(stats: Stats) -> list[str]:
+    """Readers that die, tasks that fail, rows that may have come twice."""
+    lines = []
+    for r in stats.readers:
+        if r.restarts:
+            lines.append(
+                f"Reader {r.index} was restarted {r.restarts} time(s): a reader died (a crash "
+                "in decode, or the kernel's out-of-memory killer). Its error output says why."
+            )
+    if stats.regranted_records:
+        lines.append(
+            f"{stats.regranted_records} rows of {stats.regranted_tasks} tasks may have come "
+            "twice: this trainer stalled longer than the master's lease_timeout and the "
+            "master gave its tasks to another trainer. Raise the master's consumer_timeout "
+            "above the longest stall."
+        )
+    return lines
+
+
+def _mib(nbytes: int) -> str:
+    mib = nbytes / MIB
+    return f"{mib:.1f} MiB" if mib < 10 else f"{mib:.0f} MiB"
+
+
+def _were(n: int) -> str:
+    return "the reader was" if n == 1 else f"the {n} readers were"
