@@ -31,7 +31,11 @@ def test_ds_of_an_index_is_that_record_read_from_the_source(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("option", "value", "says"),
     [
-        ("num_readers", "auto", r"num_readers must be a whole number .* got 'auto' \(str\)"),
+        (
+            "num_readers",
+            "many",
+            r"num_readers must be a whole number .* or \"auto\"; got 'many' \(str\)",
+        ),
         ("num_readers", 0, "num_readers must be at least 1, got 0"),
         ("records_per_task", 100.0, r"records_per_task must be a whole number .* \(float\)"),
         ("shuffle_window", 0, "shuffle_window must be at least 1"),

@@ -15,6 +15,7 @@ import pytest
 
 from shmloader.errors import ShmSpaceError, StoreClosedError
 from shmloader.shm import SegmentInfo, SegmentStore, StoreHandle, ipc_file_size
+from shmloader.shm.budget import PEAK_NAME
 
 SPAWN = mp.get_context("spawn")
 
@@ -213,10 +214,10 @@ def test_spawned_writers_on_real_dev_shm() -> None:
 
 
 def _files(store: SegmentStore) -> dict[str, tuple[int, int]]:
-    """Every file of the store but the lock: name -> (inode, size)."""
+    """Every file of the store but the lock and the peak: name -> (inode, size)."""
     out = {}
     for entry in os.scandir(store.path):
-        if entry.is_file() and entry.name != ".lock":
+        if entry.is_file() and entry.name not in (".lock", PEAK_NAME):
             st = entry.stat()
             out[entry.name] = (st.st_ino, st.st_size)
     return out

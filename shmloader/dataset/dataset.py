@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch.utils.data
@@ -27,6 +27,7 @@ from .delivery import TrackedBatch
 from .gather import ROW_BITS, encode_indices, gather, segment_views
 from .gatherer import Gatherer
 from .launcher import TORCHRUN, Rendezvous, rendezvous_from_env
+from .reader_scaling import auto_bounds
 from .ring import RingBatch
 from .sampler import DEFAULT_SHUFFLE_WINDOW, TaskBatchSampler, TaskSampler
 
@@ -86,7 +87,8 @@ def _check_count(name: str, value: object, least: int, example: str) -> None:
 
 
 class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
-    """Rows of ``source``, read by ``num_readers`` processes into shared memory.
+    """Rows of ``source``, read by ``num_readers`` processes into shared memory
+    (``"auto"``: as many as keep the loop fed, between 1 and the cores this process may use).
 
     See docs/dataset.md for every argument; in short: the master splits the source into tasks
     of ``records_per_task`` records and hands them out per epoch (``epochs=None``: unbounded),
@@ -103,7 +105,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self,
         source: Source,
         *,
-        num_readers: int = 2,
+        num_readers: int | Literal["auto"] = 2,
         records_per_task: int | None = None,
         shuffle: bool = JobConfig.shuffle,
         seed: int = JobConfig.seed,
@@ -127,7 +129,17 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
                 f"source must be a shmloader source, got {type(source).__name__}, which has no "
                 f"{' and no '.join(f'{m}()' for m in lacks)} (the protocol: docs/sources.md)"
             )
-        _check_count("num_readers", num_readers, 1, "reader processes, e.g. 2 (the default)")
+        if num_readers == "auto":
+            # Start small; the maintenance thread adds and retires readers (autoscale.py).
+            self._reader_bounds: tuple[int, int] | None = auto_bounds()
+            first_readers = self._reader_bounds[0]
+        else:
+            _check_count(
+                "num_readers", num_readers, 1, 'reader processes, e.g. 2 (the default) or "auto"'
+            )
+            self._reader_bounds = None
+            first_readers = int(num_readers)
+        self._first_readers = first_readers  # how many readers start
         if records_per_task is not None:
             _check_count("records_per_task", records_per_task, 1, "records per task, e.g. 4096")
         _check_count("shuffle_window", shuffle_window, 1, "tasks shuffled together, e.g. 8")
@@ -199,7 +211,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._launched: list[ReaderProcess] = []
         if threading.current_thread() is threading.main_thread():
             try:
-                self._launched = launch_readers(num_readers)
+                self._launched = launch_readers(first_readers)
             except BaseException:
                 self._close(wait_for_ranks=False)
                 raise
@@ -314,7 +326,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
         return RuntimeConfig(
             source=self.source,
-            num_readers=self.num_readers,
+            num_readers=self._first_readers,
+            reader_bounds=self._reader_bounds,
             job=self.job,
             records_per_task_given=self._records_per_task_given,
             master=None if self._rendezvous is not None else self.master,

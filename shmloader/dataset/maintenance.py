@@ -38,6 +38,7 @@ from .task_errors import TaskErrors
 if TYPE_CHECKING:
     from ..master.client import MasterClient
     from ..master.progress import Progress
+    from .autoscale import Autoscaler
 
 # The runtime's logger, as before this thread had a module of its own: filters keep working.
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class Maintenance:
     task_errors: TaskErrors  # what the loop raises for a quarantined task
     # Elastic mode: readers renew their leases only while the trainer says it is alive.
     elastic: bool = False
+    autoscaler: Autoscaler | None = None  # num_readers="auto"
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _thread: threading.Thread | None = field(default=None, init=False)
     _next_stall_check: float = field(default=0.0, init=False)
@@ -107,6 +109,8 @@ class Maintenance:
                 now = time.monotonic()
                 self._say_alive(now)
                 self._warn_of_stalls(now)
+                if self.autoscaler is not None:
+                    self.autoscaler.tick(now)
                 if now >= next_renew:
                     asked_at, renewed = lease_clock(), []
                     for lease_id in plane.held_leases():

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from ..master.client import ConsumerInfo, MasterClient
     from ..master.server import Master
     from ..stats.collect import StatsCollector
+    from .autoscale import Autoscaler
 
 log = logging.getLogger(__name__)
 SKIPPED_KEPT = 10_000  # reports of skipped records kept for a look (Runtime.skipped)
@@ -64,7 +65,9 @@ LOST_STOP_SECONDS = 1.0  # readers' time to stop once the master is lost: they h
 @dataclass(frozen=True)
 class RuntimeConfig:
     source: Source
-    num_readers: int
+    num_readers: int  # how many start
+    # num_readers="auto": the fewest and most readers (autoscale.py); None: a fixed count.
+    reader_bounds: tuple[int, int] | None
     job: JobConfig  # as the embedded master runs it
     # Chosen by the user, not the default: a standalone master's must then be the same.
     records_per_task_given: bool
@@ -174,6 +177,7 @@ class Runtime:
             self._files = identities(self._allowed)  # readers refuse a file changed since
             self.pool.configure()
             self._maintenance = Maintenance(
+                autoscaler=self._autoscaler(),
                 plane=self.plane,
                 client=self.client,
                 pool=self.pool,
@@ -266,6 +270,16 @@ class Runtime:
         if self.client is None:
             raise MasterError("this dataset's runtime has no master client (it did not start)")
         return self.client
+
+    def _autoscaler(self) -> Autoscaler | None:
+        """What adds and retires readers under ``num_readers="auto"`` (None otherwise)."""
+        bounds = self.config.reader_bounds
+        if bounds is None or self.pool is None:
+            return None
+        from .autoscale import Autoscaler
+        from .reader_scaling import ReaderScaling
+
+        return Autoscaler(self.pool, self.plane, ReaderScaling(*bounds))
 
     def stats_collector(self) -> StatsCollector:
         """What makes this dataset's ``stats()`` (made on first use: it keeps the last figures

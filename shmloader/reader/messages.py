@@ -22,6 +22,11 @@ def task_key(epoch: int, seq: int) -> str:
     return f"{epoch}:{seq}"
 
 
+# What the pool sends a reader: stop now, or retire (serve the tasks held, lease no more, exit).
+STOP = "stop"
+RETIRE = "retire"
+
+
 @dataclass(frozen=True)
 class Started:
     """The reader holds ``lease_id`` and is reading it (its segment is not sealed yet)."""

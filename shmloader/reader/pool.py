@@ -22,7 +22,18 @@ from typing import Any
 
 from ..errors import ConfigError, ShmloaderError
 from .by_value import pickle_config
-from .messages import Failed, Finished, MasterLost, Message, Ready, Sealing, Started, Unusable
+from .messages import (
+    RETIRE,
+    STOP,
+    Failed,
+    Finished,
+    MasterLost,
+    Message,
+    Ready,
+    Sealing,
+    Started,
+    Unusable,
+)
 from .process import ReaderConfig
 
 STOP_SECONDS = 5.0  # how long readers get to stop on their own before they are killed
@@ -57,6 +68,7 @@ class ReaderInfo:
     sealing: str | None = None  # segment being written for current_lease, not announced yet
     started_at: float | None = None  # time.monotonic() when it began current_lease
     finished: bool = False
+    retiring: bool = False  # asked to retire (ReaderPool.retire): not restarted once it exits
     master_lost: str | None = None  # why it gave up on the master and exited (not restarted)
     # The last reader of this slot could not load its configuration (messages.Unusable): the
     # next one that cannot either is a ConfigError of the loop, not a restart.
@@ -126,7 +138,7 @@ def stop_readers(
     (unless a thread still reads them); idempotent."""
     for proc in procs:
         with contextlib.suppress(OSError):
-            proc.conn.send("stop")
+            proc.conn.send(STOP)
     deadline = time.monotonic() + timeout
     for proc in procs:
         try:
@@ -165,6 +177,10 @@ class ReaderPool:
         self._on_error = on_error
         self._max_restarts = max_restarts
         self.readers = [ReaderInfo(i) for i in range(num_readers)]
+        # Readers to add (ReaderPool.add), started by the relay thread: a reader dies with the
+        # thread that started it (the parent-death signal).
+        self._to_add = 0
+        self._to_add_lock = threading.Lock()
         self._procs: dict[int, ReaderProcess] = {}
         self._next_exit_check = 0.0  # when _step next looks for deaths the pipes missed
         self._launched = list(launched)  # started before the pool, adopted by its thread
@@ -272,7 +288,40 @@ class ReaderPool:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.popen.wait(STOP_SECONDS)
 
+    def add(self) -> None:
+        """Start one more reader (soon, from the relay thread)."""
+        with self._to_add_lock:
+            self._to_add += 1
+
+    def retire(self) -> ReaderInfo | None:
+        """Retire the reader started last of those running: it leases nothing more, serves the
+        tasks it holds, and exits (not restarted). None if only one runs."""
+        running = self.running()
+        if len(running) <= 1:
+            return None
+        info = running[-1]
+        info.retiring = True
+        proc = self._procs.get(info.index)
+        if proc is not None:
+            with contextlib.suppress(OSError):  # it died already: not restarted either
+                proc.conn.send(RETIRE)
+        return info
+
+    def running(self) -> list[ReaderInfo]:
+        """The reader slots that run and are not retiring, oldest first."""
+        return [r for r in self.readers if r.ended is None and not r.retiring]
+
+    def _add_readers(self) -> None:
+        with self._to_add_lock:
+            n, self._to_add = self._to_add, 0
+        for _ in range(n):
+            info = ReaderInfo(len(self.readers))
+            self._spawn(info)
+            self.readers.append(info)  # once it runs: stats and scaling read the list
+
     def _step(self) -> None:
+        if self._to_add:
+            self._add_readers()
         by_conn = {p.conn: i for i, p in self._procs.items()}
         if not self._procs:
             time.sleep(0.05)
@@ -341,7 +390,12 @@ class ReaderPool:
         proc.conn.close()
         info = self.readers[index]
         info.exit_codes.append(code)
-        if self._stopping.is_set() or info.finished or info.master_lost is not None:
+        if (
+            self._stopping.is_set()
+            or info.finished
+            or info.retiring
+            or info.master_lost is not None
+        ):
             info.ended = time.monotonic()
             return
         if self._on_death is not None:

@@ -37,6 +37,8 @@ from .by_value import unpickle_config
 from .failure import as_ours, describe_error, pack_exception, retry_may_help
 from .heap import keep_freed_memory
 from .messages import (
+    RETIRE,
+    STOP,
     Failed,
     Finished,
     MasterLost,
@@ -181,6 +183,9 @@ class Reader:
         )
         self._renewer = _Renewer(self.client, config.lease_timeout / 3, self._trainer_silent)
         self._stop = False
+        # The pool retires this reader (num_readers="auto" has too many): it leases nothing
+        # more, serves what it holds, and exits as if the master were finished.
+        self._retiring = False
         self._queue: list[Any] = []  # leases held and not served yet
         self._next_look = 0.0
 
@@ -190,8 +195,11 @@ class Reader:
         if os.getppid() != self.parent:
             self._stop = True
         elif self.conn.poll():
-            self.conn.recv()  # the only message a pool sends is "stop"
-            self._stop = True
+            said = self.conn.recv()  # a pool sends "stop" or "retire"
+            if said == RETIRE:
+                self._retiring = True
+            else:
+                self._stop = True
         return self._stop
 
     def _trainer_silent(self) -> bool:
@@ -203,6 +211,9 @@ class Reader:
         paused = 0  # polls spent waiting while the trainer holds enough ready tasks
         try:
             while not self.should_stop():
+                if not self._queue and self._retiring:
+                    self.conn.send(Finished())
+                    return
                 if not self._queue:
                     store = self.config.store
                     # Enough ready (no hoarding), or the trainer is silent (see _Renewer).
@@ -415,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         # Stopped before it was configured: the dataset was closed before its first use, or
         # the trainer failed to start.
-        if first == "stop":
+        if first == STOP:
             return 0
         try:
             config = unpickle_config(first)

@@ -181,8 +181,12 @@ def reserve(
     timeout: float | None = None,
     should_stop: StopSignal | None = None,
     urgent: Callable[[], bool] | None = None,
+    on_wait: Callable[[float], None] | None = None,
 ) -> str | None:
     """Create an unsealed segment of exactly ``nbytes`` once it fits in ``budget``.
+
+    ``on_wait(seconds)``: called, once it is over, with how long it waited for room (not
+    called when the segment fitted at once).
 
     Returns its path, or None if ``should_stop`` became true while waiting. Raises
     :class:`TimeoutError` after ``timeout`` seconds of waiting, :class:`ShmSpaceError` if
@@ -252,6 +256,8 @@ def reserve(
             hints.set_blocked(dataset_path, False)
         if waiting:
             hints.set_waiting(dataset_path, False)
+            if on_wait is not None:
+                on_wait(time.monotonic() - start)
 
 
 def _note_peak(dataset_path: str, in_use: int) -> None:

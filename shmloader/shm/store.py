@@ -20,7 +20,6 @@ import contextlib
 import errno
 import itertools
 import os
-import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -159,7 +158,7 @@ class StoreHandle:
             raise ValueError(f"{name!r} is not a segment name (expected 'seg-' + 32 hex digits)")
         plan = self._plan(batch)
         self.sweep_written()
-        asked = time.monotonic()
+        waits: list[float] = []
         temp = _budget.reserve(
             self.path,
             plan.nbytes,
@@ -167,8 +166,9 @@ class StoreHandle:
             timeout=timeout,
             should_stop=should_stop,
             urgent=urgent,
+            on_wait=waits.append,
         )
-        waited = time.monotonic() - asked
+        waited = sum(waits)
         if temp is None:
             return None
         try:

@@ -56,9 +56,10 @@ def _feeding(stats: Stats) -> list[str]:
         return []
     if stats.batches_delivered < MIN_BATCHES or not stats.readers:
         return []
-    n = len(stats.readers)
-    busy = sum(r.busy_share for r in stats.readers) / n
-    room = sum(r.room_wait_share for r in stats.readers) / n
+    running = [r for r in stats.readers if r.alive] or stats.readers  # not those retired
+    n = len(running)
+    busy = sum(r.busy_share for r in running) / n
+    room = sum(r.room_wait_share for r in running) / n
     free = (1.0 - stats.cpu_busy_share) * stats.cpu_cores
     waits = f"The loop waited for data {share:.0%} of its time ({on_readers:.0%} for the readers)"
     if share > LOOP_WAITS and on_readers >= share / 2:  # waiting on the readers, mostly

@@ -11,10 +11,10 @@ epoch, so growth across epochs can be seen (``Stats.advice``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
-import dataclasses
 from dataclasses import dataclass, field
 
 import psutil
@@ -98,10 +98,7 @@ class ProcessProbe:
         seen = self._seen.get(pid)
         if seen is not None and (
             not seen.usage.alive
-            or (
-                seen.epoch == epoch
-                and now - seen.at < max(self.interval, COST_FACTOR * seen.cost)
-            )
+            or (seen.epoch == epoch and now - seen.at < max(self.interval, COST_FACTOR * seen.cost))
         ):
             return seen.usage
         measured = self._measure(pid)

@@ -1,0 +1,102 @@
+"""``num_readers="auto"``: how many readers a trainer runs, decided from what it sees.
+
+The decision is a pure function of the figures of a window of a few seconds
+(:class:`ScalingWindow`), so it can be read, and tested, apart from the thread that gathers
+them and starts or retires readers (``maintenance.py``):
+
+- **add** a reader when the sampler waited for the readers in over ``WAITED`` of the window,
+  the readers were busy (reading, not waiting for room) over ``BUSY`` of theirs, and at
+  least ``FREE_CORES`` of the machine's cores were idle: more readers can read more;
+- **retire** one when, for ``IDLE_WINDOWS`` windows in a row, the sampler hardly waited (under
+  ``HARDLY``) and the others could do the readers' work busy under ``TAKE_OVER`` of their time
+  (busy share times n, over n - 1): the loop does not need that many;
+- otherwise, and for ``SETTLE_WINDOWS`` windows after a change, hold.
+
+Readers waiting for room in the budget are not short of CPU: more of them would only wait
+too, so they are never a reason to add one. The count stays within ``[low, high]``:
+1 and the number of cores this process may run on (``auto_bounds``).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+
+SCALE_EVERY = 2.0  # seconds of a window
+WAITED = 0.10
+BUSY = 0.60
+FREE_CORES = 0.75
+HARDLY = 0.02
+TAKE_OVER = 0.80
+IDLE_WINDOWS = 2
+SETTLE_WINDOWS = 1
+
+
+class Scale(enum.Enum):
+    ADD = "add"
+    RETIRE = "retire"
+    HOLD = "hold"
+
+
+@dataclass(frozen=True)
+class ScalingWindow:
+    """What one window showed. Shares are of the window's time (readers': averaged over the
+    readers that ran all of it)."""
+
+    sampler_wait: float  # the sampler waited for tasks the readers had not made ready
+    reader_busy: float
+    reader_room_wait: float
+    idle_cores: float  # the machine's cores idle, on average
+    consumed: bool  # the loop consumed rows in the window (it is training, not elsewhere)
+
+
+def auto_bounds() -> tuple[int, int]:
+    """The fewest and most readers ``num_readers="auto"`` runs: 1, and the cores this process
+    may run on."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return 1, max(1, cores)
+
+
+@dataclass
+class ReaderScaling:
+    """Decides, window by window, whether to add a reader, retire one, or hold."""
+
+    low: int
+    high: int
+    _settle: int = 0
+    _idle: int = 0
+
+    def decide(self, readers: int, window: ScalingWindow) -> Scale:
+        if self._settle > 0:
+            self._settle -= 1
+            return Scale.HOLD
+        if not window.consumed:  # between epochs, evaluating, saving: nothing to learn
+            self._idle = 0
+            return Scale.HOLD
+        if (
+            readers < self.high
+            and window.sampler_wait > WAITED
+            and window.reader_busy > BUSY
+            and window.idle_cores >= FREE_CORES
+        ):
+            return self._changed(Scale.ADD)
+        if (
+            readers > self.low
+            and window.sampler_wait < HARDLY
+            and window.reader_busy * readers / (readers - 1) < TAKE_OVER
+        ):
+            self._idle += 1
+            if self._idle >= IDLE_WINDOWS:
+                return self._changed(Scale.RETIRE)
+            return Scale.HOLD
+        self._idle = 0
+        return Scale.HOLD
+
+    def _changed(self, scale: Scale) -> Scale:
+        self._settle = SETTLE_WINDOWS
+        self._idle = 0
+        return scale
