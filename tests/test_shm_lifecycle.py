@@ -106,7 +106,7 @@ def test_sigkilled_owner_is_reaped_by_the_next_store(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=60) == -signal.SIGKILL
     left = sorted(os.listdir(dead_path))  # lock, the peak in use, one segment: left behind
-    assert left[:2] == [".lock", "peak"] and len(left) == 3, left
+    assert left[:2] == [".lock", ".peak"] and len(left) == 3, left
     with (
         owner_process(tmp_path) as (live, live_path),
         SegmentStore.create("1MiB", base_dir=tmp_path) as store,

@@ -67,10 +67,45 @@ class RegisterReply(_message.Message):
     def __init__(self, consumer: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., lease_timeout: _Optional[float] = ..., consumer_timeout: _Optional[float] = ..., epochs: _Optional[int] = ..., num_tasks: _Optional[int] = ..., total_records: _Optional[int] = ..., paths: _Optional[_Iterable[str]] = ..., records: _Optional[_Iterable[int]] = ..., records_per_task: _Optional[int] = ...) -> None: ...
 
 class ConsumerRequest(_message.Message):
-    __slots__ = ("consumer",)
+    __slots__ = ("consumer", "figures")
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    FIGURES_FIELD_NUMBER: _ClassVar[int]
     consumer: str
-    def __init__(self, consumer: _Optional[str] = ...) -> None: ...
+    figures: TrainerFigures
+    def __init__(self, consumer: _Optional[str] = ..., figures: _Optional[_Union[TrainerFigures, _Mapping]] = ...) -> None: ...
+
+class TrainerFigures(_message.Message):
+    __slots__ = ("records_consumed", "bytes_read", "batches", "loop_seconds", "loop_wait_seconds", "reader_wait_seconds", "shm_in_use_bytes", "shm_budget_bytes", "pss_bytes", "readers", "records_skipped")
+    class PssBytesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    RECORDS_CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_READ_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    LOOP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LOOP_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    READER_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SHM_IN_USE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHM_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    READERS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    records_consumed: int
+    bytes_read: int
+    batches: int
+    loop_seconds: float
+    loop_wait_seconds: float
+    reader_wait_seconds: float
+    shm_in_use_bytes: int
+    shm_budget_bytes: int
+    pss_bytes: _containers.ScalarMap[str, int]
+    readers: int
+    records_skipped: int
+    def __init__(self, records_consumed: _Optional[int] = ..., bytes_read: _Optional[int] = ..., batches: _Optional[int] = ..., loop_seconds: _Optional[float] = ..., loop_wait_seconds: _Optional[float] = ..., reader_wait_seconds: _Optional[float] = ..., shm_in_use_bytes: _Optional[int] = ..., shm_budget_bytes: _Optional[int] = ..., pss_bytes: _Optional[_Mapping[str, int]] = ..., readers: _Optional[int] = ..., records_skipped: _Optional[int] = ...) -> None: ...
 
 class RecordRange(_message.Message):
     __slots__ = ("start", "stop")

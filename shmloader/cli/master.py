@@ -65,6 +65,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--token", help=f"shared secret clients must send (default: ${TOKEN_ENV})")
     p.add_argument("--tls-cert", metavar="FILE", help="certificate chain (PEM)")
     p.add_argument("--tls-key", metavar="FILE", help="private key (PEM)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="P",
+        help="serve Prometheus metrics of the whole job at http://HOST:P/metrics (0: any port)",
+    )
     p.add_argument("--world-size", type=int, metavar="N", help="DDP: equal shares for N ranks")
     p.add_argument("--ddp-policy", choices=DDP_POLICIES, default=JobConfig.ddp_policy)
     p.add_argument("--lease-timeout", type=float, default=JobConfig.lease_timeout, metavar="S")
@@ -127,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             token=token,
             tls=tls,
+            metrics_port=args.metrics_port,
             first_epoch=first_epoch,
             resume=resume,
         )
@@ -148,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         print(f"shmloader master listening on {master.address}", flush=True)
+        if master.metrics_url is not None:
+            print(f"shmloader master metrics at {master.metrics_url}", flush=True)
         # A short wait, not one long one: the kernel may deliver SIGINT to one of gRPC's
         # threads, which does not interrupt the main thread's wait, and Python runs the
         # handler only when the main thread next executes bytecode.

@@ -96,7 +96,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     readers may fill; ``master="host:port"`` uses a standalone master instead of an embedded
     one; ``rank``/``world_size`` give each DDP rank the same number of rows per epoch;
     ``master="torchrun"`` takes them from torchrun, and rank 0's embedded master serves every
-    rank (``master_host``: where an embedded master listens, loopback by default).
+    rank (``master_host``: where an embedded master listens, loopback by default;
+    ``metrics_port``: where it serves Prometheus metrics, docs/how-to/tuning.md).
     """
 
     collate = staticmethod(collate)
@@ -114,6 +115,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
         master: str | None = None,
         master_host: str | None = None,
+        metrics_port: int | None = None,
         token: str | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -154,7 +156,13 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
                 rank=rank, world_size=world_size, master_host=master_host
             )
             rank, world_size = self._rendezvous.rank, self._rendezvous.world_size
-        elif master is not None and master_host is not None:
+        if metrics_port is not None and master is not None and master != TORCHRUN:
+            raise ConfigError(
+                "metrics_port= is where an embedded master serves its /metrics; with "
+                "master='host:port' the standalone master serves them: start it with "
+                "shmloader master ... --metrics-port PORT"
+            )
+        if master is not None and master != TORCHRUN and master_host is not None:
             raise ConfigError(
                 "master_host= is where the embedded master listens; with master='host:port' "
                 "there is none"
@@ -186,6 +194,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self.shuffle_window = shuffle_window
         self.master = master
         self.master_host = master_host
+        self.metrics_port = metrics_port
         self.token = token
         self.rank = rank
         self.shm_dir = shm_dir
@@ -332,6 +341,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             records_per_task_given=self._records_per_task_given,
             master=None if self._rendezvous is not None else self.master,
             master_host=self.master_host,
+            metrics_port=self.metrics_port,
             rendezvous=self._rendezvous,
             token=self.token,
             rank=self.rank,
@@ -477,6 +487,14 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         if self.master is not None and self._rendezvous is None:
             return self.master
         return None if self._runtime is None else str(self._runtime.address)
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where the embedded master serves the job's Prometheus metrics, once the dataset
+        started (None: ``metrics_port`` was not given, or the master is standalone)."""
+        if self._runtime is None or self._runtime.embedded is None:
+            return None
+        return self._runtime.embedded.metrics_url
 
     def stats(self) -> Stats:
         """A snapshot to tell whether readers keep up and what the job's memory costs;

@@ -49,6 +49,7 @@ from .task_errors import TaskErrors
 
 if TYPE_CHECKING:
     from ..master.client import ConsumerInfo, MasterClient
+    from ..master.figures import TrainerFigures
     from ..master.server import Master
     from ..stats.collect import StatsCollector
     from .autoscale import Autoscaler
@@ -73,6 +74,7 @@ class RuntimeConfig:
     records_per_task_given: bool
     master: str | None
     master_host: str | None
+    metrics_port: int | None  # an embedded master's /metrics (None: not served)
     rendezvous: Rendezvous | None
     token: str | None
     rank: int | None
@@ -143,7 +145,8 @@ class Runtime:
                 check_same_plan(config.source.plan(), chosen, info, address)
             self.lease_timeout = float(info.lease_timeout)
             self._elastic = info.world_size is None  # trainers share the master's epochs
-            self.client.start_heartbeat(self.consumer)
+            # Each beat carries this trainer's figures, for the master's /metrics.
+            self.client.start_heartbeat(self.consumer, figures=self._figures)
             self.handle = handle = self.store.handle()
             ops = MasterOps(self.client, self.consumer, info.epochs)  # caches epoch sizes
             if self.embedded is None and config.resume.by_position:
@@ -281,6 +284,12 @@ class Runtime:
 
         return Autoscaler(self.pool, self.plane, ReaderScaling(*bounds))
 
+    def _figures(self) -> TrainerFigures | None:
+        """What the heartbeat carries: ``stats()``'s figures (None until the data plane runs)."""
+        if self._maintenance is None or self._closed:
+            return None
+        return self.stats_collector().collect(self).figures()
+
     def stats_collector(self) -> StatsCollector:
         """What makes this dataset's ``stats()`` (made on first use: it keeps the last figures
         of each process, so a call every step measures each at most once a second)."""
@@ -338,12 +347,13 @@ class Runtime:
         return rendezvous.publish(self.embedded.port)
 
     def _start_embedded(self, host: str | None) -> str:
-        from ..master.server import LOOPBACK_HOSTS, Master
+        from ..master.server import LOOPBACK_HOSTS, Master, ServerOptions
 
         c = self.config
-        self.embedded = Master.for_job(
-            c.source, c.resume.job(c.job), token=c.token, host=host or "127.0.0.1"
-        ).start()
+        options = ServerOptions(
+            host=host or ServerOptions.host, token=c.token, metrics_port=c.metrics_port
+        )
+        self.embedded = Master.for_job(c.source, c.resume.job(c.job), options).start()
         if host is not None and host not in LOOPBACK_HOSTS and c.token is None:
             log.warning(
                 "the embedded master listens on %s without a token: anyone who reaches it can "

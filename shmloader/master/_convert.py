@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from .._proto import master_pb2 as pb
 from ..errors import NotActive
 from .config import JobConfig
+from .figures import TrainerFigures
 from .progress import (
     ConsumerProgress,
     EpochProgress,
@@ -287,3 +288,17 @@ def progress_from_msg(m: pb.ProgressReply) -> Progress:
         ),
         counters=dict(m.counters),
     )
+
+
+_FIGURE_FIELDS = tuple(f for f in TrainerFigures.__dataclass_fields__ if f != "pss_bytes")
+
+
+def figures_to_msg(f: TrainerFigures) -> pb.TrainerFigures:
+    m = pb.TrainerFigures(**{name: getattr(f, name) for name in _FIGURE_FIELDS})
+    m.pss_bytes.update(f.pss_bytes)
+    return m
+
+
+def figures_from_msg(m: pb.TrainerFigures) -> TrainerFigures:
+    values = {name: getattr(m, name) for name in _FIGURE_FIELDS}
+    return TrainerFigures(**values, pss_bytes=dict(m.pss_bytes))

@@ -39,6 +39,7 @@ from ._convert import (
     EpochInfo,
     LeaseInfo,
     LeaseReply,
+    figures_to_msg,
     lease_from_msg,
     leave_to_msg,
     problems_from_msg,
@@ -46,6 +47,7 @@ from ._convert import (
     register_from_msg,
 )
 from .address import check_address
+from .figures import TrainerFigures
 from .progress import Progress
 from .wire import MAX_ERROR_CHARS, REASON_KEY, UNKNOWN_CONSUMER, HandBack
 
@@ -199,11 +201,15 @@ class MasterClient:
             if may_register is not None:
                 self._may_register[consumer] = may_register
 
-    def heartbeat(self, consumer: str) -> None:
+    def heartbeat(self, consumer: str, figures: TrainerFigures | None = None) -> None:
         """A sign of life for a consumer that may send nothing else for a while: one silent
         past ``consumer_timeout`` is declared dead and loses its leases. If the master forgot
-        it (restarted without a journal, or timed it out), registers it again."""
-        self._call("Heartbeat", pb.ConsumerRequest(consumer=consumer), True, consumer=consumer)
+        it (restarted without a journal, or timed it out), registers it again. ``figures``:
+        what the trainer measured, for the master's ``/metrics``."""
+        request = pb.ConsumerRequest(consumer=consumer)
+        if figures is not None:
+            request.figures.CopyFrom(figures_to_msg(figures))
+        self._call("Heartbeat", request, True, consumer=consumer)
 
     def leave(self, consumer: str, consumed: HandBack | None = None) -> None:
         """Unregister (leases go back to the queue at once); a no-op if the master does not
@@ -311,12 +317,19 @@ class MasterClient:
 
     # ------------------------------------------------------------------ heartbeat
 
-    def start_heartbeat(self, consumer: str, interval: float | None = None) -> None:
+    def start_heartbeat(
+        self,
+        consumer: str,
+        interval: float | None = None,
+        figures: Callable[[], TrainerFigures | None] | None = None,
+    ) -> None:
         """Heartbeat ``consumer`` from a daemon thread until :meth:`leave` or :meth:`close`.
 
         ``interval`` defaults to a quarter of the master's ``consumer_timeout`` (known once
         the consumer registered through this client), else 1 s. Failures are logged and the
-        thread keeps trying, so it carries on after the master comes back.
+        thread keeps trying, so it carries on after the master comes back. ``figures()``,
+        called before each beat, gives what the beat carries (None: nothing); an exception
+        it raises is logged and the beat goes without.
         """
         with self._lock:
             if consumer in self._heartbeats:
@@ -329,17 +342,29 @@ class MasterClient:
             stop = threading.Event()
             thread = threading.Thread(
                 target=self._beat,
-                args=(consumer, interval, stop),
+                args=(consumer, interval, stop, figures),
                 name=f"shmloader-heartbeat-{consumer}",
                 daemon=True,
             )
             self._heartbeats[consumer] = (thread, stop)
         thread.start()
 
-    def _beat(self, consumer: str, interval: float, stop: threading.Event) -> None:
+    def _beat(
+        self,
+        consumer: str,
+        interval: float,
+        stop: threading.Event,
+        figures: Callable[[], TrainerFigures | None] | None,
+    ) -> None:
         while not stop.wait(interval) and not self._closing.is_set():
+            measured = None
+            if figures is not None:
+                try:
+                    measured = figures()
+                except Exception as exc:  # figures are for a dashboard: the beat must go
+                    log.warning("consumer %r: its figures could not be measured: %s", consumer, exc)
             try:
-                self.heartbeat(consumer)
+                self.heartbeat(consumer, measured)
             except MasterError as exc:
                 if self._closing.is_set() or stop.is_set() or self._hurry.is_set():
                     return  # closing, or the caller knows the master is gone

@@ -18,8 +18,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -37,6 +38,9 @@ from .service import MasterService
 from .tasks import DdpPolicy
 from .wire import MAX_REQUEST_BYTES
 
+if TYPE_CHECKING:
+    from .metrics import MetricsServer
+
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "shmloader.master.Master"
@@ -45,14 +49,29 @@ _WORKERS = 16
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class ServerOptions:
+    """How a master serves its job (``Master``'s arguments after the job's), defined once."""
+
+    journal: str | os.PathLike[str] | None = None
+    fsync: Fsync = "batch"
+    host: str = "127.0.0.1"
+    port: int = 0
+    token: str | None = None
+    tls: tuple[bytes, bytes] | None = None
+    metrics_port: int | None = None
+
+
 class Master:
     """Tasks, epochs and leases of one job, served over gRPC; see docs/master.md.
 
     ``source_or_plan`` is a Source (its ``plan()`` is called once, here) or a list of Shards.
     With ``journal=DIR`` the state is journaled there and recovered on the next start with the
     same plan and schedule settings. ``tls`` is ``(private key PEM, certificate chain PEM)``.
-    ``first_epoch`` and ``resume`` (task id -> consumed record ranges, a merged loader state's
-    ``"consumed"``) continue a checkpoint's epoch with any world size.
+    ``metrics_port``: serve Prometheus metrics of the whole job at ``http://host:port/metrics``
+    (0: any free port, then ``metrics_port`` tells it). ``first_epoch`` and ``resume`` (task
+    id -> consumed record ranges, a merged loader state's ``"consumed"``) continue a
+    checkpoint's epoch with any world size.
     """
 
     def __init__(
@@ -68,12 +87,13 @@ class Master:
         lease_timeout: float = JobConfig.lease_timeout,
         consumer_timeout: float = JobConfig.consumer_timeout,
         max_retries: int = JobConfig.max_retries,
-        journal: str | os.PathLike[str] | None = None,
-        fsync: Fsync = "batch",
-        host: str = "127.0.0.1",
-        port: int = 0,
-        token: str | None = None,
-        tls: tuple[bytes, bytes] | None = None,
+        journal: str | os.PathLike[str] | None = ServerOptions.journal,
+        fsync: Fsync = ServerOptions.fsync,
+        host: str = ServerOptions.host,
+        port: int = ServerOptions.port,
+        token: str | None = ServerOptions.token,
+        tls: tuple[bytes, bytes] | None = ServerOptions.tls,
+        metrics_port: int | None = ServerOptions.metrics_port,
         first_epoch: int = 0,
         resume: dict[int, list[tuple[int, int]]] | None = None,
     ) -> None:
@@ -90,38 +110,27 @@ class Master:
             first_epoch=first_epoch,
             resume=resume,
         )
-        self._configure(source_or_plan, job, journal, fsync, host, port, token, tls)
+        options = ServerOptions(journal, fsync, host, port, token, tls, metrics_port)
+        self._configure(source_or_plan, job, options)
 
     @classmethod
     def for_job(
         cls,
         source_or_plan: Source | Sequence[Shard],
         job: JobConfig,
-        *,
-        journal: str | os.PathLike[str] | None = None,
-        fsync: Fsync = "batch",
-        host: str = "127.0.0.1",
-        port: int = 0,
-        token: str | None = None,
-        tls: tuple[bytes, bytes] | None = None,
+        options: ServerOptions = ServerOptions(),
     ) -> Master:
-        """A master for ``job``, given as one value (a ``SharedTaskDataset``'s embedded
-        master); the other arguments as for ``Master``."""
+        """A master for ``job`` and ``options``, each given as one value (a
+        ``SharedTaskDataset``'s embedded master)."""
         master = cls.__new__(cls)
-        master._configure(source_or_plan, job, journal, fsync, host, port, token, tls)
+        master._configure(source_or_plan, job, options)
         return master
 
     def _configure(
-        self,
-        source_or_plan: Source | Sequence[Shard],
-        job: JobConfig,
-        journal: str | os.PathLike[str] | None,
-        fsync: Fsync,
-        host: str,
-        port: int,
-        token: str | None,
-        tls: tuple[bytes, bytes] | None,
+        self, source_or_plan: Source | Sequence[Shard], job: JobConfig, options: ServerOptions
     ) -> None:
+        journal, fsync, host, port = options.journal, options.fsync, options.host, options.port
+        token, tls, metrics_port = options.token, options.tls, options.metrics_port
         self.plan = _plan_of(source_or_plan)
         self.config = job
         if fsync not in FSYNC_POLICIES:
@@ -136,6 +145,16 @@ class Master:
             isinstance(tls, tuple) and len(tls) == 2 and all(isinstance(x, bytes) for x in tls)
         ):
             raise ConfigError("tls must be (private key PEM bytes, certificate chain PEM bytes)")
+        if metrics_port is not None and (
+            isinstance(metrics_port, bool)
+            or not isinstance(metrics_port, int)
+            or not 0 <= metrics_port <= 65535
+        ):
+            raise ConfigError(
+                f"metrics_port must be an int in 0..65535 (0: any free port), got {metrics_port!r}"
+            )
+        self.metrics_port = metrics_port
+        self._metrics: MetricsServer | None = None
         self.journal_dir = None if journal is None else os.fspath(journal)
         self.fsync = fsync
         self.host = host
@@ -170,10 +189,31 @@ class Master:
         self._service = MasterService(self._dispatcher, self._lock)
         try:
             self._serve(self._service)
+            if self.metrics_port is not None:
+                self._serve_metrics(self._service)
         except BaseException:
-            self._close_journal()
+            self.stop(grace=0)
             raise
         return self
+
+    def _serve_metrics(self, service: MasterService) -> None:
+        from .metrics import serve_metrics  # prometheus_client: only for a master that serves
+
+        try:
+            self._metrics = serve_metrics(service, self.host, self.metrics_port or 0)
+        except OSError as exc:
+            raise MasterError(
+                f"cannot serve metrics on {_bracket(self.host)}:{self.metrics_port}: {exc}"
+            ) from exc
+        self.metrics_port = self._metrics.port
+        log.info("shmloader master: metrics at %s", self.metrics_url)
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where the job's Prometheus metrics are served (None: they are not)."""
+        if self._metrics is None:
+            return None
+        return f"http://{_bracket(self.host)}:{self._metrics.port}/metrics"
 
     def _serve(self, service: MasterService) -> None:
         # Ours to shut down: gRPC's stop() leaves the pool's threads waiting for work for as
@@ -239,6 +279,8 @@ class Master:
         if self._stopped:
             return
         self._stopped = True
+        if self._metrics is not None:
+            self._metrics.stop()
         if self._health is not None:
             self._health.enter_graceful_shutdown()
         if self._server is not None:

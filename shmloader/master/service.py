@@ -31,6 +31,7 @@ from ..errors import ConfigError, LeaseError, MasterError, NotActive
 from . import _convert
 from .dispatcher import Dispatcher
 from .epochs import schedule_of
+from .figures import TrainerFigures
 from .progress import Lease as DispatcherLease
 from .snapshot import WHEREABOUTS, left_records
 from .wire import (
@@ -50,6 +51,7 @@ _WHEREABOUTS: dict[str, pb.Whereabouts] = {
 }
 # Epoch shapes (units and records per queue) remembered for seq numbers and EpochInfo.
 _SHAPES_KEPT = 64
+MAX_FIGURES = 1024  # consumers whose last figures /metrics reports (the latest to beat)
 
 
 class RpcFailure(Exception):
@@ -131,6 +133,10 @@ class MasterService(pb_grpc.MasterServicer):
         self.lock = lock or threading.Lock()
         self._shapes: OrderedDict[int, EpochShape] = OrderedDict()
         self._shapes_lock = threading.Lock()
+        # The last figures each consumer's heartbeat carried, for /metrics (metrics.py): kept
+        # in memory only (not the dispatcher's state, not journaled), for consumers that left
+        # too (their counters stay part of the job's totals), at most MAX_FIGURES of them.
+        self.figures: OrderedDict[str, TrainerFigures] = OrderedDict()
 
     # ------------------------------------------------------------------ consumers
 
@@ -153,6 +159,11 @@ class MasterService(pb_grpc.MasterServicer):
         with self.lock:
             self._known(consumer)
             self.dispatcher.heartbeat(consumer, time.time())
+            if request.HasField("figures"):
+                self.figures[consumer] = _convert.figures_from_msg(request.figures)
+                self.figures.move_to_end(consumer)
+                while len(self.figures) > MAX_FIGURES:
+                    self.figures.popitem(last=False)
         return pb.Empty()
 
     @_rpc

@@ -46,7 +46,7 @@ from .names import (
 )
 from .sizes import format_size
 
-PEAK_NAME = "peak"  # the most bytes of segments held at once (_note_peak)
+PEAK_NAME = ".peak"  # the most bytes of segments held at once (_note_peak)
 
 _MIN_DELAY = 0.0005
 _BLOCKED_EVERY = 0.05  # seconds between looks at whether the consumer waits for a blocked write

@@ -8,6 +8,7 @@ it, each refreshed at most once a second, so ``ds.stats()`` is cheap enough for 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -31,8 +32,14 @@ class StatsCollector:
         self.interval = interval
         self._progress: tuple[float, Progress | None] = (-float("inf"), None)
         self._cores = psutil.cpu_count() or 1
+        self._lock = threading.Lock()
 
     def collect(self, runtime: Runtime) -> Stats:
+        # The loop's thread (ds.stats()) and the heartbeat's (figures for /metrics) both ask.
+        with self._lock:
+            return self._collect(runtime)
+
+    def _collect(self, runtime: Runtime) -> Stats:
         plane = runtime.plane
         plane.poll()  # count what workers gathered up to now, not up to the last tick
         epoch = plane.epoch_to_iterate()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..master.figures import TrainerFigures
 from .probe import Memory
 
 MIB = 1 << 20
@@ -161,6 +162,26 @@ class Stats:
         segment files, plus all segment files (in use and spare)."""
         mapped = sum(p.memory.pss_segments for p in self.processes if p.memory is not None)
         return self.total_pss - mapped + self.shm_in_use + self.shm_spare
+
+    def figures(self) -> TrainerFigures:
+        """What a trainer's heartbeat carries to its master, for the master's ``/metrics``."""
+        by_role: dict[str, int] = {}
+        for p in self.processes:
+            if p.memory is not None:
+                by_role[p.role] = by_role.get(p.role, 0) + p.memory.pss
+        return TrainerFigures(
+            records_consumed=self.records_consumed,
+            bytes_read=sum(r.bytes for r in self.readers),
+            batches=self.batches_delivered,
+            loop_seconds=self.loop_seconds,
+            loop_wait_seconds=self.loop_wait_seconds,
+            reader_wait_seconds=self.reader_wait_seconds,
+            shm_in_use_bytes=self.shm_in_use,
+            shm_budget_bytes=self.shm_budget,
+            pss_bytes=by_role,
+            readers=sum(r.alive for r in self.readers),
+            records_skipped=self.records_skipped,
+        )
 
     def advice(self) -> list[str]:
         """What to change, in plain words, each backed by the figures it quotes; empty when
