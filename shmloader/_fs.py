@@ -47,11 +47,19 @@ def display_path(fs: pafs.FileSystem, inner: str) -> str:
     return f"{fs.type_name}://{inner}"
 
 
-def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
+def expand_paths(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    directories: bool = False,
+) -> list[str]:
     """Expand a glob, a path or a list of them into a sorted, de-duplicated list of files.
 
     Sorting makes plans (and so seeded task orders) independent of directory listing order.
     A pattern that matches nothing is an error: an empty dataset is almost always a typo.
+    ``directories``: a directory stands for the files under it, at any depth, as
+    ``pyarrow.dataset`` reads a directory (names starting with ``.`` or ``_``, such as
+    ``_SUCCESS`` or ``_metadata``, are left out, with what is under them); without it, a
+    directory is refused.
     """
     items: Iterable[str | os.PathLike[str]]
     items = [paths] if isinstance(paths, (str, os.PathLike)) else paths
@@ -63,6 +71,9 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
             info = fs.get_file_info(inner)
             if info.type == pafs.FileType.NotFound:
                 raise ConfigError(f"{p}: no such file")
+            if info.type == pafs.FileType.Directory and directories:
+                out.extend(_files_under(p, fs, inner))
+                continue
             if info.type == pafs.FileType.Directory:
                 raise ConfigError(f"{p} is a directory; give a file, a list or a glob like {p}/*")
             # Absolute and normalised, as globs give them: one file named two ways
@@ -74,6 +85,23 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
             raise ConfigError(f"{p}: the pattern matches no file")
         out.extend(matched)
     return _one_name_per_file(sorted(dict.fromkeys(out)))
+
+
+def _files_under(path: str, fs: pafs.FileSystem, inner: str) -> list[str]:
+    """The data files under directory ``path`` (``inner`` in ``fs``), named as ``path`` is
+    (a URI stays one); ConfigError if there are none."""
+    base = inner.rstrip("/")
+    found = []
+    for info in fs.get_file_info(pafs.FileSelector(base, recursive=True)):
+        relative = info.path[len(base) :].lstrip("/")
+        if info.type != pafs.FileType.File or any(
+            part.startswith((".", "_")) for part in relative.split("/")
+        ):
+            continue
+        found.append(path.rstrip("/") + "/" + relative if _is_uri(path) else info.path)
+    if not found:
+        raise ConfigError(f"{path} is a directory with no data files in it")
+    return found
 
 
 def _one_name_per_file(paths: list[str]) -> list[str]:

@@ -15,7 +15,7 @@ import pytest
 
 from shmloader.errors import ShmSpaceError, StoreClosedError
 from shmloader.shm import SegmentInfo, SegmentStore, StoreHandle, ipc_file_size
-from shmloader.shm.budget import PEAK_NAME
+from shmloader.shm.hints import PEAK_NAME
 
 SPAWN = mp.get_context("spawn")
 

@@ -46,8 +46,6 @@ from .names import (
 )
 from .sizes import format_size
 
-PEAK_NAME = ".peak"  # the most bytes of segments held at once (_note_peak)
-
 _MIN_DELAY = 0.0005
 _BLOCKED_EVERY = 0.05  # seconds between looks at whether the consumer waits for a blocked write
 _MAX_DELAY = 0.010
@@ -262,22 +260,9 @@ def reserve(
 
 def _note_peak(dataset_path: str, in_use: int) -> None:
     """Keep the most bytes of segments the store held at once (under the lock, as the
-    reservation that reaches it is made; :func:`peak` reads it)."""
-    if in_use > peak(dataset_path):
-        path = os.path.join(dataset_path, PEAK_NAME)
-        temp = f"{path}.{os.getpid()}"
-        with open(temp, "w") as f:
-            f.write(str(in_use))
-        os.replace(temp, path)
-
-
-def peak(dataset_path: str) -> int:
-    """The most bytes of segments the store held at once (0 before the first)."""
-    try:
-        with open(os.path.join(dataset_path, PEAK_NAME)) as f:
-            return int(f.read() or 0)
-    except (FileNotFoundError, ValueError):
-        return 0
+    reservation that reaches it is made)."""
+    if in_use > hints.peak(dataset_path):
+        hints.set_peak(dataset_path, in_use)
 
 
 def _take_room(dataset_path: str, nbytes: int, room: int, spares: dict[str, int]) -> str:

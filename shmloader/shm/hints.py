@@ -28,7 +28,10 @@ one poll.
   must not register it again (``MasterClient.speak_for``): that made a ghost of a trainer that
   had left, holding leases that lapsed only after ``lease_timeout``, as failed attempts.
 
-And one that writers tell the consumer:
+And ones that writers tell the consumer:
+
+- ``.peak``: the most bytes of segments the store held at once, written by the writer whose
+  reservation reached it, under the store's lock (budget.reserve): ``ds.stats().shm_peak``.
 
 - ``blocked.<pid>-<start>``: present while writer ``pid`` waits for room for a segment the
   consumer waits for (budget.reserve). Then only the consumer can make room, by consuming
@@ -56,6 +59,7 @@ BLOCKED_PREFIX = "blocked."
 WAITING_PREFIX = "waiting."
 ALIVE_NAME = "alive"
 LEFT_NAME = "left"
+PEAK_NAME = ".peak"  # a dotfile: listings of what holds memory pass over it, as over .lock
 
 
 def _replace(path: str, text: str) -> None:
@@ -140,8 +144,22 @@ def set_largest(folder: str, nbytes: int) -> None:
 
 
 def largest(folder: str) -> int:
+    return _number(folder, LARGEST_NAME)
+
+
+def set_peak(folder: str, nbytes: int) -> None:
+    """Under the store's lock, by the writer whose reservation reaches ``nbytes`` in use."""
+    _replace(os.path.join(folder, PEAK_NAME), str(nbytes))
+
+
+def peak(folder: str) -> int:
+    return _number(folder, PEAK_NAME)
+
+
+def _number(folder: str, name: str) -> int:
+    """A hint that is a number (0 when absent)."""
     try:
-        with open(os.path.join(folder, LARGEST_NAME)) as f:
+        with open(os.path.join(folder, name)) as f:
             return int(f.read() or 0)
     except (FileNotFoundError, ValueError):
         return 0

@@ -424,7 +424,7 @@ class StoreHandle:
 
     def peak(self) -> int:
         """The most bytes of segments the store held at once, since it was made."""
-        return _budget.peak(self.path)
+        return hints.peak(self.path)
 
     def held(self) -> int:
         """Bytes of all the store's files: segments, sealed or not, and spares kept for reuse

@@ -62,7 +62,8 @@ def source_for_paths(
 ) -> Source:
     """A source for ``paths`` (globs, files, Hugging Face ``save_to_disk`` folders), chosen by
     extension: .tfrecord/.tfrecords/.rec (optionally .gz/.zlib) -> RecordFileSource,
-    .parquet -> ParquetSource, .arrow/.feather or a folder -> ArrowSource, .csv -> CSVSource,
+    .parquet or a folder of them -> ParquetSource, .arrow/.feather or another folder ->
+    ArrowSource, .csv -> CSVSource,
     .jsonl/.ndjson -> JSONLSource, .tar -> WebDatasetSource. ``options`` go to the class.
 
     Sidecar index files matched by a glob are ignored; files of different kinds are a
@@ -76,7 +77,14 @@ def source_for_paths(
     for item in items:
         p = os.fspath(item)
         if not any(c in p for c in _GLOB_CHARS) and _is_dir(p):
-            found.setdefault("arrow", p)
+            # A save_to_disk folder (state.json) is Arrow; a folder of Parquet files, as
+            # pyarrow.dataset writes them, is Parquet.
+            under = expand_paths(p, directories=True)
+            if not _is_hf_folder(p) and under and all(kind_of(f) == "parquet" for f in under):
+                found.setdefault("parquet", p)
+                files.extend(under)
+            else:
+                found.setdefault("arrow", p)
             continue
         for f in expand_paths(p):
             if not f.endswith(INDEX_SUFFIX):
@@ -98,6 +106,11 @@ def source_for_paths(
         raise ConfigError(f"{name} does not take these options {sorted(options)}: {exc}") from exc
     source: Source = cls(target, **options)
     return source
+
+
+def _is_hf_folder(path: str) -> bool:
+    fs, inner = resolve(path)
+    return bool(fs.get_file_info(f"{inner}/state.json").type == pafs.FileType.File)
 
 
 def _is_dir(path: str) -> bool:

@@ -35,7 +35,8 @@ from .base import BaseSource, ReadResult, Shard, check_held
 
 
 class ParquetSource(BaseSource):
-    """Parquet files (a glob, a path or a list), optionally projected to ``columns``."""
+    """Parquet files (a glob, a path, a directory as ``pyarrow.dataset`` reads one, or a list
+    of them), optionally projected to ``columns``."""
 
     def __init__(
         self,
@@ -45,7 +46,7 @@ class ParquetSource(BaseSource):
         tensors: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         super().__init__()
-        self.paths = expand_paths(paths)
+        self.paths = expand_paths(paths, directories=True)
         self.columns, self.tensors = check_options(columns, tensors)
 
     def __repr__(self) -> str:
