@@ -1,15 +1,15 @@
 """``num_readers="auto"`` against fixed reader counts, side by side in one run.
 
 Run by hand (not a test), from the repository root:
-``python benchmarks/bench_auto_readers.py [--records N] [--epochs E] [--rounds R]
+``python benchmarks/bench_auto_readers.py [--records N] [--seconds S] [--rounds R]
 [--readers 1,2,3]``.
 
 On the data-plane datasets (``bench_dataplane.py``: *tabular*, 264-byte records in batches of
 1024, and *images*, 12 KB records in batches of 128), each with a per-record ``decode`` and a
-``decode_batch``, a ``SharedTaskDataset`` runs ``--epochs`` passes through
-``shmloader.DataLoader`` (no workers) with each fixed reader count and with ``"auto"``, each
-in a fresh process, round after round. samples/s is over epochs 2..E (the first includes
-start-up, and the time "auto" takes to find its count); the table gives medians over the
+``decode_batch``, a ``SharedTaskDataset`` runs passes through ``shmloader.DataLoader`` (no
+workers) for ``--seconds`` with each fixed reader count and with ``"auto"``, each in a fresh
+process, round after round. samples/s is over the passes that begin in the second half of
+the run (after start-up, and after "auto" found its count); the table gives medians over the
 rounds, auto's ratio to the best fixed count, and the readers auto ran at the end.
 """
 
@@ -46,11 +46,12 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         source, num_readers=readers, records_per_task=RECORDS_PER_TASK, epochs=None, seed=0
     ) as ds:
         loader = shmloader.DataLoader(ds, batch_size=BATCH[spec["dataset"]])
-        for epoch in range(spec["epochs"]):
+        start = time.perf_counter()
+        while time.perf_counter() - start < spec["seconds"]:
             rows, began = 0, time.perf_counter()
             for batch in loader:
                 rows += len(batch["label"])
-            if epoch:
+            if began - start >= spec["seconds"] / 2:
                 rates.append(rows / (time.perf_counter() - began))
         running = sum(r.alive for r in ds.stats().readers)
     return {"rate": statistics.median(rates), "readers_at_end": running}
@@ -59,8 +60,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=200_000, help="per dataset (tabular)")
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=20.0, help="per configuration")
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--readers", default="1,2,3", help="fixed counts to compare")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -85,7 +86,7 @@ def main() -> None:
                             "decode": decode,
                             "readers": readers,
                             "paths": files,
-                            "epochs": args.epochs,
+                            "seconds": args.seconds,
                         }
                         done = run_script_child(__file__, spec)
                         if done.returncode != 0:
@@ -94,8 +95,8 @@ def main() -> None:
                         cell = table.setdefault((dataset, decode), {})
                         cell.setdefault(readers, []).append(result)
     print(
-        f"\nsamples/s, medians of {args.rounds} rounds over epochs 2..{args.epochs} "
-        f"({os.cpu_count()} cores):\n"
+        f"\nsamples/s, medians of {args.rounds} rounds, over the second half of "
+        f"{args.seconds:.0f} s per run ({os.cpu_count()} cores):\n"
     )
     header = " | ".join(f"{c} readers" if c != "auto" else "auto" for c in counts)
     print(f"| dataset, decode | {header} | auto / best fixed | auto's readers at the end |")

@@ -11,6 +11,7 @@ from _dataset_helpers import dataset, ids_of, write_dataset
 
 import shmloader
 from shmloader.dataset.reader_scaling import (
+    CEILING_WINDOWS,
     IDLE_WINDOWS,
     ReaderScaling,
     Scale,
@@ -19,34 +20,45 @@ from shmloader.dataset.reader_scaling import (
 )
 
 
-def window(**figures: float | bool) -> ScalingWindow:
-    base: dict[str, float | bool] = {
+def window(**figures: float) -> ScalingWindow:
+    base: dict[str, float] = {
         "sampler_wait": 0.0,
         "reader_busy": 0.5,
         "reader_room_wait": 0.0,
         "idle_cores": 1.0,
-        "consumed": True,
+        "rows_per_second": 1000.0,
     }
     base.update(figures)
-    return ScalingWindow(**base)  # type: ignore[arg-type]
+    return ScalingWindow(**base)
 
 
 STARVED = {"sampler_wait": 0.5, "reader_busy": 0.95, "idle_cores": 1.0}
 
 
-def test_a_reader_is_added_while_the_loop_waits_on_busy_readers_and_cores_are_free():
+def test_a_reader_is_added_while_the_loop_waits_and_kept_when_the_loop_got_faster():
     scaling = ReaderScaling(1, 4)
-    assert scaling.decide(1, window(**STARVED)) is Scale.ADD
-    assert scaling.decide(2, window(**STARVED)) is Scale.HOLD  # settling after the change
-    assert scaling.decide(2, window(**STARVED)) is Scale.ADD
+    assert scaling.decide(1, window(**STARVED, rows_per_second=1000)) is Scale.ADD
+    assert scaling.decide(2, window(**STARVED)) is Scale.HOLD  # settling: the reader starts
+    assert scaling.decide(2, window(**STARVED, rows_per_second=1800)) is Scale.ADD  # it paid
+
+
+def test_a_reader_that_did_not_pay_is_retired_and_the_count_is_a_ceiling_for_a_while():
+    scaling = ReaderScaling(1, 4)
+    assert scaling.decide(1, window(**STARVED, rows_per_second=1000)) is Scale.ADD
+    assert scaling.decide(2, window(**STARVED)) is Scale.HOLD
+    assert scaling.decide(2, window(**STARVED, rows_per_second=1020)) is Scale.RETIRE
+    held = [scaling.decide(1, window(**STARVED)) for _ in range(CEILING_WINDOWS - 2)]
+    assert set(held) == {Scale.HOLD}  # starved all the while, but one reader is the ceiling
+    assert scaling.decide(1, window(**STARVED)) is Scale.HOLD
+    assert scaling.decide(1, window(**STARVED)) is Scale.ADD  # tried again, later
 
 
 def test_no_reader_is_added_without_free_cores_at_the_bound_or_for_readers_that_wait_for_room():
-    assert ReaderScaling(1, 4).decide(2, window(**{**STARVED, "idle_cores": 0.2})) is Scale.HOLD
+    assert ReaderScaling(1, 4).decide(2, window(**{**STARVED, "idle_cores": 0.1})) is Scale.HOLD
     assert ReaderScaling(1, 2).decide(2, window(**STARVED)) is Scale.HOLD
     room = {**STARVED, "reader_busy": 0.2, "reader_room_wait": 0.8}
     assert ReaderScaling(1, 4).decide(2, window(**room)) is Scale.HOLD
-    between_epochs = {**STARVED, "consumed": False}
+    between_epochs = {**STARVED, "rows_per_second": 0.0}
     assert ReaderScaling(1, 4).decide(1, window(**between_epochs)) is Scale.HOLD
 
 

@@ -56,7 +56,7 @@ class Autoscaler:
             reader_busy=_share(whole, mark.busy, lambda r: r.busy_seconds, seconds),
             reader_room_wait=_share(whole, mark.room, lambda r: r.room_wait_seconds, seconds),
             idle_cores=_idle_cores(mark.cpu, self._mark.cpu, self._cores),
-            consumed=self._mark.consumed > mark.consumed,
+            rows_per_second=(self._mark.consumed - mark.consumed) / seconds,
         )
         decision = self.scaling.decide(len(running), window)
         log.debug("num_readers='auto': %d readers, %s: %s", len(running), window, decision)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import torch.utils.data
@@ -20,7 +20,9 @@ from ..master.config import DEFAULT_RECORDS_PER_TASK, JobConfig
 from ..reader.pool import ReaderProcess, launch_readers, stop_readers
 from ..shm.sizes import parse_size
 from ..shm.store import SegmentStore
+from ..sources.arrow import ArrowSource
 from ..sources.base import Source
+from ..sources.hf import HFDataset, is_hf_dataset, refuse_other_hf
 from . import ring
 from .checkpoint import FRESH_START
 from .delivery import TrackedBatch
@@ -74,6 +76,21 @@ def read_record(source: Source, index: int, columns: Sequence[str] | None) -> di
     return gather(lambda slot: views, encode_indices(0, np.zeros(1, np.int64)), names)
 
 
+def _as_source(source: Source | HFDataset) -> Source:
+    """``source`` checked to be one (a ``datasets.Dataset`` becomes an :class:`ArrowSource`
+    over its Arrow files, sources/hf.py)."""
+    refuse_other_hf(source)
+    if is_hf_dataset(source):
+        return ArrowSource(source)
+    lacks = [m for m in ("plan", "read_result") if not callable(getattr(source, m, None))]
+    if lacks:
+        raise ConfigError(
+            f"source must be a shmloader source, got {type(source).__name__}, which has no "
+            f"{' and no '.join(f'{m}()' for m in lacks)} (the protocol: docs/sources.md)"
+        )
+    return cast(Source, source)  # it has the protocol's methods
+
+
 def _check_count(name: str, value: object, least: int, example: str) -> None:
     """ConfigError unless ``value`` is an int of at least ``least``: ``num_readers="auto"``
     or ``records_per_task=4096.0`` would fail later with a TypeError about a comparison."""
@@ -104,7 +121,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
     def __init__(
         self,
-        source: Source,
+        source: Source | HFDataset,
         *,
         num_readers: int | Literal["auto"] = 2,
         records_per_task: int | None = None,
@@ -125,12 +142,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         shm_dir: str | None = None,
         columns: Sequence[str] | None = None,
     ) -> None:
-        lacks = [m for m in ("plan", "read_result") if not callable(getattr(source, m, None))]
-        if lacks:
-            raise ConfigError(
-                f"source must be a shmloader source, got {type(source).__name__}, which has no "
-                f"{' and no '.join(f'{m}()' for m in lacks)} (the protocol: docs/sources.md)"
-            )
+        checked = _as_source(source)
         if num_readers == "auto":
             # Start small; the maintenance thread adds and retires readers (autoscale.py).
             self._reader_bounds: tuple[int, int] | None = auto_bounds()
@@ -169,7 +181,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             )
         if (rank is None) != (world_size is None):
             raise ConfigError("give both rank and world_size (DDP), or neither")
-        self.source = source
+        self.source = checked
         self.num_readers = num_readers
         # Left out: the embedded master's default; a standalone master's own (runtime.py).
         self._records_per_task_given = records_per_task is not None

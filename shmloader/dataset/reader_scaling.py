@@ -1,16 +1,22 @@
 """``num_readers="auto"``: how many readers a trainer runs, decided from what it sees.
 
-The decision is a pure function of the figures of a window of a few seconds
+The decision is a pure function of the figures of windows of a few seconds
 (:class:`ScalingWindow`), so it can be read, and tested, apart from the thread that gathers
-them and starts or retires readers (``maintenance.py``):
+them and starts or retires readers (``autoscale.py``). It climbs:
 
 - **add** a reader when the sampler waited for the readers in over ``WAITED`` of the window,
   the readers were busy (reading, not waiting for room) over ``BUSY`` of theirs, and at
-  least ``FREE_CORES`` of the machine's cores were idle: more readers can read more;
-- **retire** one when, for ``IDLE_WINDOWS`` windows in a row, the sampler hardly waited (under
-  ``HARDLY``) and the others could do the readers' work busy under ``TAKE_OVER`` of their time
-  (busy share times n, over n - 1): the loop does not need that many;
-- otherwise, and for ``SETTLE_WINDOWS`` windows after a change, hold.
+  least ``FREE_CORES`` of the machine's cores were idle;
+- **keep it** only if it paid: ``SETTLE_WINDOWS`` after adding, the loop must consume at
+  least ``GAIN`` more rows per second than in the window before; otherwise the reader is
+  **retired** again, and the count it had is the ceiling for ``CEILING_WINDOWS`` windows
+  (the readers were short of something more readers do not bring: cores, memory bandwidth,
+  the master);
+- **retire** one when, for ``IDLE_WINDOWS`` windows in a row, the sampler hardly waited
+  (under ``HARDLY``) and the others could do the readers' work busy under ``TAKE_OVER`` of
+  their time (busy share times n, over n - 1): the loop does not need that many;
+- otherwise hold. Windows in which the loop consumed nothing (between epochs, evaluating,
+  saving) say nothing and are passed over.
 
 Readers waiting for room in the budget are not short of CPU: more of them would only wait
 too, so they are never a reason to add one. The count stays within ``[low, high]``:
@@ -26,11 +32,13 @@ from dataclasses import dataclass
 SCALE_EVERY = 2.0  # seconds of a window
 WAITED = 0.10
 BUSY = 0.60
-FREE_CORES = 0.75
+FREE_CORES = 0.25
+GAIN = 0.05
+SETTLE_WINDOWS = 1
+CEILING_WINDOWS = 30
 HARDLY = 0.02
 TAKE_OVER = 0.80
 IDLE_WINDOWS = 2
-SETTLE_WINDOWS = 1
 
 
 class Scale(enum.Enum):
@@ -48,7 +56,7 @@ class ScalingWindow:
     reader_busy: float
     reader_room_wait: float
     idle_cores: float  # the machine's cores idle, on average
-    consumed: bool  # the loop consumed rows in the window (it is training, not elsewhere)
+    rows_per_second: float  # what the loop consumed
 
 
 def auto_bounds() -> tuple[int, int]:
@@ -69,20 +77,34 @@ class ReaderScaling:
     high: int
     _settle: int = 0
     _idle: int = 0
+    _before: float | None = None  # rows/s in the window before the last reader was added
+    _ceiling: int | None = None  # what adding failed to pass, for _ceiling_left windows
+    _ceiling_left: int = 0
 
     def decide(self, readers: int, window: ScalingWindow) -> Scale:
+        if window.rows_per_second <= 0:
+            self._idle = 0
+            return Scale.HOLD
+        if self._ceiling_left > 0:
+            self._ceiling_left -= 1
+            if self._ceiling_left == 0:
+                self._ceiling = None
         if self._settle > 0:
             self._settle -= 1
             return Scale.HOLD
-        if not window.consumed:  # between epochs, evaluating, saving: nothing to learn
-            self._idle = 0
-            return Scale.HOLD
+        if self._before is not None:  # the first window after adding one: did it pay?
+            before, self._before = self._before, None
+            if window.rows_per_second < before * (1 + GAIN) and readers > self.low:
+                self._ceiling, self._ceiling_left = readers - 1, CEILING_WINDOWS
+                return self._changed(Scale.RETIRE)
+        most = self.high if self._ceiling is None else min(self.high, self._ceiling)
         if (
-            readers < self.high
+            readers < most
             and window.sampler_wait > WAITED
             and window.reader_busy > BUSY
             and window.idle_cores >= FREE_CORES
         ):
+            self._before = window.rows_per_second
             return self._changed(Scale.ADD)
         if (
             readers > self.low

@@ -135,8 +135,14 @@ def default_index_dir(index_dir: str | None = None) -> str:
     env = os.environ.get("SHMLOADER_INDEX_DIR")
     if env:
         return os.path.abspath(os.path.expanduser(env))
+    return os.path.join(user_cache_dir(), "index")
+
+
+def user_cache_dir() -> str:
+    """shmloader's folder in the user's cache: ``$XDG_CACHE_HOME/shmloader``, defaulting to
+    ``~/.cache/shmloader``."""
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "shmloader", "index")
+    return os.path.join(cache, "shmloader")
 
 
 def fallback_index_path(path: str, kind: str, *, index_dir: str | None = None) -> str:

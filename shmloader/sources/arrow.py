@@ -27,23 +27,33 @@ from .._fs import _GLOB_CHARS, expand_paths, open_stream, resolve
 from ..errors import ConfigError, DataError
 from ._tabular import SchemaCheck, check_columns, check_options, finish, open_input, row_spans
 from .base import BaseSource, ReadResult, Shard, check_held
+from .hf import HFDataset, hf_dataset_files, is_hf_dataset, refuse_other_hf
 
 _FILE_MAGIC = b"ARROW1"
 HF_STATE = "state.json"
 
 
 class ArrowSource(BaseSource):
-    """Arrow IPC files/streams (a glob, path or list) or Hugging Face ``save_to_disk`` folders."""
+    """Arrow IPC files/streams (a glob, path or list), Hugging Face ``save_to_disk`` folders,
+    or a ``datasets.Dataset`` object: its own Arrow files when they hold it as it is, else one
+    file written for it into ``cache_dir`` once (hf.py); its columns by default."""
 
     def __init__(
         self,
-        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | HFDataset,
         *,
         columns: Sequence[str] | None = None,
         tensors: Mapping[str, Sequence[int]] | None = None,
+        cache_dir: str | None = None,
     ) -> None:
         super().__init__()
-        self.paths = expand_arrow_paths(paths)
+        refuse_other_hf(paths)
+        if is_hf_dataset(paths):
+            self.paths = hf_dataset_files(paths, cache_dir)  # in the dataset's order
+            if columns is None:
+                columns = list(paths.column_names)
+        else:
+            self.paths = expand_arrow_paths(paths)  # type: ignore[arg-type]
         self.columns, self.tensors = check_options(columns, tensors)
         # An IPC file's rows per record batch, and the (batches, bytes) they were counted at.
         self._file_rows: dict[str, tuple[tuple[int, int], tuple[int, ...]]] = {}
