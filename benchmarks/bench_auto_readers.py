@@ -75,7 +75,7 @@ def main() -> None:
             "tabular": write_dataset(folder, "tabular", args.records, 0),
             "images": write_dataset(folder, "images", args.records // 8, 0),
         }
-        for dataset, files in paths.items():
+        for files in paths.values():
             warm(files)
         for _ in range(args.rounds):
             for dataset, files in paths.items():

@@ -240,3 +240,36 @@ def test_len_before_the_first_batch_starts_nothing(
             assert sorted(got) == expected
         elif how != "rank":
             assert len(got) == len(expected) - 7 * BATCH
+
+
+@pytest.mark.parametrize("kind", ["shmloader", "batch_sampler"])
+def test_a_loop_that_stops_after_the_last_batch_gets_the_next_epoch_whole(data, tmp_path, kind):
+    """A loop that stops once it had len(dl) batches (as Lightning's does) never runs the pass
+    to its end; nothing of that epoch is left, so the next pass is the next epoch, whole."""
+    directory, expected = data
+    with dataset(directory, tmp_path / "shm", epochs=3) as ds:
+        dl = loader(ds, kind, 0)
+        for _ in range(2):
+            n = len(dl)
+            assert n == 47
+            got = first_batches(dl, n)  # the pass is left after its last batch
+            assert sorted(got) == expected
+        length, got = whole_pass(dl)
+        assert length == 47 and sorted(got) == expected
+        assert len(dl) == 0
+
+
+def test_length_epoch_counts_the_whole_epoch_whatever_was_delivered(data, tmp_path):
+    directory, expected = data
+    with dataset(directory, tmp_path / "shm", epochs=2) as ds:
+        rest = shmloader.DataLoader(ds, batch_size=BATCH)
+        epoch = shmloader.DataLoader(ds, batch_size=BATCH, length="epoch")
+        assert len(rest) == len(epoch) == 47  # before the start: from the plan
+        got = first_batches(rest, 10)
+        assert len(rest) == 37 and len(epoch) == 47
+        _, more = whole_pass(rest)
+        assert sorted(got + more) == expected
+        assert len(epoch) == 47  # the next epoch
+        assert len(shmloader.DataLoader(ds, batch_size=BATCH, length="epoch", drop_last=True)) == 46
+    with pytest.raises(shmloader.ConfigError, match="length must be one of 'rest', 'epoch'"):
+        shmloader.DataLoader(ds, batch_size=BATCH, length="all")  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from _dataset_helpers import TORCHRUN
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -76,3 +77,13 @@ def test_each_format_of_the_formats_page_reads_every_record_once() -> None:
     out = run_example(sys.executable, "formats.py")
     for name in ("tfrecord + tf.train.Example", "parquet", "arrow", "jsonl", "csv", "webdataset"):
         assert f"{name}: 2,000 records, each once: True" in out, out
+
+
+def test_the_lightning_datamodule_resumes_mid_epoch_from_lightnings_checkpoint() -> None:
+    """examples/lightning_datamodule.py: Lightning keeps shmloader.DataLoader's position in its
+    checkpoint; the resumed run finishes the epoch, then runs the next one whole."""
+    pytest.importorskip("lightning")
+    out = run_example(sys.executable, "lightning_datamodule.py")
+    assert "first run: stopped after 15 steps, 1500 records" in out
+    assert "epoch 0: 4000 records, each once: True" in out
+    assert "epoch 1: 4000 records, each once: True" in out

@@ -134,12 +134,16 @@ def identity(
     }
 
 
-def saved_state(facts: DatasetFacts, runtime: Runtime, point: ResumePoint) -> dict[str, Any]:
-    """The state of a running dataset: where its loop is."""
+def saved_state(
+    facts: DatasetFacts, runtime: Runtime, point: ResumePoint, *, closing: bool = False
+) -> dict[str, Any]:
+    """The state of a running dataset: where its loop is. ``closing``: the state it leaves
+    behind as it closes (its leases then go back to the master with what it consumed of
+    them, so there is nothing to hand over)."""
     plane = runtime.plane
     # Elastic mode: the leases of the tasks the loop consumed rows of, for the trainer resumed
     # from this state to take over (handover.py).
-    handover = runtime.handover()
+    handover = None if closing else runtime.handover()
     taken = {} if handover is None else handover.to_json()
     if plane.shares_epochs:
         # Other trainers took part of the epoch (elastic mode), or it was partly done before

@@ -31,7 +31,7 @@ from .gatherer import Gatherer
 from .launcher import TORCHRUN, Rendezvous, rendezvous_from_env
 from .reader_scaling import auto_bounds
 from .ring import RingBatch
-from .sampler import DEFAULT_SHUFFLE_WINDOW, TaskBatchSampler, TaskSampler
+from .sampler import DEFAULT_SHUFFLE_WINDOW, FirstPass, TaskBatchSampler, TaskSampler
 
 if TYPE_CHECKING:
     from ..master.tasks import DdpPolicy
@@ -213,11 +213,12 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._columns = list(columns) if columns is not None else None
         self._columns_checked = False  # columns= against the data, at the first gather
         self._resume = FRESH_START  # where a loaded state leaves the job (checkpoint.py)
-        self._rows_known: tuple[ResumePoint, int] | None = None  # see _rows_before_start
+        self._rows_known: tuple[ResumePoint, FirstPass] | None = None  # _rows_before_start
         self._runtime: Runtime | None = None
         self._sampler: TaskSampler | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._state_at_close: dict[str, Any] | None = None
         self._owner_pid = os.getpid()
         # The store exists from the start (cheap: a folder in /dev/shm), so DataLoader workers
         # forked before the first batch already know where segments will be; the master starts
@@ -305,9 +306,12 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     # -- checkpoints -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where the loop is: the epoch and the rows of it consumed so far (JSON-able); see
-        ``shmloader.DataLoader.state_dict``, which returns the same."""
+        ``shmloader.DataLoader.state_dict``, which returns the same. After :meth:`close`, the
+        state it had when it closed (a framework that checkpoints after its loop ended)."""
         from .checkpoint import saved_state
 
+        if self._closed and self._state_at_close is not None:
+            return self._state_at_close  # a checkpoint written after the loop ended
         return saved_state(self._facts(), self._ensure_started(), self._resume)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -400,7 +404,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         (the schedule is a function of it and the job), without starting anything."""
         return len(self.sampler())
 
-    def _rows_before_start(self) -> int | None:
+    def _rows_before_start(self) -> FirstPass | None:
         """The first pass's rows while nothing has started, for an embedded master (None: the
         runtime has started, or a standalone master keeps its own epochs: ask it)."""
         if self._runtime is not None or (self.master is not None and self._rendezvous is None):
@@ -414,11 +418,12 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
         job = resume.job(self.job)
         if resume.finished or (job.epochs is not None and resume.epoch >= job.epochs):
-            rows = 0
+            rows = FirstPass(epoch_rows=0, left=0)
         else:
             table = TaskTable(self.source.plan(), job.records_per_task)
             share = schedule_of(table, job, resume.epoch).queue_records(self.rank or 0)
-            rows = max(0, share - (resume.consumed_records if resume.by_position else 0))
+            left = max(0, share - (resume.consumed_records if resume.by_position else 0))
+            rows = FirstPass(epoch_rows=share, left=left)
         self._rows_known = (resume, rows)
         return rows
 
@@ -533,6 +538,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         # A forked worker inherits the runtime but owns none of it: only the trainer closes.
         if self._owner_pid != os.getpid():
             return
+        if runtime is not None and not hurry:
+            self._state_at_close = self._closing_state(runtime)
         try:
             stop_readers(launched, _UNCONFIGURED_STOP)  # closed before its first use
             if runtime is not None:
@@ -543,6 +550,16 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             if self._store is not None:
                 ring.forget(self._store.path)  # persistent workers' rings, mapped here
                 self._store.close()
+
+    def _closing_state(self, runtime: Runtime) -> dict[str, Any] | None:
+        """What ``state_dict()`` gives once closed: the state as it closes (None when that
+        cannot be told, the runtime having failed: state_dict() then says it is closed)."""
+        from .checkpoint import saved_state
+
+        try:
+            return saved_state(self._facts(), runtime, self._resume, closing=True)
+        except ShmloaderError:
+            return None
 
     def __enter__(self) -> SharedTaskDataset:
         return self
@@ -574,6 +591,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._owner_pid = -1  # a worker copy: never starts or closes anything
         self._rows_known = None
         self._store = None
+        self._state_at_close = None
 
     @property
     def runtime(self) -> Runtime:

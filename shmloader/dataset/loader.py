@@ -24,6 +24,8 @@ from .sampler import TaskBatchSampler
 
 # What a batch's tensor columns are: torch tensors, or NumPy arrays over the same memory.
 BatchFormat = Literal["torch", "numpy"]
+# What len() counts: the batches the next pass delivers, or those of the whole epoch it is in.
+Length = Literal["rest", "epoch"]
 
 
 def ring_slots(prefetch_factor: int | None) -> int:
@@ -75,6 +77,13 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     per-batch work such as normalising, mixing rows (mixup) or moving to a device. Per-record
     augmentation belongs in ``decode``, in the readers (``shmloader.task_rng()``).
 
+    ``length``: what ``len()`` counts. ``"rest"``: the batches the next pass delivers (what
+    is left of the epoch after a ``break`` or a resume), for progress bars and schedules
+    computed at each pass. ``"epoch"``: the batches of the whole epoch the next pass is in,
+    whatever part of it was delivered, as torch's DataLoader counts and as frameworks that
+    restore a loader's state and count the resumed epoch's steps from where they stopped
+    expect (Lightning's fit loop ends an epoch at ``len()`` steps).
+
     ``format``: ``"torch"`` (batches of tensors) or ``"numpy"``: each tensor column becomes a
     NumPy array over the same memory (no copy), for JAX, TensorFlow or plain NumPy loops;
     ``transform`` then gets the NumPy batch. Columns a batch holds as Python lists (strings,
@@ -89,6 +98,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         drop_last: bool = False,
         transform: Callable[[dict[str, Any]], Any] | None = None,
         format: BatchFormat = "torch",
+        length: Length = "rest",
         **kwargs: Any,
     ) -> None:
         if transform is not None and not callable(transform):
@@ -98,8 +108,13 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                 f"format must be one of {', '.join(map(repr, get_args(BatchFormat)))}, "
                 f"got {format!r}"
             )
+        if length not in get_args(Length):
+            raise ConfigError(
+                f"length must be one of {', '.join(map(repr, get_args(Length)))}, got {length!r}"
+            )
         self.transform = transform
         self.format = format
+        self.length = length
         if not isinstance(dataset, SharedTaskDataset):
             raise ConfigError("shmloader.DataLoader takes a SharedTaskDataset")
         if batch_size is None:  # torch's "one sample per step, no collate" mode
@@ -157,6 +172,13 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             plane.delivered(self._recorder.issued.popleft())
             yield self._handed(batch)
             began = time.perf_counter()
+
+    def __len__(self) -> int:
+        if self.length == "rest":
+            return super().__len__()
+        rows = self._recorder.sampler.epoch_rows()
+        size = self._recorder.batch_size
+        return rows // size if self._recorder.drop_last else -(-rows // size)
 
     def _handed(self, batch: dict[str, Any]) -> Any:
         """What the loop gets for ``batch``: in the format asked for, transformed."""

@@ -216,6 +216,7 @@ class DataPlane:
         return self._ledger_rows
 
     def epoch_rows(self, epoch: int) -> int:
+        """Rows ``epoch`` schedules for this consumer (its rank's queue; elastic: all of it)."""
         return self._master.epoch_records(epoch)
 
     def pass_rows(self, epoch: int) -> int:

@@ -19,7 +19,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch.utils.data
@@ -121,11 +121,23 @@ class Feed(Protocol):
         rows not admitted yet, less those consumed before a resume."""
         ...
 
+    def epoch_rows(self, epoch: int) -> int:
+        """Rows ``epoch`` schedules for this consumer, consumed or not."""
+        ...
+
     def finish_epoch(self, epoch: int) -> None: ...
 
     def elsewhere(self, epoch: int, seqs: list[int]) -> set[int]:
         """Those of ``seqs`` that will not come here (another trainer took them, or done)."""
         ...
+
+
+class FirstPass(NamedTuple):
+    """The first pass while the dataset has not started (worked out from the plan, so that
+    ``len()`` starts nothing): its epoch's rows for this consumer, and those left of them."""
+
+    epoch_rows: int
+    left: int
 
 
 class StrayFeed(Protocol):
@@ -169,7 +181,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         shuffle: bool,
         seed: int,
         window: int = DEFAULT_SHUFFLE_WINDOW,
-        rows_before_start: Callable[[], int | None] | None = None,
+        rows_before_start: Callable[[], FirstPass | None] | None = None,
     ) -> None:
         if window < 1:
             raise ConfigError(f"shuffle_window must be >= 1, got {window}")
@@ -195,6 +207,17 @@ class TaskSampler(torch.utils.data.Sampler[int]):
     def __len__(self) -> int:
         return self.pass_rows(rest_alone=False)
 
+    def epoch_rows(self) -> int:
+        """Rows of the whole epoch the next pass is in (this consumer's share), whatever part
+        of it was consumed: the length a framework that counts a resumed epoch's steps from
+        where it stopped expects (``DataLoader(length="epoch")``)."""
+        before = self._rows_before_start()
+        if before is not None:
+            return before.epoch_rows
+        feed = self._get_feed()
+        epoch = self._pass_epoch(feed)
+        return 0 if feed.epochs_over(epoch) is not None else feed.epoch_rows(epoch)
+
     def pass_rows(self, *, rest_alone: bool) -> int:
         """Rows the next pass delivers: what is left of the epoch (not what it had: after a
         ``break`` or a resume, progress bars and schedules count the steps from ``len``), or
@@ -202,11 +225,22 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         some."""
         before = self._rows_before_start()
         if before is not None:  # nothing delivered yet: no rest of a pass either
-            return before
+            return before.left
         feed = self._get_feed()
-        epoch = feed.epoch_to_iterate()
+        epoch = self._pass_epoch(feed)
         rest = feed.rest_of_last_pass(epoch) if rest_alone else ()
         return len(rest) if len(rest) else feed.pass_rows(epoch)
+
+    def _pass_epoch(self, feed: Feed) -> int:
+        """The epoch the next pass is over: the one to iterate, or the one after it when the
+        last pass delivered every row of it but was not run to its end (the loop stopped
+        after the epoch's last batch: nothing of it is left for a pass of its own)."""
+        epoch = feed.epoch_to_iterate()
+        if self.left_open == epoch or feed.epochs_over(epoch) is not None:
+            return epoch
+        if feed.epoch_rows(epoch) > 0 and feed.pass_rows(epoch) == 0:
+            return epoch + 1
+        return epoch
 
     def __iter__(self) -> Iterator[int]:
         """One index at a time, for torch's BatchSampler (a DataLoader given this sampler),
@@ -249,7 +283,9 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         master's last epoch open (``shmloader.DataLoader``); else a warning says it is needed.
         """
         feed = self._get_feed()
-        epoch = feed.epoch_to_iterate()
+        epoch = self._pass_epoch(feed)
+        if epoch != feed.epoch_to_iterate():
+            feed.finish_epoch(epoch - 1)  # delivered whole by the pass before (see _pass_epoch)
         self._passes += 1
         # The rest of a last epoch left open (see _strays): every task of it not taken here
         # was found elsewhere, and is a stray; no need to ask about them again.

@@ -40,6 +40,7 @@ class HFDataset(Protocol):
 
     def __len__(self) -> int: ...
 
+
 WRITE_ROWS = 65_536  # rows per record batch written into the cache file
 
 
