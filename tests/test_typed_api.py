@@ -14,8 +14,8 @@ USAGE = """
 import shmloader
 
 source = shmloader.RecordFileSource("data/*.tfrecord", on_error="skip")
-ds = shmloader.SharedTaskDataset(source, num_readers=2, epochs=3)
-dl = shmloader.DataLoader(ds, batch_size=256, num_workers=2)
+ds = shmloader.SharedTaskDataset(source, num_readers="auto", epochs=3, metrics_port=9400)
+dl = shmloader.DataLoader(ds, batch_size=256, num_workers=2, format="numpy", length="epoch")
 for batch in dl:
     reveal_type(batch)
     break
@@ -37,6 +37,8 @@ import shmloader
 shmloader.RecordFileSource("data/*.tfrecord", on_error="ignore")
 shmloader.SharedTaskDataset(shmloader.CSVSource("a.csv"), ddp_policy="repeat")
 shmloader.RecordFileSource("data/*.tfrecord", None)
+shmloader.SharedTaskDataset(shmloader.CSVSource("a.csv"), num_readers="many")
+shmloader.DataLoader(shmloader.SharedTaskDataset(shmloader.CSVSource("a.csv")), format="jax")
 """
 
 
@@ -86,3 +88,5 @@ def test_closed_choices_and_keyword_only_options_are_checked(tmp_path: Path) -> 
     assert 'Argument "on_error"' in out and "Literal['ignore']" in out, out
     assert 'Argument "ddp_policy"' in out and "Literal['repeat']" in out, out
     assert "Too many positional arguments" in out, out
+    assert 'Argument "num_readers"' in out and "Literal['many']" in out, out
+    assert 'Argument "format"' in out and "Literal['jax']" in out, out
