@@ -23,9 +23,61 @@ def _is_uri(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
+# Filesystems given explicitly (a source's ``filesystem=``), by the URI prefix of the paths
+# they serve: ``resolve`` looks here first, longest prefix first. Registered in every process
+# that holds such a source (its constructor, and its unpickling in a reader).
+_GIVEN: dict[str, pafs.FileSystem] = {}
+_GIVEN_ORDER: list[str] = []  # its prefixes, longest first
+
+
+def _serve(prefix: str, fs: pafs.FileSystem) -> None:
+    _GIVEN[prefix] = fs
+    _GIVEN_ORDER[:] = sorted(_GIVEN, key=len, reverse=True)
+
+
+def give_filesystem(
+    fs: pafs.FileSystem, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+) -> list[str]:
+    """Serve ``paths`` (paths inside ``fs``, or URIs of its kind) from ``fs``, in this
+    process: returns them as URIs (``s3://bucket/key``), which ``resolve`` then answers with
+    ``fs`` and names in errors. What is served is each path's folder (a glob's, up to its
+    first wildcard), so a list of many files makes few prefixes."""
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    scheme = f"{fs.type_name}://"
+    uris = []
+    for item in items:
+        p = os.fspath(item)
+        uri = p if "://" in p else scheme + p.lstrip("/")
+        if not uri.startswith(scheme):
+            raise ConfigError(
+                f"{p}: a {fs.type_name} filesystem was given; give paths inside it "
+                f"(bucket/key) or {scheme} URIs"
+            )
+        wild = min((i for i, c in enumerate(uri) if c in _GLOB_CHARS), default=len(uri))
+        folder = uri[:wild].rsplit("/", 1)[0] + "/"
+        _serve(folder, fs)
+        uris.append(uri)
+    return uris
+
+
+def given_roots(fs: pafs.FileSystem) -> list[str]:
+    """The prefixes ``fs`` serves in this process (a source pickles them with itself)."""
+    return [prefix for prefix, given in _GIVEN.items() if given is fs]
+
+
+def serve_roots(fs: pafs.FileSystem, roots: Sequence[str]) -> None:
+    """Serve ``roots`` from ``fs`` here too (a reader unpickling a source)."""
+    for root in roots:
+        _serve(root, fs)
+
+
 def resolve(path: str | os.PathLike[str]) -> tuple[pafs.FileSystem, str]:
     """Return the filesystem that holds ``path`` and the path inside it."""
     p = os.fspath(path)
+    if _GIVEN_ORDER:
+        for prefix in _GIVEN_ORDER:
+            if p.startswith(prefix):
+                return _GIVEN[prefix], p.split("://", 1)[1]
     if _is_uri(p):
         fs, inner = pafs.FileSystem.from_uri(p)
         return fs, inner

@@ -6,6 +6,7 @@ written into the bucket."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 import struct
 from collections import Counter
@@ -102,3 +103,25 @@ def test_a_missing_bucket_key_names_the_uri(bucket: pafs.S3FileSystem) -> None:
         shmloader.ConfigError, match=re.escape("s3://data/nothing/x.parquet: no such file")
     ):
         shmloader.ParquetSource("s3://data/nothing/x.parquet")
+
+
+def test_an_explicit_filesystem_travels_to_the_readers_without_the_environment(
+    bucket: pafs.S3FileSystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``filesystem=`` with its own endpoint and credentials: the trainer and its readers read
+    through it, with no AWS variable set in any process."""
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    s3 = pafs.S3FileSystem(
+        endpoint_override=endpoint, access_key="testing", secret_key="testing", region="us-east-1"
+    )
+    ids = np.arange(500, dtype=np.int64)
+    pq.write_table(pa.table({"id": ids}), "data/explicit/part-0.parquet", filesystem=s3)
+    source = shmloader.ParquetSource("data/explicit/", filesystem=s3)
+    assert source.paths == ["s3://data/explicit/part-0.parquet"]
+    assert read_epoch(source, tmp_path / "shm") == Counter(range(500))
+    found = shmloader.source_for_paths("data/explicit", filesystem=s3)
+    assert isinstance(found, shmloader.ParquetSource) and found.plan()[0].num_records == 500
+    with pytest.raises(shmloader.ConfigError, match=r"must be a pyarrow\.fs\.FileSystem"):
+        shmloader.ParquetSource("data/explicit/", filesystem="s3")  # type: ignore[arg-type]

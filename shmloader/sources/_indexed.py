@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from .._fs import expand_paths
 from ..errors import ConfigError, OnError
@@ -63,8 +64,10 @@ class IndexedSource(BaseSource):
         on_error: OnError,
         schema: pa.Schema | None,
         index_dir: str | None,
+        filesystem: pafs.FileSystem | None = None,
     ) -> None:
         super().__init__()
+        paths = self._given(paths, filesystem)
         if decode is not None and not callable(decode):
             raise ConfigError(f"decode must be callable, got {type(decode).__name__}")
         if schema is not None and not isinstance(schema, pa.Schema):

@@ -45,6 +45,7 @@ class ArrowSource(BaseSource):
         columns: Sequence[str] | None = None,
         tensors: Mapping[str, Sequence[int]] | None = None,
         cache_dir: str | None = None,
+        filesystem: pafs.FileSystem | None = None,
     ) -> None:
         super().__init__()
         refuse_other_hf(paths)
@@ -53,7 +54,7 @@ class ArrowSource(BaseSource):
             if columns is None:
                 columns = list(paths.column_names)
         else:
-            self.paths = expand_arrow_paths(paths)  # type: ignore[arg-type]
+            self.paths = expand_arrow_paths(self._given(paths, filesystem))  # type: ignore[arg-type]
         self.columns, self.tensors = check_options(columns, tensors)
         # An IPC file's rows per record batch, and the (batches, bytes) they were counted at.
         self._file_rows: dict[str, tuple[tuple[int, int], tuple[int, ...]]] = {}

@@ -7,12 +7,15 @@ into spawned readers, so keep it small: paths and settings, never open files or 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
+from .._fs import give_filesystem, given_roots, serve_roots
 from ..errors import ON_ERROR_CHOICES, ConfigError, DataError, OnError
 from .streamed import StreamedColumns
 
@@ -137,6 +140,28 @@ class BaseSource:
 
     def __init__(self) -> None:
         self._plan: list[Shard] | None = None
+        self.filesystem: pafs.FileSystem | None = None
+        self._filesystem_roots: list[str] = []
+
+    def _given(
+        self,
+        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        filesystem: pafs.FileSystem | None,
+    ) -> str | os.PathLike[str] | Sequence[str | os.PathLike[str]]:
+        """``paths`` to expand: as given, or with ``filesystem`` (a ``pyarrow.fs`` filesystem:
+        an object store with its own endpoint and credentials) their URIs, served from it in
+        this process and in every reader the source is pickled into."""
+        if filesystem is None:
+            return paths
+        if not isinstance(filesystem, pafs.FileSystem):
+            raise ConfigError(
+                f"filesystem must be a pyarrow.fs.FileSystem (S3FileSystem(endpoint_override="
+                f"...), ...), got {type(filesystem).__name__}"
+            )
+        uris = give_filesystem(filesystem, paths)
+        self.filesystem = filesystem
+        self._filesystem_roots = given_roots(filesystem)
+        return uris
 
     def _init_local(self) -> None:
         """Create the per-process caches named in ``_LOCAL``."""
@@ -177,6 +202,9 @@ class BaseSource:
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
+        filesystem = getattr(self, "filesystem", None)
+        if filesystem is not None:  # its files are served from it here too
+            serve_roots(filesystem, self._filesystem_roots)
         self._init_local()
 
 

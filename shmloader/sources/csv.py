@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
+import pyarrow.fs as pafs
 
 from ..errors import ConfigError, DataError, DecodeError, OnError
 from ._indexed import At, Decode, IndexedSource
@@ -61,9 +62,15 @@ class CSVSource(IndexedSource):
         index_dir: str | None = None,
         delimiter: str = ",",
         header: bool = True,
+        filesystem: pafs.FileSystem | None = None,
     ) -> None:
         super().__init__(
-            paths, decode=decode, on_error=on_error, schema=schema, index_dir=index_dir
+            paths,
+            decode=decode,
+            on_error=on_error,
+            schema=schema,
+            index_dir=index_dir,
+            filesystem=filesystem,
         )
         if not isinstance(delimiter, str) or len(delimiter) != 1 or delimiter in '\n\r"':
             raise ConfigError(

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from .._fs import _GLOB_CHARS, expand_paths, resolve
+from .._fs import _GLOB_CHARS, expand_paths, give_filesystem, resolve
 from ..errors import ConfigError
 from ..formats.index import INDEX_SUFFIX
 from .base import Source
@@ -69,9 +69,12 @@ def source_for_paths(
     Sidecar index files matched by a glob are ignored; files of different kinds are a
     ConfigError (one source reads one format).
     """
+    items: list[str | os.PathLike[str]]
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not items:
         raise ConfigError("no paths given")
+    if options.get("filesystem") is not None:  # paths inside it: looked at through it
+        items = list(give_filesystem(options["filesystem"], items))
     found: dict[str, str] = {}  # kind -> an example path
     files: list[str] = []
     for item in items:

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.json as pj
 
 from ..errors import ConfigError, DecodeError, OnError
@@ -64,9 +65,15 @@ class JSONLSource(IndexedSource):
         on_error: OnError = "raise",
         schema: pa.Schema | None = None,
         index_dir: str | None = None,
+        filesystem: pafs.FileSystem | None = None,
     ) -> None:
         super().__init__(
-            paths, decode=decode, on_error=on_error, schema=schema, index_dir=index_dir
+            paths,
+            decode=decode,
+            on_error=on_error,
+            schema=schema,
+            index_dir=index_dir,
+            filesystem=filesystem,
         )
         self.columns = check_options(columns, None)[0]
         if schema is not None and decode is None:

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .._fs import expand_paths
@@ -44,9 +45,10 @@ class ParquetSource(BaseSource):
         *,
         columns: Sequence[str] | None = None,
         tensors: Mapping[str, Sequence[int]] | None = None,
+        filesystem: pafs.FileSystem | None = None,
     ) -> None:
         super().__init__()
-        self.paths = expand_paths(paths, directories=True)
+        self.paths = expand_paths(self._given(paths, filesystem), directories=True)
         self.columns, self.tensors = check_options(columns, tensors)
 
     def __repr__(self) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from .._fs import expand_paths
 from ..errors import ConfigError, CorruptRecordError, OnError
@@ -86,8 +87,10 @@ class RecordFileSource(BaseSource):
         compression: str | None = "auto",
         index_dir: str | None = None,
         views: bool = False,
+        filesystem: pafs.FileSystem | None = None,
     ) -> None:
         super().__init__()
+        paths = self._given(paths, filesystem)
         if decode is not None and decode_batch is not None:
             raise ConfigError("give decode or decode_batch, not both")
         for name, fn in (("decode", decode), ("decode_batch", decode_batch)):

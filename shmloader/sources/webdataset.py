@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from .._fs import open_random, stamp
 from ..errors import DataError, IndexMismatchError, OnError
@@ -54,9 +55,15 @@ class WebDatasetSource(IndexedSource):
         on_error: OnError = "raise",
         index_dir: str | None = None,
         schema: pa.Schema | None = None,
+        filesystem: pafs.FileSystem | None = None,
     ) -> None:
         super().__init__(
-            paths, decode=decode, on_error=on_error, schema=schema, index_dir=index_dir
+            paths,
+            decode=decode,
+            on_error=on_error,
+            schema=schema,
+            index_dir=index_dir,
+            filesystem=filesystem,
         )
 
     def _build_offsets(self, path: str) -> Any:
