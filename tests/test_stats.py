@@ -87,6 +87,8 @@ def test_a_reader_that_exited_keeps_its_last_figures_in_the_stats_and_the_total(
     (reader,) = stats.readers
     assert not reader.alive and reader.memory is not None and reader.memory.pss > 0
     assert reader.tasks == 30 and reader.records == 3000
+    # Every row of the only epoch consumed: they weighed what the reader wrote.
+    assert abs(stats.bytes_consumed - reader.bytes) <= 30, (stats.bytes_consumed, reader.bytes)
     (process,) = [p for p in stats.processes if p.role == "reader"]
     assert not process.alive and process.memory == reader.memory
     assert stats.total_pss >= reader.memory.pss + stats.processes[0].memory.pss  # type: ignore[union-attr]

@@ -75,7 +75,7 @@ class ConsumerRequest(_message.Message):
     def __init__(self, consumer: _Optional[str] = ..., figures: _Optional[_Union[TrainerFigures, _Mapping]] = ...) -> None: ...
 
 class TrainerFigures(_message.Message):
-    __slots__ = ("records_consumed", "bytes_read", "batches", "loop_seconds", "loop_wait_seconds", "reader_wait_seconds", "shm_in_use_bytes", "shm_budget_bytes", "pss_bytes", "readers", "records_skipped")
+    __slots__ = ("records_consumed", "bytes_read", "batches", "loop_seconds", "loop_wait_seconds", "reader_wait_seconds", "shm_in_use_bytes", "shm_budget_bytes", "pss_bytes", "readers", "records_skipped", "bytes_consumed")
     class PssBytesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,7 @@ class TrainerFigures(_message.Message):
     PSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     READERS_FIELD_NUMBER: _ClassVar[int]
     RECORDS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_CONSUMED_FIELD_NUMBER: _ClassVar[int]
     records_consumed: int
     bytes_read: int
     batches: int
@@ -105,7 +106,8 @@ class TrainerFigures(_message.Message):
     pss_bytes: _containers.ScalarMap[str, int]
     readers: int
     records_skipped: int
-    def __init__(self, records_consumed: _Optional[int] = ..., bytes_read: _Optional[int] = ..., batches: _Optional[int] = ..., loop_seconds: _Optional[float] = ..., loop_wait_seconds: _Optional[float] = ..., reader_wait_seconds: _Optional[float] = ..., shm_in_use_bytes: _Optional[int] = ..., shm_budget_bytes: _Optional[int] = ..., pss_bytes: _Optional[_Mapping[str, int]] = ..., readers: _Optional[int] = ..., records_skipped: _Optional[int] = ...) -> None: ...
+    bytes_consumed: int
+    def __init__(self, records_consumed: _Optional[int] = ..., bytes_read: _Optional[int] = ..., batches: _Optional[int] = ..., loop_seconds: _Optional[float] = ..., loop_wait_seconds: _Optional[float] = ..., reader_wait_seconds: _Optional[float] = ..., shm_in_use_bytes: _Optional[int] = ..., shm_budget_bytes: _Optional[int] = ..., pss_bytes: _Optional[_Mapping[str, int]] = ..., readers: _Optional[int] = ..., records_skipped: _Optional[int] = ..., bytes_consumed: _Optional[int] = ...) -> None: ...
 
 class RecordRange(_message.Message):
     __slots__ = ("start", "stop")

@@ -202,6 +202,7 @@ class ConsumptionBook:
         # trainer started: then what this trainer consumed is not the epoch's position.
         self.shares_epochs = False
         self.consumed_rows = 0  # rows consumed since the start, counted as they are consumed
+        self.consumed_bytes = 0.0  # what they weigh: each row its segment's share of its size
         self.consumed_records = 0  # rows of the tasks completed (all their rows consumed)
         self.skipped_records = 0  # what sources left out of the tasks consumed (on_error)
         self.duplicates = 0
@@ -318,6 +319,9 @@ class ConsumptionBook:
                 state.consumed[rows] = True
                 before, state.n_consumed = state.n_consumed, int(np.count_nonzero(state.consumed))
                 self.consumed_rows += state.n_consumed - before
+                if state.task.num_rows:
+                    share = state.task.nbytes / state.task.num_rows
+                    self.consumed_bytes += (state.n_consumed - before) * share
             if gathered:
                 state.gathered[group.rows] = True
                 state.n_gathered = int(np.count_nonzero(state.gathered))

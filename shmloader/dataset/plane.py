@@ -129,6 +129,11 @@ class DataPlane:
         return self._book.consumed_rows
 
     @property
+    def consumed_bytes(self) -> int:
+        """Bytes of shared memory the consumed rows took (each row its segment's share)."""
+        return int(self._book.consumed_bytes)
+
+    @property
     def consumed_records(self) -> int:
         """Rows of the tasks completed (a task counts once all its rows were consumed)."""
         return self._book.consumed_records
@@ -165,6 +170,7 @@ class DataPlane:
         consumed: tuple[tuple[int, int], ...] = (),
         path: str = "",
         confirmed: float | None = None,  # when the lease was last known active (lease_check)
+        nbytes: int = 0,  # the segment's size
     ) -> None:
         """A reader sealed ``segment`` for a task: make it ready for the sampler.
         ``consumed``: records of it that earlier holders consumed (not issued again). A copy
@@ -178,7 +184,18 @@ class DataPlane:
         if before:
             consumed = tuple(merge_ranges([*consumed, *before]))
         task = ReadyTask(
-            epoch, seq, task_id, segment, num_rows, lease_id, start, stop, skipped, consumed, path
+            epoch,
+            seq,
+            task_id,
+            segment,
+            num_rows,
+            lease_id,
+            start,
+            stop,
+            skipped,
+            consumed,
+            path,
+            nbytes,
         )
         self.lease_check.announced(task, confirmed)
         self.ready.put(task)

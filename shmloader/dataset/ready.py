@@ -76,6 +76,7 @@ class ReadyTask:
     # Records earlier holders of the task consumed before they left: its rows are not issued.
     consumed: tuple[tuple[int, int], ...] = ()
     path: str = ""  # the task's file, for messages
+    nbytes: int = 0  # its segment's size: what its rows weigh as they are delivered
 
     def records(self) -> tuple[int, int]:
         return self.start, self.start + self.num_rows if self.stop is None else self.stop

@@ -387,6 +387,7 @@ class Runtime:
                 consumed=message.consumed,
                 path=message.path,
                 confirmed=message.confirmed,
+                nbytes=message.nbytes,
             )
             self._hold_readers_back()
         elif isinstance(message, Failed):

@@ -12,6 +12,7 @@ class TrainerFigures:
     """Totals since the trainer started, and its shared memory and memory now."""
 
     records_consumed: int = 0
+    bytes_consumed: int = 0  # what those rows weigh in shared memory
     bytes_read: int = 0  # by its readers, into shared memory
     batches: int = 0  # received by the loop (shmloader.DataLoader only)
     loop_seconds: float = 0.0

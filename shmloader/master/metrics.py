@@ -56,6 +56,11 @@ _TRAINER = {
         "Rows the consumer's training loop consumed.",
         True,
     ),
+    "bytes_consumed": (
+        "shmloader_bytes_delivered_total",
+        "Bytes of shared memory the rows the consumer's loop consumed took.",
+        True,
+    ),
     "bytes_read": (
         "shmloader_bytes_read_total",
         "Bytes the consumer's readers wrote into shared memory.",

@@ -76,6 +76,7 @@ class StatsCollector:
             shm_free=space(handle.base_dir).free,
             records_consumed=plane.consumed_rows,
             records_completed=plane.consumed_records,
+            bytes_consumed=plane.consumed_bytes,
             records_skipped=plane.skipped_records,
             task_failures=len(runtime.failures),
             duplicate_tasks=plane.duplicates,

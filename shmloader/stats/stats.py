@@ -81,9 +81,10 @@ class Stats:
     - ``records_consumed``: rows this trainer's loop consumed, counted as they are (delivered
       to the loop under ``shmloader.DataLoader`` or a plain DataLoader given
       ``batch_sampler=``; gathered by a worker under a plain one given ``sampler=``).
-      ``records_completed``: rows of the tasks completed at the master (a task counts once all
-      its rows were consumed). ``records_skipped``: records the source left out of those tasks
-      under ``on_error="skip"``.
+      ``bytes_consumed``: what those rows weigh in shared memory (each row its segment's
+      share of the segment's size). ``records_completed``: rows of the tasks completed at
+      the master (a task counts once all its rows were consumed). ``records_skipped``:
+      records the source left out of those tasks under ``on_error="skip"``.
     - ``task_failures``: tasks this trainer's readers reported failing (a read or decode error;
       a reader that dies shows in its ``restarts`` instead).
     - ``duplicate_tasks``: tasks that arrived twice (a lease lapsed while a reader still read
@@ -126,6 +127,7 @@ class Stats:
     shm_spare: int = 0
     shm_peak: int = 0
     records_completed: int = 0
+    bytes_consumed: int = 0
     batches_delivered: int = 0
     loop_wait_seconds: float = 0.0
     loop_seconds: float = 0.0
@@ -171,6 +173,7 @@ class Stats:
                 by_role[p.role] = by_role.get(p.role, 0) + p.memory.pss
         return TrainerFigures(
             records_consumed=self.records_consumed,
+            bytes_consumed=self.bytes_consumed,
             bytes_read=sum(r.bytes for r in self.readers),
             batches=self.batches_delivered,
             loop_seconds=self.loop_seconds,
