@@ -41,7 +41,8 @@ def give_filesystem(
     """Serve ``paths`` (paths inside ``fs``, or URIs of its kind) from ``fs``, in this
     process: returns them as URIs (``s3://bucket/key``), which ``resolve`` then answers with
     ``fs`` and names in errors. What is served is each path's folder (a glob's, up to its
-    first wildcard), so a list of many files makes few prefixes."""
+    first wildcard), so a list of many files makes few prefixes. Two filesystems given for
+    one folder in one process: the one given last serves it."""
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     scheme = f"{fs.type_name}://"
     uris = []
