@@ -48,29 +48,6 @@ def innermost_values(array: pa.Array) -> pa.Array:
     return array
 
 
-# Arrow's names of the primitive types whose numpy name differs.
-_NUMPY_NAMES = {"halffloat": "float16", "float": "float32", "double": "float64"}
-
-
-def values_view(array: pa.Array) -> np.ndarray | None:
-    """The values of a primitive numeric array without nulls as a read-only numpy view of its
-    buffer (no copy), or None for a type that has no plain numpy layout (bool is bit-packed).
-
-    ``Array.to_numpy`` gives the same, but pyarrow looks for pandas on the way, and where
-    pandas is installed importing it cost about 0.25 s of a trainer's first batch."""
-    name = str(array.type)
-    name = _NUMPY_NAMES.get(name, name)
-    if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)):
-        return None
-    dtype = np.dtype(name)
-    data = array.buffers()[1]
-    if data is None:
-        return np.empty(0, dtype=dtype)
-    view = np.frombuffer(data, dtype=dtype, count=len(array) + array.offset)[array.offset :]
-    view.flags.writeable = False  # the buffer may be a shared segment, read by others
-    return view
-
-
 def is_any_list(typ: pa.DataType) -> bool:
     """A list of any kind: variable-length (also large) or fixed-size."""
     return bool(
