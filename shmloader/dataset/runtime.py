@@ -288,7 +288,7 @@ class Runtime:
         """What the heartbeat carries: ``stats()``'s figures (None until the data plane runs)."""
         if self._maintenance is None or self._closed:
             return None
-        return self.stats_collector().collect(self).figures()
+        return self.stats_collector().collect(self, for_heartbeat=True).figures()
 
     def stats_collector(self) -> StatsCollector:
         """What makes this dataset's ``stats()`` (made on first use: it keeps the last figures

@@ -34,14 +34,19 @@ class StatsCollector:
         self._cores = psutil.cpu_count() or 1
         self._lock = threading.Lock()
 
-    def collect(self, runtime: Runtime) -> Stats:
+    def collect(self, runtime: Runtime, *, for_heartbeat: bool = False) -> Stats:
+        """The figures now. ``for_heartbeat``: for the heartbeat thread's ``TrainerFigures``,
+        without the two steps that act on the job (applying the gather ledger, which
+        completes tasks at the master, and asking the master for its progress): that thread
+        only reports, and must not race the training loop's own calls to the master."""
         # The loop's thread (ds.stats()) and the heartbeat's (figures for /metrics) both ask.
         with self._lock:
-            return self._collect(runtime)
+            return self._collect(runtime, for_heartbeat)
 
-    def _collect(self, runtime: Runtime) -> Stats:
+    def _collect(self, runtime: Runtime, for_heartbeat: bool) -> Stats:
         plane = runtime.plane
-        plane.poll()  # count what workers gathered up to now, not up to the last tick
+        if not for_heartbeat:
+            plane.poll()  # count what workers gathered up to now, not up to the last tick
         epoch = plane.epoch_to_iterate()
         pool = runtime.pool
         reader_infos = pool.readers if pool is not None else []
@@ -65,7 +70,7 @@ class StatsCollector:
         self.probe.forget({me, *children, *reader_pids})
         handle = runtime.store.handle()
         in_use, spare = handle.occupancy()
-        progress = self._master_progress(runtime)
+        progress = None if for_heartbeat else self._master_progress(runtime)
         return Stats(
             readers=readers,
             processes=processes,
@@ -80,9 +85,9 @@ class StatsCollector:
             records_skipped=plane.skipped_records,
             task_failures=len(runtime.failures),
             duplicate_tasks=plane.duplicates,
-            epochs_started=progress.epochs_started,
-            epochs_finished=progress.epochs_finished,
-            quarantined_tasks=len(progress.quarantined),
+            epochs_started=0 if progress is None else progress.epochs_started,
+            epochs_finished=0 if progress is None else progress.epochs_finished,
+            quarantined_tasks=0 if progress is None else len(progress.quarantined),
             batches_delivered=plane.batches_delivered,
             loop_wait_seconds=plane.wait_seconds,
             loop_seconds=plane.loop_seconds,
