@@ -39,6 +39,11 @@ def decode(payload: bytes) -> dict[str, Any]:
     return {"id": record_id, "x": np.float32(2 * record_id)}
 
 
+def decode_with_payload(payload: bytes) -> dict[str, Any]:
+    """As :func:`decode`, with the payload itself as a bytes column ``raw``."""
+    return {**decode(payload), "raw": payload}
+
+
 def decode_slow(payload: bytes) -> dict[str, Any]:
     """As :func:`decode`, 2 ms per record: a reader spends most of its time inside a lease."""
     time.sleep(0.002)

@@ -110,7 +110,12 @@ def test_a_sharing_trainer_restarted_at_once_takes_over_what_its_state_names(
     ):
         state = tmp_path / "state.json"
         go = tmp_path / "go"
-        slow = Trainer(tmp_path, "slow", **common, pause_at=[0, 3, str(go)])
+        # The slow trainer's readers lease on while it pauses: one reader and a window of one
+        # task keep what it holds (ready, leased ahead) to a few tasks, so the next trainer
+        # has tasks to share whatever the two take to start.
+        held_back = {**common["dataset"], "num_readers": 1, "shuffle_window": 1}
+        slow_common = {**common, "dataset": held_back}
+        slow = Trainer(tmp_path, "slow", **slow_common, pause_at=[0, 3, str(go)])
         slow.wait_for("paused")  # it has done tasks: the next trainer shares the epoch
         first = Trainer(
             tmp_path, "first", **common, stop_at=[0, 3], save_state=str(state), then="wait"

@@ -24,6 +24,7 @@ import torch
 
 from ..errors import ConfigError, DataError
 from ..shm.region import Region
+from ..sources._numpy_arrow import from_numpy, to_numpy
 from ..sources._tensor_types import first_null_row, is_number_list, tensor_form
 from ..sources.columns import column_to_numpy
 from .batch import Batch
@@ -410,14 +411,14 @@ def _gather_arrow(
         array = views[name].arrow
         if array is None:
             raise ConfigError(f"column {name!r} changes type between segments")
-        parts.append(array.take(pa.array(group.rows)))
+        parts.append(array.take(from_numpy(group.rows.astype(np.int64, copy=False), pa.int64())))
     typ = parts[0].type
     if tensor_form(typ) is not None:  # booleans, copied out of their bits (nulls: segment_views)
         return torch.from_numpy(np.concatenate([column_to_numpy(p) for p in parts]))
     if is_number_list(typ):
         # Copied: a tensor must not keep a released segment's mapping alive.
         return [
-            None if not item.is_valid else torch.tensor(item.values.to_numpy(zero_copy_only=False))
+            None if not item.is_valid else torch.tensor(to_numpy(item.values))
             for part in parts
             for item in part
         ]

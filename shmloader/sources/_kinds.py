@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ConfigError, DecodeError, SchemaMismatchError
+from ._numpy_arrow import binary_array, from_numpy
 from .row_arrays import RowArrays
 
 _INT32_MAX = 2**31 - 1
@@ -140,7 +141,7 @@ class PrimitiveKind(Kind):
 
     def fast(self, vals: list[Any]) -> pa.Array | None:
         arr = self._exact_array(vals)
-        return None if arr is None else pa.array(arr, type=self.arrow_type)
+        return None if arr is None else from_numpy(arr, self.arrow_type)
 
     def _exact_array(self, vals: list[Any]) -> np.ndarray | None:
         """``vals`` as one numpy array if every value is exactly of this column's dtype."""
@@ -163,7 +164,7 @@ class PrimitiveKind(Kind):
         return _cast(name, self.describe(), value, self.dtype)
 
     def build(self, vals: list[Any]) -> pa.Array:
-        return pa.array(np.array(vals, dtype=self.dtype), type=self.arrow_type)
+        return from_numpy(np.array(vals, dtype=self.dtype), self.arrow_type)
 
     def fixable(self) -> bool:
         return self.dtype.kind != "b"  # Arrow packs booleans into bits: not a copy of numpy's
@@ -178,7 +179,7 @@ class PrimitiveKind(Kind):
     def from_batched(self, name: str, arr: np.ndarray) -> pa.Array:
         if arr.ndim != 1:
             raise _mismatch(name, f"one {self.dtype} per record (a 1-D array)", arr)
-        return pa.array(_cast(name, self.describe(), arr, self.dtype), type=self.arrow_type)
+        return from_numpy(_cast(name, self.describe(), arr, self.dtype), self.arrow_type)
 
 
 _OTHER_SHAPE = "other shape; for a column whose length varies pass schema= with pa.list_(...)"
@@ -262,7 +263,7 @@ class TensorKind(Kind):
         return self._wrap(flat)
 
     def _wrap(self, flat: np.ndarray) -> pa.Array:
-        values = pa.array(flat, type=self.value_type)
+        values = from_numpy(flat, self.value_type)
         storage = pa.FixedSizeListArray.from_arrays(values, type=self.storage_type)
         if isinstance(self.arrow_type, pa.BaseExtensionType):
             return pa.ExtensionArray.from_storage(self.arrow_type, storage)
@@ -314,8 +315,9 @@ class ListKind(Kind):
         if pa.types.is_list(typ) and offsets[-1] > _INT32_MAX:
             typ = pa.large_list(typ.value_field)
         if pa.types.is_list(typ):
-            return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values, type=typ)
-        return pa.LargeListArray.from_arrays(pa.array(offsets), values, type=typ)
+            offsets32 = from_numpy(offsets.astype(np.int32), pa.int32())
+            return pa.ListArray.from_arrays(offsets32, values, type=typ)
+        return pa.LargeListArray.from_arrays(from_numpy(offsets, pa.int64()), values, type=typ)
 
 
 class BytesKind(Kind):
@@ -362,6 +364,10 @@ class BytesKind(Kind):
         raise DecodeError(f"column {name!r}: expected {self.describe()}, found {describe(value)}")
 
     def build(self, vals: list[Any]) -> pa.Array:
+        if self.py_type is bytes and (
+            pa.types.is_binary(self.arrow_type) or pa.types.is_large_binary(self.arrow_type)
+        ):
+            return binary_array(vals, self.arrow_type)
         try:
             arr = pa.array(vals, type=self.arrow_type)
         except pa.ArrowCapacityError:

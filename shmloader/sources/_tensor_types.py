@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from ._numpy_arrow import to_numpy
+
 
 def is_number(typ: pa.DataType) -> bool:
     """Integer, floating point or boolean: what a tensor can hold."""
@@ -68,7 +70,7 @@ def first_null_row(array: pa.Array) -> int | None:
     if tensor_form(typ) is not None:
         return _first_null(array)
     if is_number_list(typ):
-        offsets = array.offsets.to_numpy(zero_copy_only=False)
+        offsets = to_numpy(array.offsets)
         values = array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
         value = _first_null(values)
         if value is None:

@@ -42,6 +42,7 @@ import pyarrow as pa
 
 from ..errors import ConfigError, DecodeError, SchemaMismatchError
 from ._kinds import Kind, at, is_numeric, kind_for_type, kind_for_value, try_build
+from ._numpy_arrow import values_view
 from ._tensor_types import first_null_row, innermost_values, is_any_list, tensor_form
 from .row_arrays import RowArrays
 
@@ -326,7 +327,10 @@ def column_to_numpy(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     row = first_null_row(array)
     if row is not None:
         raise DecodeError(f"column of type {array.type} has nulls (the first in row {row})")
-    flat = innermost_values(array).to_numpy(zero_copy_only=not pa.types.is_boolean(form[0]))
+    values = innermost_values(array)
+    flat = values_view(values)
+    if flat is None:  # bool: bit-packed, so a copy
+        flat = values.to_numpy(zero_copy_only=not pa.types.is_boolean(form[0]))
     return flat.reshape((len(array), *form[1]))
 
 
