@@ -1,0 +1,279 @@
+"""shmloader side by side with the loaders users would pick instead, all in one run.
+
+Run by hand (not a test), from the repository root, in an environment with the ``bench``
+extra (see docs/performance.md for the torch/torchvision pair it needs):
+``python benchmarks/peers.py [--tabular N] [--images N] [--rounds R] [--window S]
+[--plot docs/img/peers]``.
+
+Two datasets of generated records (``_bench_decoders``): *tabular* (64 float32 + an int64
+label, 264 bytes, batch 1024) and *images* (3x64x64 uint8 + label, 12,296 bytes, batch 128),
+each written once in every contender's own format (``_bench_peers.CONTENDERS``): plain torch
+DataLoaders (one record per ``__getitem__``; a vectorised ``__getitems__`` over a
+fixed-stride file), Mosaic ``streaming``, ``litdata``, ``webdataset``, Hugging Face
+``datasets``, Grain, and shmloader with a per-record ``decode`` and with ``decode_batch``.
+Every contender has 2 data processes (DataLoader workers, Grain workers, shmloader readers),
+except "torch vectorised, no workers", which takes each batch in the loop's own process (for
+large batches faster than torch's hand-over from workers); all shuffle, and all decode with
+the same function.
+
+Each run is a fresh process (its memory and CPU its own) after the files were read once.
+It times the first batch from constructing the loader, then iterates epochs until
+``--window`` seconds (default 3) have passed after a 1 s warm-up, and gives samples/s and
+CPU seconds per sample (every process of the tree) over that window, and the peak of the
+summed PSS of the tree (sampled every 0.5 s; shmloader's store files that no process maps
+added). Whether the first epoch delivered every record once (its label sum and count) is
+checked and printed. With ``--rounds R`` each contender runs R times, round after round, and
+the table gives medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from _bench_child import run_script_child  # noqa: E402
+from _bench_decoders import LAYOUTS  # noqa: E402
+
+BATCH = {"tabular": 1024, "images": 128}
+WARMUP = 1.0  # seconds after the first batch before the window starts
+VECTORISED = ("torch vectorised", "torch vectorised, no workers")
+SHMLOADER = ("shmloader decode", "shmloader decode_batch")
+# Imported before the clock starts: the first batch is timed from constructing the loader,
+# not from importing torch or the library (which a training script has done by then).
+IMPORTS = {
+    "Mosaic streaming": ["streaming"],
+    "LitData": ["litdata"],
+    "webdataset": ["webdataset"],
+    "HF datasets": ["datasets"],
+    "Grain": ["grain.python", "_bench_grain"],
+    "shmloader decode": ["shmloader"],
+    "shmloader decode_batch": ["shmloader"],
+}
+FIELDS = ("samples_s", "first_batch_s", "peak_pss_mib", "cpu_us_per_sample")
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """One contender on one dataset, measured in this (fresh) process."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import importlib
+
+    import torch.utils.data  # noqa: F401 - every contender's, before the clock
+    from _bench_memory import Sampler
+
+    for module in IMPORTS.get(spec["name"], []):
+        importlib.import_module(module)
+    from _bench_peers import LOADERS, Job, shmloader_loader
+
+    layout = LAYOUTS[spec["dataset"]]
+    job = Job(layout, spec["files"], spec["records"], spec["batch"], 2, spec["seed"])
+    sampler = Sampler()
+    began = time.perf_counter()
+    closing = None
+    if spec["name"].startswith("shmloader"):
+        batches, closing = shmloader_loader(job, spec["name"].endswith("decode_batch"))
+    else:
+        batches = LOADERS[spec["name"]](job)
+    sampler.start()
+    first_batch = window_start = window_rows = warm_until = 0.0
+    first_epoch: tuple[int, int] | None = None
+    epoch = 0
+    try:
+        while True:
+            rows = total = 0
+            for batch in batches():
+                now = time.perf_counter()
+                if not first_batch:
+                    first_batch = now - began
+                    warm_until = now + WARMUP
+                    if closing is not None:  # its store's files, mapped or not, count once
+                        sampler.shm_dir = closing.store_path
+                labels = batch["label"]
+                rows += len(labels)
+                total += int(labels.sum())
+                if not window_start and now >= warm_until:
+                    window_start = now
+                    sampler.mark()  # CPU from here
+                elif window_start:
+                    window_rows += len(labels)
+                    if now - window_start >= spec["window"]:
+                        break
+            else:
+                if first_epoch is None:
+                    first_epoch = (rows, total)
+                epoch += 1
+                continue
+            break
+        seconds = time.perf_counter() - window_start
+        peak, cpu = sampler.mark()
+    finally:
+        sampler.stop()
+        if closing is not None:
+            closing.close()
+    # Every page once: the processes' PSS without their mappings of the store's files,
+    # plus those files (see _bench_memory.Sampler.mark), over the whole run.
+    peak_all = max(sum(s[0].values()) - s[3] + s[1] for s in sampler.samples) / (1 << 20)
+    expected = (spec["records"], spec["records"] * (spec["records"] - 1) // 2)
+    return {
+        "samples_s": window_rows / seconds,
+        "first_batch_s": first_batch,
+        "peak_pss_mib": max(peak_all, peak["once"]),
+        "cpu_us_per_sample": 1e6 * sum(cpu.values()) / max(window_rows, 1),
+        "first_epoch_exact": first_epoch == expected if first_epoch else None,
+        "epochs": epoch,
+    }
+
+
+def write_all(folder: str, dataset: str, records: int) -> dict[str, str]:
+    """Every contender's files for ``dataset``, one folder per format; returns name -> folder."""
+    from _bench_peers import CONTENDERS, Job
+
+    layout = LAYOUTS[dataset]
+    out = {}
+    for contender in CONTENDERS:
+        files = os.path.join(folder, dataset, contender.files)
+        if not os.path.isdir(files):
+            os.makedirs(files)
+            t0 = time.perf_counter()
+            contender.write(Job(layout, files, records, BATCH[dataset], 2, 0))
+            print(f"  wrote {dataset} for {contender.name} in {time.perf_counter() - t0:.1f} s")
+        out[contender.name] = files
+    for files in set(out.values()):  # into the page cache, for every contender alike
+        for root, _dirs, names in os.walk(files):
+            for name in names:
+                with open(os.path.join(root, name), "rb") as f:
+                    while f.read(1 << 24):
+                        pass
+    return out
+
+
+def table(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
+    lines = []
+    for dataset, by_name in results.items():
+        lines.append(f"\n{dataset} (batch {BATCH[dataset]}), medians of the rounds:")
+        lines.append(
+            f"  {'contender':30s} {'samples/s':>10s} {'first batch':>12s} {'peak PSS':>9s} "
+            f"{'CPU/sample':>10s}  first epoch once"
+        )
+        for name, runs in by_name.items():
+            med = {f: statistics.median(r[f] for r in runs) for f in FIELDS}
+            exact = {r["first_epoch_exact"] for r in runs}
+            lines.append(
+                f"  {name:30s} {med['samples_s']:10,.0f} {med['first_batch_s']:10.2f} s "
+                f"{med['peak_pss_mib']:6.0f} MiB {med['cpu_us_per_sample']:7.1f} us  "
+                f"{'/'.join(str(e) for e in sorted(exact, key=str))}"
+            )
+        lines.extend(_ratios(by_name))
+    return "\n".join(lines)
+
+
+def _median(runs: list[dict[str, Any]], field: str) -> float:
+    return statistics.median(r[field] for r in runs)
+
+
+def _ratios(by_name: dict[str, list[dict[str, Any]]]) -> list[str]:
+    from _bench_peers import CONTENDERS
+
+    peers = [c.name for c in CONTENDERS if c.peer or c.name == "torch per sample"]
+    best = max(peers, key=lambda n: _median(by_name[n], "samples_s"))
+    per_record = _median(by_name["shmloader decode"], "samples_s")
+    batch = _median(by_name["shmloader decode_batch"], "samples_s")
+    vectorised = max(_median(by_name[n], "samples_s") for n in VECTORISED)
+    plain_pss = _median(by_name["torch per sample"], "peak_pss_mib")
+    pss = {n: _median(by_name[n], "peak_pss_mib") / plain_pss for n in SHMLOADER}
+    return [
+        f"  shmloader decode / best of the libraries and torch per sample ({best}): "
+        f"{per_record / _median(by_name[best], 'samples_s'):.2f}",
+        f"  shmloader decode_batch / the faster torch vectorised: {batch / vectorised:.2f}",
+        "  peak PSS / torch per sample: " + ", ".join(f"{n} {r:.2f}" for n, r in pss.items()),
+    ]
+
+
+def plot(results: dict[str, dict[str, list[dict[str, Any]]]], prefix: str) -> None:
+    """One PNG per figure (samples/s, first batch, peak PSS), both datasets side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    titles = {
+        "samples_s": "samples/s (higher is better)",
+        "first_batch_s": "first batch, s (lower is better)",
+        "peak_pss_mib": "peak summed PSS, MiB (lower is better)",
+    }
+    for field, title in titles.items():
+        fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4))
+        for ax, (dataset, by_name) in zip(axes, results.items(), strict=True):
+            names = list(by_name)
+            values = [_median(by_name[n], field) for n in names]
+            colours = ["tab:orange" if n.startswith("shmloader") else "tab:blue" for n in names]
+            ax.barh(names, values, color=colours)
+            ax.invert_yaxis()
+            ax.set_title(f"{dataset} (batch {BATCH[dataset]})")
+            ax.set_xlabel(title)
+        fig.tight_layout()
+        fig.savefig(f"{prefix}-{field.replace('_', '-')}.png", dpi=90)
+        plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tabular", type=int, default=204_800)
+    parser.add_argument("--images", type=int, default=20_480)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--window", type=float, default=3.0)
+    parser.add_argument("--only", help="comma-separated contender names")
+    parser.add_argument("--plot", help="write PNGs to PREFIX-<figure>.png")
+    parser.add_argument("--json", help="write every run's figures here")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    from _bench_peers import CONTENDERS
+
+    names = [c.name for c in CONTENDERS]
+    if args.only:
+        names = [n for n in names if n in args.only.split(",")]
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for dataset, records in (("tabular", args.tabular), ("images", args.images)):
+            if records % BATCH[dataset]:
+                raise SystemExit(f"--{dataset}: a multiple of the batch ({BATCH[dataset]})")
+            files = write_all(folder, dataset, records)
+            results[dataset] = {n: [] for n in names}
+            for r in range(args.rounds):
+                for name in names:
+                    spec = {
+                        "dataset": dataset,
+                        "name": name,
+                        "files": files[name],
+                        "records": records,
+                        "batch": BATCH[dataset],
+                        "seed": r,
+                        "window": args.window,
+                    }
+                    done = run_script_child(__file__, spec)
+                    if done.returncode != 0:
+                        raise SystemExit(f"{name} on {dataset}:\n{done.stdout}{done.stderr}")
+                    run = json.loads(done.stdout.strip().splitlines()[-1])
+                    results[dataset][name].append(run)
+                    print(f"  {dataset} round {r + 1} {name}: {run['samples_s']:,.0f}/s")
+    print(table(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if args.plot:
+        plot(results, args.plot)
+
+
+if __name__ == "__main__":
+    main()
