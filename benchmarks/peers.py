@@ -75,14 +75,15 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
     layout = LAYOUTS[spec["dataset"]]
     job = Job(layout, spec["files"], spec["records"], spec["batch"], 2, spec["seed"])
-    sampler = Sampler()
+    # Started first: its first look at the process tree (smaps of a process that imported
+    # torch: tens of milliseconds) must not fall inside the first batch's time.
+    sampler = Sampler().start()
     began = time.perf_counter()
     closing = None
     if spec["name"].startswith("shmloader"):
         batches, closing = shmloader_loader(job, spec["name"].endswith("decode_batch"))
     else:
         batches = LOADERS[spec["name"]](job)
-    sampler.start()
     first_batch = window_start = window_rows = warm_until = 0.0
     first_epoch: tuple[int, int] | None = None
     epoch = 0
