@@ -106,8 +106,11 @@ def test_memory_stays_flat_across_epochs_and_no_advice_names_a_process(tmp_path)
         stats = ds.stats()
     trainer = stats.processes[0]
     assert trainer.role == "trainer" and len(trainer.pss_by_epoch) >= 5
+    # Growth is what a leak shows. PSS may also fall (by 28 MiB once here): it splits every
+    # shared page among the processes that map it, and another process mapping the same
+    # libraries lowers the trainer's share without the trainer holding less.
     after_warmup = [pss for _, pss in trainer.pss_by_epoch[1:]]
-    assert max(after_warmup) - min(after_warmup) < 16 * MIB, trainer.pss_by_epoch
+    assert max(after_warmup) - after_warmup[0] < 16 * MIB, trainer.pss_by_epoch
     assert not any(" grew from " in line for line in stats.advice())
 
 
