@@ -37,12 +37,6 @@ class Job:
     seed: int
 
 
-def chunks(layout: Layout, records: int, seed: int) -> Iterator[bytes]:
-    """Every record's payload, in record order (generated in pieces: images are large)."""
-    for start in range(0, records, 8192):
-        yield from layout.payloads(start, min(8192, records - start), seed)
-
-
 def stack(rows: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
     """Per-record dicts into one batch of numpy arrays (the collate of libraries that have
     none of their own for dicts)."""
@@ -51,12 +45,13 @@ def stack(rows: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
 
 @dataclass(frozen=True)
 class DecodePayload:
-    """``{"payload": bytes}`` (as the libraries store it) to the decoded record; picklable."""
+    """A stored sample, ``{key: payload bytes}``, to the decoded record; picklable."""
 
     layout: Layout
+    key: str = "payload"
 
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
-        return self.layout.decode(sample["payload"])
+        return self.layout.decode(sample[self.key])
 
 
 @dataclass(frozen=True)
@@ -88,7 +83,9 @@ def _torch_loader(dataset: Any, job: Job, **kwargs: Any) -> Batches:
 def write_tfrecord(job: Job) -> None:
     from shmloader.formats.tfrecord import write_records
 
-    write_records(os.path.join(job.files, "data.tfrecord"), chunks(job.layout, job.records, 0))
+    write_records(
+        os.path.join(job.files, "data.tfrecord"), job.layout.payload_stream(0, job.records, 0)
+    )
 
 
 def torch_per_sample(job: Job) -> Batches:
@@ -100,7 +97,7 @@ def torch_per_sample(job: Job) -> Batches:
 # -- torch, a vectorised __getitems__ over a fixed-stride file -----------------------------------
 def write_fixed_stride(job: Job) -> None:
     with open(os.path.join(job.files, "rows.bin"), "wb") as f:
-        for payload in chunks(job.layout, job.records, 0):
+        for payload in job.layout.payload_stream(0, job.records, 0):
             f.write(payload)
 
 
@@ -129,11 +126,9 @@ class FixedStrideRows:
         return {layout.key: torch.from_numpy(values), "label": torch.from_numpy(labels)}
 
 
-def identity(batch: Any) -> Any:
-    return batch
-
-
 def torch_vectorised(job: Job) -> Batches:
+    from _bench_baselines import identity
+
     rows = FixedStrideRows(os.path.join(job.files, "rows.bin"), job.layout, job.records)
     return _torch_loader(rows, job, collate_fn=identity)
 
@@ -150,7 +145,7 @@ def write_mds(job: Job) -> None:
     from streaming import MDSWriter
 
     with MDSWriter(out=job.files, columns={"payload": "bytes"}, size_limit="64mb") as out:
-        for payload in chunks(job.layout, job.records, 0):
+        for payload in job.layout.payload_stream(0, job.records, 0):
             out.write({"payload": payload})
 
 
@@ -221,16 +216,8 @@ def write_webdataset(job: Job) -> None:
     per_shard = -(-job.records // SHARDS)
     pattern = os.path.join(job.files, "shard-%06d.tar")
     with wds.ShardWriter(pattern, maxcount=per_shard, verbose=0) as sink:
-        for i, payload in enumerate(chunks(job.layout, job.records, 0)):
+        for i, payload in enumerate(job.layout.payload_stream(0, job.records, 0)):
             sink.write({"__key__": f"{i:09d}", "bin": payload})
-
-
-@dataclass(frozen=True)
-class DecodeBin:
-    layout: Layout
-
-    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
-        return self.layout.decode(sample["bin"])
 
 
 def webdataset_loader(job: Job) -> Batches:
@@ -240,7 +227,7 @@ def webdataset_loader(job: Job) -> Batches:
     dataset = (
         wds.WebDataset(urls, shardshuffle=len(urls), seed=job.seed, empty_check=False)
         .shuffle(SHUFFLE_BUFFER)
-        .map(DecodeBin(job.layout))
+        .map(DecodePayload(job.layout, key="bin"))
         .batched(job.batch, collation_fn=stack)
     )
     loader = wds.WebLoader(
@@ -254,7 +241,7 @@ def write_hf(job: Job) -> None:
     import datasets
 
     def rows() -> Iterator[dict[str, bytes]]:
-        for payload in chunks(job.layout, job.records, 0):
+        for payload in job.layout.payload_stream(0, job.records, 0):
             yield {"payload": payload}
 
     datasets.Dataset.from_generator(rows).save_to_disk(job.files)
@@ -272,7 +259,7 @@ def write_array_record(job: Job) -> None:
     from array_record.python.array_record_module import ArrayRecordWriter
 
     writer = ArrayRecordWriter(os.path.join(job.files, "data.array_record"), "group_size:1")
-    for payload in chunks(job.layout, job.records, 0):
+    for payload in job.layout.payload_stream(0, job.records, 0):
         writer.write(payload)
     writer.close()
 

@@ -56,15 +56,9 @@ def write_dataset(folder: str, name: str, records: int, seed: int) -> list[str]:
     for i, first in enumerate(range(0, records, per_file)):
         count = min(per_file, records - first)
         path = os.path.join(folder, f"{name}-{i:02d}.tfrecord")
-        write_records(path, _chunks(layout, first, count, seed))
+        write_records(path, layout.payload_stream(first, count, seed))
         paths.append(path)
     return paths
-
-
-def _chunks(layout: Any, first: int, count: int, seed: int) -> Any:
-    # In pieces: the payloads of 40,000 images are half a gigabyte.
-    for start in range(first, first + count, 8192):
-        yield from layout.payloads(start, min(8192, first + count - start), seed)
 
 
 def warm(paths: list[str]) -> None:

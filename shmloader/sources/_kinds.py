@@ -364,9 +364,7 @@ class BytesKind(Kind):
         raise DecodeError(f"column {name!r}: expected {self.describe()}, found {describe(value)}")
 
     def build(self, vals: list[Any]) -> pa.Array:
-        if self.py_type is bytes and (
-            pa.types.is_binary(self.arrow_type) or pa.types.is_large_binary(self.arrow_type)
-        ):
+        if self.py_type is bytes:  # binary or large_binary
             return binary_array(vals, self.arrow_type)
         try:
             arr = pa.array(vals, type=self.arrow_type)

@@ -42,7 +42,7 @@ import pyarrow as pa
 
 from ..errors import ConfigError, DecodeError, SchemaMismatchError
 from ._kinds import Kind, at, is_numeric, kind_for_type, kind_for_value, try_build
-from ._numpy_arrow import values_view
+from ._numpy_arrow import to_numpy
 from ._tensor_types import first_null_row, innermost_values, is_any_list, tensor_form
 from .row_arrays import RowArrays
 
@@ -327,10 +327,8 @@ def column_to_numpy(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     row = first_null_row(array)
     if row is not None:
         raise DecodeError(f"column of type {array.type} has nulls (the first in row {row})")
-    values = innermost_values(array)
-    flat = values_view(values)
-    if flat is None:  # bool: bit-packed, so a copy
-        flat = values.to_numpy(zero_copy_only=not pa.types.is_boolean(form[0]))
+    # A view of the values' buffer; a copy for bool only (bit-packed in Arrow)
+    flat = to_numpy(innermost_values(array))
     return flat.reshape((len(array), *form[1]))
 
 
