@@ -35,6 +35,7 @@ class Job:
     batch: int
     workers: int
     seed: int
+    shm_budget: str | None = None  # shmloader's; None: SharedTaskDataset's default
 
 
 def stack(rows: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
@@ -300,6 +301,7 @@ def shmloader_loader(job: Job, batch_decode: bool) -> tuple[Batches, Any]:
         records_per_task=RECORDS_PER_TASK,
         seed=job.seed,
         epochs=None,
+        **({"shm_budget": job.shm_budget} if job.shm_budget else {}),
     )
     loader = shmloader.DataLoader(dataset, batch_size=job.batch)
     return (lambda: loader), dataset

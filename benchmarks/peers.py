@@ -3,7 +3,7 @@
 Run by hand (not a test), from the repository root, in an environment with the ``bench``
 extra (see docs/performance.md for the torch/torchvision pair it needs):
 ``python benchmarks/peers.py [--tabular N] [--images N] [--rounds R] [--window S]
-[--plot docs/img/peers]``.
+[--only NAME,NAME] [--shm-budget SIZE] [--plot docs/img/peers]``.
 
 Two datasets of generated records (``_bench_decoders``): *tabular* (64 float32 + an int64
 label, 264 bytes, batch 1024) and *images* (3x64x64 uint8 + label, 12,296 bytes, batch 128),
@@ -74,7 +74,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     from _bench_peers import LOADERS, Job, shmloader_loader
 
     layout = LAYOUTS[spec["dataset"]]
-    job = Job(layout, spec["files"], spec["records"], spec["batch"], 2, spec["seed"])
+    job = Job(
+        layout, spec["files"], spec["records"], spec["batch"], 2, spec["seed"], spec["shm_budget"]
+    )
     # Started first: its first look at the process tree (smaps of a process that imported
     # torch: tens of milliseconds) must not fall inside the first batch's time.
     sampler = Sampler().start()
@@ -133,13 +135,14 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def write_all(folder: str, dataset: str, records: int) -> dict[str, str]:
-    """Every contender's files for ``dataset``, one folder per format; returns name -> folder."""
+def write_all(folder: str, dataset: str, records: int, names: list[str]) -> dict[str, str]:
+    """The files of every contender in ``names`` for ``dataset``, one folder per format;
+    returns name -> folder."""
     from _bench_peers import CONTENDERS, Job
 
     layout = LAYOUTS[dataset]
     out = {}
-    for contender in CONTENDERS:
+    for contender in (c for c in CONTENDERS if c.name in names):
         files = os.path.join(folder, dataset, contender.files)
         if not os.path.isdir(files):
             os.makedirs(files)
@@ -157,6 +160,8 @@ def write_all(folder: str, dataset: str, records: int) -> dict[str, str]:
 
 
 def table(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
+    from _bench_peers import CONTENDERS
+
     lines = []
     for dataset, by_name in results.items():
         lines.append(f"\n{dataset} (batch {BATCH[dataset]}), medians of the rounds:")
@@ -172,7 +177,8 @@ def table(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
                 f"{med['peak_pss_mib']:6.0f} MiB {med['cpu_us_per_sample']:7.1f} us  "
                 f"{'/'.join(str(e) for e in sorted(exact, key=str))}"
             )
-        lines.extend(_ratios(by_name))
+        if all(c.name in by_name for c in CONTENDERS):  # not with --only
+            lines.extend(_ratios(by_name))
     return "\n".join(lines)
 
 
@@ -232,6 +238,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window", type=float, default=3.0)
     parser.add_argument("--only", help="comma-separated contender names")
+    parser.add_argument(
+        "--shm-budget", help="shmloader's shm_budget (default: SharedTaskDataset's own)"
+    )
     parser.add_argument("--plot", help="write PNGs to PREFIX-<figure>.png")
     parser.add_argument("--json", help="write every run's figures here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -249,7 +258,7 @@ def main() -> None:
         for dataset, records in (("tabular", args.tabular), ("images", args.images)):
             if records % BATCH[dataset]:
                 raise SystemExit(f"--{dataset}: a multiple of the batch ({BATCH[dataset]})")
-            files = write_all(folder, dataset, records)
+            files = write_all(folder, dataset, records, names)
             results[dataset] = {n: [] for n in names}
             for r in range(args.rounds):
                 for name in names:
@@ -261,6 +270,7 @@ def main() -> None:
                         "batch": BATCH[dataset],
                         "seed": r,
                         "window": args.window,
+                        "shm_budget": args.shm_budget,
                     }
                     done = run_script_child(__file__, spec)
                     if done.returncode != 0:
