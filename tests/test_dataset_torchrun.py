@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import signal
 import socket
 import subprocess
 import threading
@@ -21,6 +23,7 @@ from _dataset_helpers import (
     TORCHRUN,
     dataset,
     ids_of,
+    shm_entries,
     subprocess_env,
     write_dataset,
 )
@@ -137,6 +140,67 @@ def test_a_torchrun_job_resumes_from_each_ranks_state(
         expected,
     )
     check_shares([delivered(lines, "train", 1) for lines in second], expected)
+
+
+def trained(lines: list[dict]) -> list[int]:
+    """The ids a rank of ``_torchrun_restart_trainer.py`` trained on, over every round: each
+    round's steps up to where the next round resumed (the state saved after its last step)."""
+    rounds = sorted({line["round"] for line in lines})
+    resumed = {line["round"]: line["resumed_at"] for line in lines if "resumed_at" in line}
+    ids = []
+    for r in rounds:
+        end = resumed.get(r + 1, math.inf)
+        ids += [
+            i
+            for line in lines
+            if line["round"] == r and line.get("step", end) < end
+            for i in line["ids"]
+        ]
+    return ids
+
+
+def test_a_rank_killed_mid_epoch_is_restarted_and_the_epoch_stays_exactly_once(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    directory, expected = data
+    script = [str(TESTS_DIR / "_torchrun_restart_trainer.py"), str(directory)]
+    script += [str(tmp_path / "shm"), str(tmp_path)]
+    command = [*TORCHRUN, "--standalone", "--nproc_per_node", "2", "--max-restarts", "1"]
+    proc = subprocess.Popen(
+        [*command, *script],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    log = tmp_path / "rank1.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # rank 1 well into its share of the epoch: then SIGKILL it
+            lines = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+            if sum("step" in line for line in lines) >= 8:
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.02)
+        os.kill(lines[0]["pid"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out
+    ranks = [
+        [json.loads(x) for x in (tmp_path / f"rank{r}.jsonl").read_text().splitlines()]
+        for r in range(2)
+    ]
+    for lines in ranks:  # the group was restarted once, and the second round finished
+        assert {line["round"] for line in lines} == {0, 1}, lines[-3:]
+        assert lines[-1] == {"round": 1, "done": True}
+    resumed_at = [line for line in ranks[1] if line.get("round") == 1 and "resumed_at" in line]
+    assert resumed_at[0]["resumed_at"] >= 7  # what the dead rank trained on counts, once
+    check_shares([trained(lines) for lines in ranks], expected)
+    assert shm_entries(tmp_path / "shm" / "rank0") == shm_entries(tmp_path / "shm" / "rank1") == []
 
 
 def test_ranks_on_two_machines_reach_rank_0s_master_on_every_interface(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -18,18 +17,12 @@ from typing import Any
 
 from ..errors import ConfigError, ShmloaderError
 from ..master.config import JobConfig
+from ..master.credentials import TOKEN_ENV, from_env
 from ..master.progress import Progress
 from ..master.server import LOOPBACK_HOSTS, Master
 from ..master.tasks import DDP_POLICIES
 from ..sources.factory import source_for_paths
 from ._progress_text import counter_line, epoch_lines, worth_showing
-
-TOKEN_ENV = "SHMLOADER_TOKEN"
-
-
-def token_from(given: str | None) -> str | None:
-    """``--token``, else ``$SHMLOADER_TOKEN``, else none (an empty variable counts as none)."""
-    return given if given is not None else os.environ.get(TOKEN_ENV) or None
 
 
 def register(subparsers: Any) -> None:
@@ -109,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if args.epochs < 0:
         print("shmloader master: --epochs must be >= 0 (0: unbounded)", file=sys.stderr)
         return 2
-    token = token_from(args.token)
+    token = from_env(args.token, TOKEN_ENV)
     try:
         tls = None
         first_epoch, resume = _resume_from(args.resume) if args.resume else (0, None)

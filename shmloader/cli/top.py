@@ -18,13 +18,13 @@ from typing import Any
 
 from ..errors import ShmloaderError
 from ..master.client import MasterClient
+from ..master.credentials import TLS_CA_ENV, TOKEN_ENV, Credentials
 from ..master.progress import Progress
 from ..shm.reap import ReapReport, reap_stale
 from ..shm.sizes import format_size
 from ..shm.space import BASE_DIR_ENV
 from ._help import plain
 from ._progress_text import counter_line, epoch_lines
-from .master import TOKEN_ENV, token_from
 
 _CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
 
@@ -55,7 +55,12 @@ def _parser(subparsers: Any, name: str, help: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("master", metavar="HOST:PORT", help="the master's address")
     parser.add_argument("--token", default=None, help=f"bearer token (default: ${TOKEN_ENV})")
-    parser.add_argument("--tls-ca", metavar="PEM", default=None, help="CA to check TLS against")
+    parser.add_argument(
+        "--tls-ca",
+        metavar="PEM",
+        default=None,
+        help=f"CA certificate to check the master's TLS against (default: ${TLS_CA_ENV})",
+    )
     parser.add_argument(
         "--base",
         metavar="DIR",
@@ -66,13 +71,15 @@ def _parser(subparsers: Any, name: str, help: str) -> argparse.ArgumentParser:
 
 
 def _client(args: argparse.Namespace) -> MasterClient:
-    token = token_from(args.token)
-    ca = None
-    if args.tls_ca is not None:
-        with open(args.tls_ca, "rb") as f:
-            ca = f.read()
+    credentials = Credentials.resolve(args.token, args.tls_ca)
     # A watcher must not hang on a master that is gone: fail within seconds, say why.
-    return MasterClient(args.master, token=token, root_certificates=ca, timeout=5, retry_for=2)
+    return MasterClient(
+        args.master,
+        token=credentials.token,
+        root_certificates=credentials.tls_ca,
+        timeout=5,
+        retry_for=2,
+    )
 
 
 def run_stats(args: argparse.Namespace) -> int:
@@ -97,7 +104,7 @@ def run_top(args: argparse.Namespace) -> int:
     live = sys.stdout.isatty()
     try:
         client = _client(args)
-    except OSError as exc:
+    except (ShmloaderError, OSError) as exc:
         print(f"shmloader top: {exc}", file=sys.stderr)
         return 1
     with client:

@@ -17,6 +17,7 @@ import torch.utils.data
 
 from ..errors import ConfigError, DataError, ShmloaderError
 from ..master.config import DEFAULT_RECORDS_PER_TASK, JobConfig
+from ..master.credentials import Credentials
 from ..reader.pool import ReaderProcess, launch_readers, stop_readers
 from ..shm.sizes import parse_size
 from ..shm.store import SegmentStore
@@ -103,6 +104,28 @@ def _check_count(name: str, value: object, least: int, example: str) -> None:
         raise ConfigError(f"{name} must be at least {least}, got {value}")
 
 
+def _credentials(
+    master: str | None, token: str | None, tls_ca: str | os.PathLike[str] | None
+) -> Credentials:
+    """What the trainer's client and its readers show the master and check it by.
+
+    A standalone master's (``master="host:port"``) come from the arguments, else
+    ``$SHMLOADER_TOKEN`` and ``$SHMLOADER_TLS_CA``, and are checked here, before anything
+    starts: a token never goes in clear beyond this machine. An embedded master (also rank
+    0's under torchrun) serves no TLS and requires only the token given here."""
+    if master is not None and master != TORCHRUN:
+        credentials = Credentials.resolve(token, tls_ca)
+        credentials.check_transport(master)
+        return credentials
+    if tls_ca is not None:
+        raise ConfigError(
+            "tls_ca= checks the certificate of a standalone master (master='host:port', "
+            "started with shmloader master --tls-cert FILE --tls-key FILE); the embedded "
+            "master serves no TLS. Leave tls_ca out, or run a standalone master"
+        )
+    return Credentials(token=token)
+
+
 class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     """Rows of ``source``, read by ``num_readers`` processes into shared memory
     (``"auto"``: as many as keep the loop fed, between 1 and the cores this process may use).
@@ -134,6 +157,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         master_host: str | None = None,
         metrics_port: int | None = None,
         token: str | None = None,
+        tls_ca: str | os.PathLike[str] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         ddp_policy: DdpPolicy = JobConfig.ddp_policy,
@@ -181,6 +205,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             )
         if (rank is None) != (world_size is None):
             raise ConfigError("give both rank and world_size (DDP), or neither")
+        self._credentials = _credentials(master, token, tls_ca)
         self.source = checked
         self.num_readers = num_readers
         # Left out: the embedded master's default; a standalone master's own (runtime.py).
@@ -207,7 +232,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self.master = master
         self.master_host = master_host
         self.metrics_port = metrics_port
-        self.token = token
+        self.token = self._credentials.token
         self.rank = rank
         self.shm_dir = shm_dir
         self._columns = list(columns) if columns is not None else None
@@ -359,7 +384,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             master_host=self.master_host,
             metrics_port=self.metrics_port,
             rendezvous=self._rendezvous,
-            token=self.token,
+            credentials=self._credentials,
             rank=self.rank,
             resume=self._resume,
             # Two windows: the block the sampler takes next and the one after it.

@@ -219,7 +219,9 @@ def rendezvous_from_env(
                 f"the job's ranks run on several machines (WORLD_SIZE={env_world}, "
                 f"LOCAL_WORLD_SIZE={local_world}): rank 0's master must listen where the "
                 "others reach it. Give master_host='0.0.0.0' (every interface) or that "
-                "machine's address, and a token= every rank shares"
+                "machine's address, on a private network (it serves no TLS: a token= would "
+                "cross the network in clear and is refused); or run a standalone master with "
+                "TLS and a token (docs/how-to/security.md) and give every rank master='host:port'"
             )
         master_host = "127.0.0.1"
     store_host = environ["MASTER_ADDR"]

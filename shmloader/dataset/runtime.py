@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from ..errors import MasterError
 from ..master import forked
 from ..master.config import JobConfig
+from ..master.credentials import Credentials
 from ..reader.messages import Failed, MasterLost, Message, Ready
 from ..reader.pool import STOP_SECONDS, ReaderInfo, ReaderPool, ReaderProcess
 from ..reader.process import ReaderConfig
@@ -76,7 +77,7 @@ class RuntimeConfig:
     master_host: str | None
     metrics_port: int | None  # an embedded master's /metrics (None: not served)
     rendezvous: Rendezvous | None
-    token: str | None
+    credentials: Credentials  # the token, and the CA of a standalone master serving TLS
     rank: int | None
     # Where a loaded state leaves the job (checkpoint.py); the default: a fresh start.
     resume: ResumePoint = FRESH_START
@@ -138,7 +139,12 @@ class Runtime:
             self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             # The embedded master's own calls skip gRPC (master/local.py); readers use it.
             local = self.embedded.local_stub() if self.embedded is not None else None
-            self.client = MasterClient(address, token=config.token, local=local)
+            self.client = MasterClient(
+                address,
+                token=config.credentials.token,
+                root_certificates=config.credentials.tls_ca,
+                local=local,
+            )
             info = self.client.register(self.consumer, config.rank)
             if self.embedded is None:  # another process planned the tasks: the same plan?
                 chosen = config.job.records_per_task if config.records_per_task_given else None
@@ -324,7 +330,7 @@ class Runtime:
             store=self.handle,
             allowed_paths=self._allowed,
             lease_timeout=self.lease_timeout,
-            token=config.token,
+            credentials=config.credentials,
             rank=config.rank,
             skip_tasks=config.resume.skip_tasks(),
             seed=config.job.seed,
@@ -351,10 +357,12 @@ class Runtime:
 
         c = self.config
         options = ServerOptions(
-            host=host or ServerOptions.host, token=c.token, metrics_port=c.metrics_port
+            host=host or ServerOptions.host,
+            token=c.credentials.token,
+            metrics_port=c.metrics_port,
         )
         self.embedded = Master.for_job(c.source, c.resume.job(c.job), options).start()
-        if host is not None and host not in LOOPBACK_HOSTS and c.token is None:
+        if host is not None and host not in LOOPBACK_HOSTS and c.credentials.token is None:
             log.warning(
                 "the embedded master listens on %s without a token: anyone who reaches it can "
                 "lease and complete this job's tasks",

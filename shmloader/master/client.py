@@ -47,6 +47,7 @@ from ._convert import (
     register_from_msg,
 )
 from .address import check_address
+from .credentials import Credentials
 from .figures import TrainerFigures
 from .progress import Progress
 from .wire import MAX_ERROR_CHARS, REASON_KEY, UNKNOWN_CONSUMER, HandBack
@@ -81,6 +82,23 @@ class RenewError(LeaseError):
 
 
 _RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+# How gRPC words a TLS handshake refused for good (a certificate the CA did not sign or
+# that does not name the host, a master without TLS, an unusable CA): no retry mends those.
+# A connection cut mid-handshake (a master killed) reads SSL_ERROR_SYSCALL or "Socket
+# closed", and is retried as any other.
+_HANDSHAKE_FAILURES = (
+    "ssl_error_ssl",
+    "security handshaker",
+    "peer name",
+    "verification check failed",
+)
+
+
+def _handshake_failed(exc: grpc.RpcError) -> bool:
+    details = getattr(exc, "details", lambda: None)() or ""
+    return any(words in details.lower() for words in _HANDSHAKE_FAILURES)
+
+
 RETRY_ENV = "SHMLOADER_MASTER_RETRY"
 DEFAULT_RETRY_SECONDS = 30.0
 
@@ -105,7 +123,9 @@ def default_retry_for() -> float:
 class MasterClient:
     """Talks to a master at ``address`` (``host:port``); see the module docstring.
 
-    ``root_certificates`` (PEM) switches to TLS; ``token`` is sent with every call.
+    ``root_certificates`` (PEM) switches to TLS, with the server's name checked against
+    its certificate; ``token`` is sent with every call, and is refused (ConfigError) for an
+    address beyond this machine without TLS.
     ``local``: the master runs in this process; call it through this stub (``Master.
     local_stub()``, local.py) instead of a gRPC channel to ``address``.
     """
@@ -131,6 +151,9 @@ class MasterClient:
         self.retry_for = float(retry_for)
         self._closing = threading.Event()
         self._channel: grpc.Channel | None = None
+        self._tls = root_certificates is not None
+        if local is None:
+            Credentials(token, root_certificates).check_transport(address)
         if local is not None:
             self._stub: Any = local
         else:
@@ -452,7 +475,7 @@ class MasterClient:
                 code = _code(exc)
                 # CANCELLED: a master shutting down (to restart, say) cancels calls in flight;
                 # ours are cancelled only by close(), which _check_usable reports.
-                again = code in _RETRIED or (
+                again = (code in _RETRIED and not _handshake_failed(exc)) or (
                     idempotent and code == grpc.StatusCode.DEADLINE_EXCEEDED
                 )
                 if not again:
@@ -483,10 +506,24 @@ class MasterClient:
         details = getattr(exc, "details", lambda: None)() or str(exc)
         if lease and code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
             return LeaseError(details)
+        if code in _RETRIED and _handshake_failed(exc):
+            return MasterError(
+                f"the TLS handshake with the master at {self.address} failed ({details}). "
+                "Check that tls_ca (or $SHMLOADER_TLS_CA) is the CA certificate that signed "
+                "the master's --tls-cert, that this certificate names the host of the address "
+                "among its subject alternative names, and that the master serves TLS "
+                "(shmloader master --tls-cert FILE --tls-key FILE)"
+            )
         if code in _RETRIED:
+            hint = ""
+            if not self._tls and "Socket closed" in details:
+                hint = (
+                    " (a master that serves TLS closes plaintext connections so: if it was "
+                    "started with --tls-cert, give tls_ca= or $SHMLOADER_TLS_CA)"
+                )
             return MasterError(
                 f"the master at {self.address} is unreachable (retried for {self.retry_for}s): "
-                f"{details}"
+                f"{details}{hint}"
             )
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return MasterError(

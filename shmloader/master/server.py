@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "shmloader.master.Master"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")  # the default; others call for a token
+_IPV4_LOOPBACK = ("127.0.0.1", "localhost")  # served on ::1 too
 _WORKERS = 16
 T = TypeVar("T")
 
@@ -233,20 +234,22 @@ class Master:
         pb_grpc.add_MasterServicer_to_server(service, server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        target = f"{_bracket(self.host)}:{self.port}"
+        # The IPv4 loopback, and then the IPv6 one on the same port: clients resolve
+        # "localhost" to ::1 first, and one answer there spares them a refused connection.
+        both = self.host in _IPV4_LOOPBACK
+        first = "127.0.0.1" if both else self.host
+        target = f"{_bracket(first)}:{self.port}"
         try:
-            if self._tls is None:
-                port = server.add_insecure_port(target)
-            else:
-                creds = grpc.ssl_server_credentials([self._tls])
-                port = server.add_secure_port(target, creds)
+            port = self._listen(server, target)
         except RuntimeError as exc:
             raise MasterError(
-                f"cannot listen on {target}: {_bind_error(self.host, self.port)} ({exc})"
+                f"cannot listen on {target}: {_bind_error(first, self.port)} ({exc})"
             ) from exc
         if port == 0:
-            raise MasterError(f"cannot listen on {target}: {_bind_error(self.host, self.port)}")
+            raise MasterError(f"cannot listen on {target}: {_bind_error(first, self.port)}")
         self.port = port
+        if both:
+            self._listen_ipv6_loopback(server, port)
         server.start()
         self._server = server
         forked.used()
@@ -261,6 +264,27 @@ class Master:
         )
         self._ticker.start()
         log.info("shmloader master listening on %s", self.address)
+
+    def _listen(self, server: grpc.Server, target: str) -> int:
+        """Add ``target`` to ``server``, with TLS if the master has it; the bound port."""
+        if self._tls is None:
+            return server.add_insecure_port(target)
+        return server.add_secure_port(target, grpc.ssl_server_credentials([self._tls]))
+
+    def _listen_ipv6_loopback(self, server: grpc.Server, port: int) -> None:
+        """Also ``[::1]:port``, where the machine has IPv6; where it cannot (no IPv6, or the
+        port is another program's there), IPv4 alone serves, as ``127.0.0.1:port`` says."""
+        try:
+            bound = self._listen(server, f"[::1]:{port}")
+        except RuntimeError:
+            bound = 0
+        if bound != port:
+            log.info(
+                "master: listening on 127.0.0.1:%d only (not on [::1]:%d: %s)",
+                port,
+                port,
+                _bind_error("::1", port),
+            )
 
     def _tick(self, service: MasterService, interval: float) -> None:
         previous = time.time()

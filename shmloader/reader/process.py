@@ -28,6 +28,7 @@ from ..errors import ConfigError, DataError, LeaseError, MasterError, StoreClose
 # At the top, not where the client is made: a reader imports it (grpc, slow to import) while
 # it waits for its configuration, which the trainer sends only once its master is up.
 from ..master.client import MasterClient
+from ..master.credentials import Credentials
 from ..shm import hints
 from ..shm.names import new_segment_name
 from ..shm.store import SegmentInfo
@@ -67,7 +68,8 @@ class ReaderConfig:
     store: Any  # shmloader.shm.store.StoreHandle
     allowed_paths: frozenset[str]
     lease_timeout: float
-    token: str | None = None
+    # The trainer's token and TLS CA (master/credentials.py), as its own client uses them.
+    credentials: Credentials = field(default_factory=Credentials)
     rank: int | None = None  # the consumer's (DDP), to register it again if the master forgot it
     idle_poll: float = 0.05
     lease_ahead: int = 4  # tasks asked for per lease call
@@ -175,7 +177,11 @@ class Reader:
         self.config = config
         self.conn = conn
         self.parent = parent
-        self.client = MasterClient(config.master_address, token=config.token)
+        self.client = MasterClient(
+            config.master_address,
+            token=config.credentials.token,
+            root_certificates=config.credentials.tls_ca,
+        )
         # Not once the trainer has left (closing, SIGTERM): see hints.joined.
         store_path = config.store.path
         self.client.speak_for(

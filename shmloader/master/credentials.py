@@ -1,0 +1,112 @@
+"""What a client shows a master (a token) and checks it by (a TLS CA), and where they may go.
+
+One place for both, because every client needs the same three answers: the token and CA
+given or taken from the environment (``$SHMLOADER_TOKEN``, ``$SHMLOADER_TLS_CA``: what a
+Kubernetes secret or a launcher sets for every process alike), the CA read and checked to be
+a PEM certificate before gRPC sees it (gRPC reports a bad one as "Failed to create security
+handshaker" on every call), and whether the token may travel to an address at all: never in
+clear beyond this machine, where anyone on the path could read it and lease the job's tasks.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ConfigError
+
+TOKEN_ENV = "SHMLOADER_TOKEN"
+TLS_CA_ENV = "SHMLOADER_TLS_CA"
+_PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
+_LOCAL_SCHEMES = ("unix:", "unix-abstract:")
+
+
+def from_env(given: str | None, variable: str) -> str | None:
+    """``given``, else ``$variable``, else None (an empty variable counts as none)."""
+    if given is not None:
+        return given
+    return os.environ.get(variable) or None
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A token sent with every call (``token``) and, for TLS, the PEM certificates that the
+    master's certificate must chain to (``tls_ca``; None: plaintext). Picklable: a trainer
+    hands its own to the readers it starts."""
+
+    token: str | None = None
+    tls_ca: bytes | None = None
+
+    @classmethod
+    def resolve(
+        cls, token: str | None = None, tls_ca: str | os.PathLike[str] | None = None
+    ) -> Credentials:
+        """From the arguments, else the environment; reads and checks the CA file."""
+        token = from_env(token, TOKEN_ENV)
+        path = tls_ca if tls_ca is not None else from_env(None, TLS_CA_ENV)
+        return cls(token=token, tls_ca=None if path is None else read_ca(path))
+
+    def check_transport(self, address: str) -> None:
+        """ConfigError if the token would cross the network in clear to ``address``."""
+        if self.token is None or self.tls_ca is not None or is_local(address):
+            return
+        raise ConfigError(
+            f"a token would be sent in clear to the master at {address}, beyond this machine, "
+            "where anyone on the path could read it. Give tls_ca= (or $SHMLOADER_TLS_CA): the "
+            "CA certificate that signed the master's --tls-cert, for a master started with "
+            "shmloader master --tls-cert FILE --tls-key FILE (docs/how-to/security.md); or "
+            "reach the master over loopback (an SSH tunnel, a sidecar)"
+        )
+
+
+def read_ca(path: str | os.PathLike[str]) -> bytes:
+    """The PEM certificates in ``path``; ConfigError naming the file if it has none."""
+    try:
+        pem = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            f"tls_ca: cannot read {os.fspath(path)!r}: {exc.strerror or exc}. Give the CA "
+            "certificate (PEM) that signed the master's --tls-cert"
+        ) from exc
+    if _PEM_CERTIFICATE not in pem:
+        raise ConfigError(
+            f"tls_ca: {os.fspath(path)!r} holds no PEM certificate (no "
+            f"'{_PEM_CERTIFICATE.decode()}' line). Give the CA certificate that signed the "
+            "master's --tls-cert (for a self-signed one, that certificate itself), not a key"
+        )
+    return pem
+
+
+def host_of(address: str) -> str | None:
+    """The host of a checked address (master/address.py): ``h`` of ``h:p``, ``[v6]:p``,
+    ``dns:///h:p``, ``ipv4:h:p``; None for a Unix socket (always this machine)."""
+    if address.startswith(_LOCAL_SCHEMES):
+        return None
+    target = address
+    for scheme in ("dns:", "ipv4:", "ipv6:"):
+        if target.startswith(scheme):
+            target = target[len(scheme) :]
+            if target.startswith("//"):  # dns://authority/host:port
+                target = target[2:].partition("/")[2]
+            target = target.split(",")[0]  # ipv4:a:p,b:p names several: all alike here
+            break
+    host = target.rpartition(":")[0] or target
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def is_local(address: str) -> bool:
+    """Whether ``address`` reaches this machine only: loopback, a Unix socket, or the
+    unspecified address (``0.0.0.0``, ``::``), which Linux connects to this host."""
+    host = host_of(address)
+    if host is None or host.lower() == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # a name: it may resolve anywhere
+    return ip.is_loopback or ip.is_unspecified
+
+
+__all__ = ["TLS_CA_ENV", "TOKEN_ENV", "Credentials", "from_env", "is_local", "read_ca"]
