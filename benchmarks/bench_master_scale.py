@@ -155,6 +155,7 @@ def _pct(values: list[float], q: float) -> float:
 
 def run(consumers: int, args: argparse.Namespace) -> dict[str, float]:
     ctx = mp.get_context("spawn")
+    os.makedirs(args.journal_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="shmloader-scale-", dir=args.journal_dir) as tmp:
         journal = os.path.join(tmp, "journal")
         ready, stop = ctx.Queue(), ctx.Event()

@@ -5,7 +5,7 @@ answers on 127.0.0.1 and ::1 alike."""
 
 from __future__ import annotations
 
-import os
+import socket
 import subprocess
 import sys
 import time
@@ -13,12 +13,14 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from _dataset_helpers import (
     data_loader,
     dataset,
     ids_of,
     shm_entries,
+    source,
     subprocess_env,
     write_dataset,
 )
@@ -28,7 +30,7 @@ import shmloader
 from shmloader.cli.main import main
 from shmloader.errors import ConfigError, MasterError
 from shmloader.master.client import MasterClient
-from shmloader.master.credentials import Credentials, is_local
+from shmloader.master.credentials import Credentials, hosts_of, is_local
 
 TOKEN = "s3cret-token"
 SIZES = [120, 80]
@@ -172,9 +174,17 @@ def test_a_ca_file_that_is_missing_or_not_a_certificate_names_the_file(
     assert shm_entries(shm) == []
 
 
-def test_the_master_on_loopback_answers_on_ipv4_and_ipv6(data: Path) -> None:
-    from _dataset_helpers import source
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
 
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_the_master_on_loopback_answers_on_ipv4_and_ipv6(data: Path) -> None:
     with shmloader.Master(source(data), records_per_task=20) as master:
         assert master.address.startswith("127.0.0.1:")
         for host in ("127.0.0.1", "localhost", "[::1]"):
@@ -194,4 +204,31 @@ def test_the_cli_master_warns_beyond_loopback_without_tls(data: Path) -> None:
         proc.kill()
         _, err = proc.communicate()
     assert "without TLS" in err
-    assert os.environ.get("SHMLOADER_TLS_CA") is None  # the suite runs without one
+
+
+def test_readers_of_an_embedded_master_on_every_interface_reach_it_over_loopback(
+    tmp_path: Path, data: Path
+) -> None:
+    # The address it gives other machines may resolve beyond this one; its own readers, with
+    # the token, dial 127.0.0.1.
+    ds = dataset(data, tmp_path / "shm", master_host="0.0.0.0", token=TOKEN, records_per_task=20)
+    assert Counter(_one_epoch(ds)) == Counter(range(sum(SIZES)))
+
+
+def test_every_address_of_a_target_is_checked_and_the_token_kept_out_of_reprs() -> None:
+    assert hosts_of("ipv4:127.0.0.1:1,10.0.0.5:1") == ["127.0.0.1", "10.0.0.5"]
+    assert not is_local("ipv4:127.0.0.1:1,10.0.0.5:1")  # one of them is beyond this machine
+    assert hosts_of("ipv6:[::1]:7070,[2001:db8::1]:7070") == ["::1", "2001:db8::1"]
+    assert hosts_of("ipv6:::1") == ["::1"] and is_local("ipv6:::1")
+    assert hosts_of("dns://8.8.8.8/master.example.com:7070") == ["master.example.com"]
+    own = [
+        a.address
+        for addresses in psutil.net_if_addrs().values()
+        for a in addresses
+        if a.family == socket.AF_INET and not a.address.startswith("127.")
+    ]
+    for address in own:  # this machine's own interfaces: the kernel keeps it on loopback
+        assert is_local(f"{address}:7070"), address
+    Credentials(token="").check_transport("10.1.2.3:7070")  # an empty token is not sent
+    assert Credentials.resolve(token="").token is None
+    assert TOKEN not in repr(Credentials(token=TOKEN))

@@ -21,7 +21,10 @@ from _dataset_helpers import Trainer, shm_entries, subprocess_env, wait_gone, wr
 from _tls import make_pki
 
 TOKEN = "two-nodes-token"
-SIZES = [400, 400, 400, 400]  # 1,600 records: 400 per rank, 40 tasks of 40
+# 3,200 records: 800 per rank, 160 tasks of 20 an epoch. Many tasks, so that in elastic mode
+# the trainers that start first cannot hold all of epoch 0 before the last one starts.
+SIZES = [800, 800, 800, 800]
+RECORDS_PER_TASK = 20
 RECORDS = sum(SIZES)
 EPOCHS = 2
 NODES = ("node-a", "node-b")
@@ -43,7 +46,8 @@ class MasterProcess:
         self.ca = str(pki.ca)
         self.port = _free_port()
         self.cmd = [sys.executable, "-m", "shmloader", "master", str(data / "*.tfrecord")]
-        self.cmd += ["--records-per-task", "40", "--epochs", str(EPOCHS), "--seed", "7"]
+        self.cmd += ["--records-per-task", str(RECORDS_PER_TASK), "--epochs", str(EPOCHS)]
+        self.cmd += ["--seed", "7"]
         self.cmd += ["--port", str(self.port), "--journal", str(tmp_path / "journal")]
         self.cmd += ["--tls-cert", str(pki.cert), "--tls-key", str(pki.key)]
         self.cmd += ["--lease-timeout", "5", "--consumer-timeout", "15"]
@@ -54,16 +58,18 @@ class MasterProcess:
 
     def _start(self) -> subprocess.Popen[bytes]:
         env = {**subprocess_env(), "SHMLOADER_TOKEN": TOKEN}
+        listening = f"listening on 127.0.0.1:{self.port}"
+        before = self.output().count(listening)  # the log is shared by every start
         with open(self.log, "ab") as log:
             proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 60
-        while f"listening on 127.0.0.1:{self.port}" not in self.output():
+        while self.output().count(listening) == before:
             assert proc.poll() is None and time.monotonic() < deadline, self.output()
             time.sleep(0.05)
         return proc
 
     def output(self) -> str:
-        return self.log.read_text(errors="replace")
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def kill_and_restart(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
@@ -96,7 +102,7 @@ def test_two_nodes_carry_on_through_a_master_killed_mid_epoch(tmp_path: Path, mo
                     "master": f"localhost:{master.port}",
                     "token": TOKEN,
                     "tls_ca": master.ca,
-                    "records_per_task": 40,
+                    "records_per_task": RECORDS_PER_TASK,
                     "epochs": EPOCHS,
                     "shuffle_window": 4,
                 }
@@ -111,13 +117,15 @@ def test_two_nodes_carry_on_through_a_master_killed_mid_epoch(tmp_path: Path, mo
                         dataset=dataset,
                         batch_size=10,
                         passes=EPOCHS,
-                        sleep=0.08,  # a training step: the epoch lasts long enough to kill in
+                        sleep=0.04,  # a training step
+                        # After 2 batches, wait: the master dies once all four are under way.
+                        pause_at=[0, 2, str(tmp_path / "go")],
                     )
                 )
         for trainer in trainers:
-            trainer.wait_for("pass")  # all four are training
-        first_epoch = sum(len(t.ids(0)) for t in trainers)
-        assert first_epoch < RECORDS, "epoch 0 ended before the master could be killed in it"
+            trainer.wait_for("paused")
+        (tmp_path / "go").touch()  # all four train on, with about 78 steps of epoch 0 left each
+        time.sleep(0.3)
         master.kill_and_restart()
         codes = [trainer.finish(timeout=240) for trainer in trainers]
         outputs = "\n".join(t.output() for t in trainers)

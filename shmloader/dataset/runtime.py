@@ -61,6 +61,11 @@ SIGTERM_LEAVE_SECONDS = 3.0  # how long SIGTERM waits for the master to hear we 
 # Of those, how long the whole leave (completions, hand-back) may wait for the plane's locks
 # before the consumer just leaves: the interrupted main thread may hold them till it dies.
 SIGTERM_LOCKED_SECONDS = 2.0
+TORCHRUN_TOKEN_FIX = (
+    "Rank 0's embedded master serves no TLS: on a private network leave token= out (it warns), "
+    "or run a standalone master with TLS and a token (docs/how-to/security.md) and give every "
+    "rank master='host:port', tls_ca=, rank= and world_size="
+)
 LOST_STOP_SECONDS = 1.0  # readers' time to stop once the master is lost: they hold nothing
 
 
@@ -139,6 +144,8 @@ class Runtime:
             self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             # The embedded master's own calls skip gRPC (master/local.py); readers use it.
             local = self.embedded.local_stub() if self.embedded is not None else None
+            if config.rendezvous is not None and local is None:  # rank 0's, on another machine?
+                config.credentials.check_transport(address, fix=TORCHRUN_TOKEN_FIX)
             self.client = MasterClient(
                 address,
                 token=config.credentials.token,
@@ -324,7 +331,7 @@ class Runtime:
         config = self.config
         return ReaderConfig(
             index=index,
-            master_address=self.address,
+            master_address=self._readers_address(),
             consumer=self.consumer,
             source=config.source,
             store=self.handle,
@@ -336,6 +343,15 @@ class Runtime:
             seed=config.job.seed,
             files=self._files,
         )
+
+    def _readers_address(self) -> str:
+        """Where the readers reach the master: an embedded master listening on every
+        interface over loopback (the address it gives other machines may be a name that
+        resolves beyond this one, where a token may not go in clear), else ``address``."""
+        embedded = self.embedded
+        if embedded is not None and embedded.host in ("0.0.0.0", "::"):
+            return f"{'127.0.0.1' if embedded.host == '0.0.0.0' else '[::1]'}:{embedded.port}"
+        return self.address
 
     def _readers_failed(self, exc: BaseException) -> None:
         self.plane.ready.fail(exc)

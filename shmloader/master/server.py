@@ -285,6 +285,8 @@ class Master:
                 port,
                 _bind_error("::1", port),
             )
+            # Clients told "localhost" may try ::1 first, and reach whatever listens there.
+            self.host = "127.0.0.1"
 
     def _tick(self, service: MasterService, interval: float) -> None:
         previous = time.time()
