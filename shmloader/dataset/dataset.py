@@ -138,6 +138,9 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     ``master="torchrun"`` takes them from torchrun, and rank 0's embedded master serves every
     rank (``master_host``: where an embedded master listens, loopback by default;
     ``metrics_port``: where it serves Prometheus metrics, docs/how-to/tuning.md).
+    ``token`` and ``tls_ca`` (a CA certificate file) are what a standalone master serving a
+    token and TLS asks for (else ``$SHMLOADER_TOKEN``, ``$SHMLOADER_TLS_CA``); a token is
+    never sent in clear beyond this machine (docs/how-to/security.md).
     """
 
     collate = staticmethod(collate)
