@@ -45,7 +45,7 @@ CLOSE_SECONDS = 600.0
 CONNECT_SECONDS = 60.0
 RETRY_SECONDS = 0.2  # between looks at the store while the address found does not answer
 LOG_EVERY = 30.0
-_WILDCARDS = ("0.0.0.0", "::")
+WILDCARD_HOSTS = ("0.0.0.0", "::")  # every interface: reached at another address
 _numbers = itertools.count()  # datasets made with master="torchrun" in this process
 
 
@@ -225,7 +225,7 @@ def rendezvous_from_env(
             )
         master_host = "127.0.0.1"
     store_host = environ["MASTER_ADDR"]
-    advertise = store_host if master_host in _WILDCARDS else master_host
+    advertise = store_host if master_host in WILDCARD_HOSTS else master_host
     return Rendezvous(
         rank=env_rank,
         world_size=env_world,

@@ -39,7 +39,7 @@ from . import at_exit
 from .checkpoint import FRESH_START, ResumePoint
 from .column_forms import FormCheck
 from .handover import Handover
-from .launcher import Rendezvous
+from .launcher import WILDCARD_HOSTS, Rendezvous
 from .ledger import LedgerReader, ledger_dir
 from .maintenance import Maintenance, first_unfinished
 from .master_ops import MasterOps
@@ -349,7 +349,7 @@ class Runtime:
         interface over loopback (the address it gives other machines may be a name that
         resolves beyond this one, where a token may not go in clear), else ``address``."""
         embedded = self.embedded
-        if embedded is not None and embedded.host in ("0.0.0.0", "::"):
+        if embedded is not None and embedded.host in WILDCARD_HOSTS:
             return f"{'127.0.0.1' if embedded.host == '0.0.0.0' else '[::1]'}:{embedded.port}"
         return self.address
 

@@ -152,11 +152,10 @@ class MasterClient:
         self._closing = threading.Event()
         self._channel: grpc.Channel | None = None
         self._tls = root_certificates is not None
-        if local is None:
-            Credentials(token, root_certificates).check_transport(address)
         if local is not None:
             self._stub: Any = local
         else:
+            Credentials(token, root_certificates).check_transport(address)
             if root_certificates is None:
                 self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
             else:
