@@ -8,6 +8,7 @@ the labels of the files, so each contender proves it delivered every record once
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -184,6 +185,7 @@ def run_gather(spec: Spec) -> dict[str, Any]:
     (the copy alone, segments opened and first touched as it goes) or ``"warm"`` (the copy
     alone from segments opened and touched before the clock starts: no mapping costs).
     """
+    from shmloader.dataset.delivery import Receipt
     from shmloader.dataset.gather import encode_indices, gather
     from shmloader.dataset.gatherer import Gatherer
     from shmloader.dataset.plane import slot_name
@@ -200,9 +202,13 @@ def run_gather(spec: Spec) -> dict[str, Any]:
     store = SegmentStore.create(spec["budget"])
     handle = store.handle()
     gatherer = Gatherer(handle, list(segments[0].schema.names))
-    if spec["how"] == "Gatherer-noledger":
-        gatherer.serve_the_loop(0)  # as in shmloader.DataLoader's workers: no ledger
-    copy = gatherer.gather if spec["how"].startswith("Gatherer") else None
+    # As in shmloader.DataLoader's workers, which write no ledger for the batches of its loop.
+    receipt = Receipt.LOOP if spec["how"] == "Gatherer-noledger" else Receipt.GATHER
+    copy = (
+        functools.partial(gatherer.gather, receipt=receipt)
+        if spec["how"].startswith("Gatherer")
+        else None
+    )
     out = []
     try:
         for epoch in range(spec["epochs"]):

@@ -75,6 +75,8 @@ def broken_references() -> tuple[list[str], int]:
     """Each broken reference as 'file:line: what is wrong', and how many were checked."""
     docs = {p.stem: sections(p) for p in (ROOT / "docs").glob("*.md")}
     docs["README"] = sections(ROOT / "README.md")
+    # A link from a page in a folder of docs/ names a page of that folder (as MkDocs reads it).
+    nested = {f"{p.parent.name}/{p.stem}": sections(p) for p in (ROOT / "docs").glob("*/*.md")}
     problems: list[str] = []
     checked = 0
     for path in tracked_files():
@@ -96,9 +98,15 @@ def broken_references() -> tuple[list[str], int]:
             checked += 1
             where = f"{rel}:{text.count(chr(10), 0, m.start()) + 1}"
             page = m["page"] or path.stem
-            if page not in docs:
+            folder = path.parent.name if path.parent.parent == ROOT / "docs" else None
+            pages = (
+                docs
+                if folder is None
+                else {k.split("/")[1]: v for k, v in nested.items() if k.startswith(f"{folder}/")}
+            )
+            if page not in pages:
                 problems.append(f"{where}: {page}.md does not exist (#{m['anchor']})")
-            elif m["anchor"] not in docs[page][2]:
+            elif m["anchor"] not in pages[page][2]:
                 problems.append(f"{where}: {page}.md has no heading with anchor #{m['anchor']}")
     return problems, checked
 

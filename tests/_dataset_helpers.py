@@ -91,9 +91,15 @@ def data_loader(
     ds: Any, kind: str, batch_size: int, num_workers: int = 0, *, drop_last: bool = False
 ) -> Any:
     """The loaders docs/dataset.md shows: ``"shmloader"`` (shmloader.DataLoader),
-    ``"batch_sampler"`` (a plain DataLoader given ``ds.batch_sampler(...)``) or ``"torch"`` (a
-    plain DataLoader given the dataset's sampler and collate)."""
+    ``"batch_sampler"`` (a plain DataLoader given ``ds.batch_sampler(...)``), ``"torch"`` (a
+    plain DataLoader given the dataset's sampler and collate) or ``"natural"`` (a plain
+    DataLoader as a torch user first writes it: its own sampler, default collate)."""
     import torch.utils.data
+
+    if kind == "natural":
+        return torch.utils.data.DataLoader(
+            ds, batch_size=batch_size, num_workers=num_workers, drop_last=drop_last
+        )
 
     if kind == "shmloader":
         return shmloader.DataLoader(

@@ -58,9 +58,10 @@ def main(config_path: str) -> int:
         dl = shmloader.DataLoader(ds, batch_size=cfg.get("batch_size", 64), **cfg.get("loader", {}))
     else:
         dl = data_loader(ds, kind, cfg.get("batch_size", 64), **cfg.get("loader", {}))
+    keeper = dl if hasattr(dl, "state_dict") else ds  # a plain DataLoader has no state
     if cfg.get("load_state"):
         with open(cfg["load_state"]) as f:
-            dl.load_state_dict(json.load(f))
+            keeper.load_state_dict(json.load(f))
     ds.start()
     pool = ds.runtime.pool
     assert pool is not None
@@ -76,24 +77,25 @@ def main(config_path: str) -> int:
                 while not os.path.exists(pause[2]):
                     time.sleep(0.02)
             if stop_at is not None and [p, b + 1] == stop_at:
-                return stop(cfg, ds, dl, emit)
+                return stop(cfg, ds, keeper, emit)
             if preempt is not None and p == 0 and b + 1 == preempt[0]:
                 emit(waiting=True)
                 while not preempted[0]:  # a training step, during which SIGTERM comes
                     time.sleep(0.02)
                 emit(preempted=True)
             if preempt is not None and p == 0 and b + 1 == sum(preempt):
-                return stop(cfg, ds, dl, emit)
+                return stop(cfg, ds, keeper, emit)
     emit(done=True)
     ds.close()
     return 0
 
 
-def stop(cfg: dict[str, Any], ds: Any, dl: Any, emit: Any) -> int:
-    """What the trainer does at ``stop_at``, still inside the training loop."""
+def stop(cfg: dict[str, Any], ds: Any, keeper: Any, emit: Any) -> int:
+    """What the trainer does at ``stop_at``, still inside the training loop (``keeper``: what
+    has the state, the loader or the dataset)."""
     then = cfg.get("then", "close")
     if cfg.get("save_state"):
-        state = dl.state_dict()
+        state = keeper.state_dict()
         with open(cfg["save_state"], "w") as f:
             json.dump(state, f)
     emit(stopped=then)

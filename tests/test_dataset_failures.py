@@ -360,7 +360,6 @@ def test_a_slow_task_with_room_for_it_is_waited_for_not_let_go(tmp_path: Path) -
     the next batch wait for it (they were let go, and under DDP that raised)."""
     import torch.utils.data
 
-    from shmloader.dataset.sampler import TaskBatchSampler
     from shmloader.shm import ipc_file_size
 
     directory = tmp_path / "data"
@@ -369,8 +368,8 @@ def test_a_slow_task_with_room_for_it_is_waited_for_not_let_go(tmp_path: Path) -
     one = ipc_file_size(src.read(src.plan()[0], 0, 1000))
     options = dict(epochs=1, records_per_task=1000, num_readers=1, slow=True)  # 2 s a task
     with dataset(directory, tmp_path / "shm", shm_budget=int(2.5 * one), **options) as ds:
-        hooks = {**ds._batcher_hooks(), "let_go": False}  # as under DDP
-        batcher = TaskBatchSampler(ds.sampler(), 64, False, **hooks)
+        batcher = ds.batch_sampler(64)
+        batcher.let_go = False  # as under DDP
         dl = torch.utils.data.DataLoader(ds, batch_sampler=batcher, collate_fn=ds.collate)
         batches = [ids_of(b) for b in dl]
     assert sorted(i for b in batches for i in b) == expected

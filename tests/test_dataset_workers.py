@@ -107,7 +107,6 @@ def test_our_workers_write_no_ledger_and_everything_is_released(
         ours = shmloader.DataLoader(ds, batch_size=50, num_workers=2, persistent_workers=True)
         assert passes(ours, 2) == [expected] * 2
         assert _ledger_files(ds) == []
-        assert ds._gatherer is not None and ds._gatherer._write_ledger  # for the workers only
         ds.runtime.plane.poll()  # what the maintenance thread does every few ms
         assert ds.stats().shm_in_use == 0  # every segment released
     with dataset(directory, tmp_path / "plain", epochs=1) as ds:
@@ -121,18 +120,27 @@ def test_our_workers_write_no_ledger_and_everything_is_released(
 
 
 @pytest.mark.parametrize("workers", [0, 1])
-def test_plain_loader_without_collate_fn_names_the_fix(
+def test_a_plain_loader_needs_no_collate_fn(
     tmp_path: Path, data: tuple[Path, list[int]], workers: int
 ) -> None:
-    """torch's default_collate takes the batch for a list of samples; a bare ``KeyError: 0``
-    from inside torch would not say what to change."""
-    directory, _ = data
-    with dataset(directory, tmp_path, epochs=1) as ds:
+    """torch's default_collate passes a batch through (batch.py); a collate_fn that takes it
+    for a list of samples is told what to change, not given a bare ``KeyError: 0``."""
+    directory, expected = data
+    with dataset(directory, tmp_path, epochs=2) as ds:
         dl = torch.utils.data.DataLoader(
             ds, batch_size=50, sampler=ds.sampler(), num_workers=workers
         )
-        with pytest.raises(TypeError, match=r"collate_fn=ds\.collate"):
-            next(iter(dl))
+        got = [i for batch in dl for i in ids_of(batch)]
+        assert sorted(got) == expected
+        samples = torch.utils.data.DataLoader(
+            ds,
+            batch_size=50,
+            sampler=ds.sampler(),
+            num_workers=workers,
+            collate_fn=lambda batch: [batch[i]["id"] for i in range(len(batch))],
+        )
+        with pytest.raises(TypeError, match=r"already collated.*transform=fn"):
+            next(iter(samples))
 
 
 def test_a_batch_is_a_dict(tmp_path: Path, data: tuple[Path, list[int]]) -> None:

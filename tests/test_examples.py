@@ -87,3 +87,13 @@ def test_the_lightning_datamodule_resumes_mid_epoch_from_lightnings_checkpoint()
     assert "first run: stopped after 15 steps, 1500 records" in out
     assert "epoch 0: 4000 records, each once: True" in out
     assert "epoch 1: 4000 records, each once: True" in out
+
+
+def test_accelerate_and_fabric_loops_of_the_frameworks_page_are_exact() -> None:
+    """docs/how-to/frameworks.md includes parts of examples/frameworks.py."""
+    pytest.importorskip("accelerate")
+    pytest.importorskip("lightning")
+    out = run_example(sys.executable, "frameworks.py")
+    assert "accelerate: first run stopped after 15 steps, saved" in out, out
+    assert "accelerate: resumed run, 2500 records; each record once: True" in out, out
+    assert "fabric: 4000 records over a break and a second pass; each once: True" in out, out

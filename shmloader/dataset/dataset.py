@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -25,11 +26,12 @@ from ..sources.arrow import ArrowSource
 from ..sources.base import Source
 from ..sources.hf import HFDataset, is_hf_dataset, refuse_other_hf
 from . import ring
-from .checkpoint import FRESH_START
-from .delivery import TrackedBatch
+from .checkpoint import FRESH_START, DatasetFacts, identity, resume_point, saved_state
+from .delivery import Receipt, receipt_of
 from .gather import ROW_BITS, encode_indices, gather, segment_views
 from .gatherer import Gatherer
 from .launcher import TORCHRUN, Rendezvous, rendezvous_from_env
+from .natural import SHUFFLED, Refused, RowStream, are_positions, in_sequence
 from .reader_scaling import auto_bounds
 from .ring import RingBatch
 from .sampler import DEFAULT_SHUFFLE_WINDOW, FirstPass, TaskBatchSampler, TaskSampler
@@ -37,7 +39,7 @@ from .sampler import DEFAULT_SHUFFLE_WINDOW, FirstPass, TaskBatchSampler, TaskSa
 if TYPE_CHECKING:
     from ..master.tasks import DdpPolicy
     from ..stats.stats import Stats
-    from .checkpoint import DatasetFacts, ResumePoint
+    from .checkpoint import ResumePoint
     from .runtime import Runtime, RuntimeConfig
 
 
@@ -244,6 +246,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._rows_known: tuple[ResumePoint, FirstPass] | None = None  # _rows_before_start
         self._runtime: Runtime | None = None
         self._sampler: TaskSampler | None = None
+        self._rows: RowStream | None = None  # a plain DataLoader's own sampler's (natural.py)
+        self._batchers: weakref.WeakSet[TaskBatchSampler] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._closed = False
         self._state_at_close: dict[str, Any] | None = None
@@ -336,17 +340,15 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         """Where the loop is: the epoch and the rows of it consumed so far (JSON-able); see
         ``shmloader.DataLoader.state_dict``, which returns the same. After :meth:`close`, the
         state it had when it closed (a framework that checkpoints after its loop ended)."""
-        from .checkpoint import saved_state
-
         if self._closed and self._state_at_close is not None:
             return self._state_at_close  # a checkpoint written after the loop ended
-        return saved_state(self._facts(), self._ensure_started(), self._resume)
+        runtime = self._ensure_started()
+        self._settle_batchers()
+        return saved_state(self._facts(), runtime, self._resume)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``; call before the first iteration (the readers start from
         it). The last state loaded counts."""
-        from .checkpoint import resume_point
-
         if self._runtime is not None:
             raise ConfigError(
                 "load_state_dict must come before the first iteration (the readers start from "
@@ -355,8 +357,6 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._resume = resume_point(self._facts(), state)
 
     def _facts(self) -> DatasetFacts:
-        from .checkpoint import DatasetFacts, identity
-
         return DatasetFacts(
             identity=identity(
                 self.source,
@@ -414,17 +414,22 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         for that epoch. With ``sampler=ds.sampler()`` and torch's ``drop_last=True`` the dataset
         never learns of the drop, and those rows come first in the next pass.
         """
-        return TaskBatchSampler(self.sampler(), batch_size, drop_last, **self._batcher_hooks())
+        batcher = TaskBatchSampler(
+            self.sampler(),
+            batch_size,
+            drop_last,
+            on_drop=lambda rows: self._ensure_started().plane.dropped(rows),
+            on_received=lambda rows: self._ensure_started().plane.received(rows),
+            on_counted_early=lambda rows: self._ensure_started().plane.counted_early(rows),
+            pinned=lambda held: self._ensure_started().plane.pinned(held),
+            let_go=self.world_size in (None, 1),  # DDP: a short batch would unbalance steps
+        )
+        self._batchers.add(batcher)  # settled before a state is taken (TaskBatchSampler.settle)
+        return batcher
 
-    def _batcher_hooks(self) -> dict[str, Any]:
-        """What a :class:`TaskBatchSampler` asks of this dataset."""
-        return {
-            "on_drop": lambda rows: self._ensure_started().plane.dropped(rows),
-            "on_received": lambda rows: self._ensure_started().plane.received(rows),
-            "on_counted_early": lambda rows: self._ensure_started().plane.counted_early(rows),
-            "pinned": lambda held: self._ensure_started().plane.pinned(held),
-            "let_go": self.world_size in (None, 1),  # DDP: a short batch would unbalance steps
-        }
+    def _settle_batchers(self) -> None:
+        for batcher in list(self._batchers):
+            batcher.settle()
 
     def __len__(self) -> int:
         """Rows the next pass delivers: what is left of the epoch (``TaskSampler.pass_rows``).
@@ -469,10 +474,36 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
     def __getitems__(self, indices: Sequence[int] | np.ndarray) -> dict[str, Any] | RingBatch:
         """The batch: a dict of tensors; in a worker of ``shmloader.DataLoader``, a
-        :class:`~shmloader.dataset.ring.RingBatch` that the loader turns into one."""
-        # A plain DataLoader's batch whose rows count once its loop receives them (delivery.py).
-        consumed = not isinstance(indices, TrackedBatch)
-        return self._gather(indices, ring=True, consumed=consumed)
+        :class:`~shmloader.dataset.ring.RingBatch`, which reaches the training process as one.
+        How its rows count as consumed travels with ``indices`` (delivery.py).
+
+        Positions of a torch sampler (``DataLoader(ds, batch_size=64)``, no ``sampler=``) take
+        the next rows of the dataset's order, in the training process; a worker refuses them
+        (natural.py)."""
+        if are_positions(indices):
+            return self._natural_batch(indices)
+        return self._gather(indices, ring=True, receipt=receipt_of(indices))
+
+    def _natural_batch(self, positions: Sequence[int] | np.ndarray) -> dict[str, Any]:
+        """As many of the next rows of the dataset's order as there are ``positions``, for a
+        DataLoader that brings its own sampler (natural.py): gathered here, or refused in a
+        worker or for positions out of sequence."""
+        size = len(positions)
+        if self._owner_pid != os.getpid():
+            return Refused(size)
+        if not in_sequence(positions):
+            raise ConfigError(SHUFFLED)
+        with self._lock:
+            if self._rows is None:
+                self._rows = RowStream(
+                    self.batch_sampler(size),
+                    consumed=lambda rows: self._ensure_started().plane.counted_early(rows),
+                )
+            rows = self._rows
+        batch = self._gather(rows.take(size), ring=False, receipt=Receipt.GATHER)
+        rows.look_ahead()
+        assert isinstance(batch, dict)
+        return batch
 
     def gather(
         self, indices: Sequence[int] | np.ndarray, *, consumed: bool = True
@@ -480,7 +511,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         """The batch of sample indices (as the sampler hands them out), gathered in this
         process. ``consumed=False``: the rows count as consumed only once the caller reports
         that its loop received them (``shmloader.DataLoader`` does)."""
-        batch = self._gather(indices, ring=False, consumed=consumed)
+        receipt = Receipt.GATHER if consumed else Receipt.LOOP
+        batch = self._gather(indices, ring=False, receipt=receipt)
         assert isinstance(batch, dict)  # no ring outside a worker
         return batch
 
@@ -500,7 +532,11 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         return None if self._store is None else self._store.path
 
     def _gather(
-        self, indices: Sequence[int] | np.ndarray, *, ring: bool, consumed: bool = True
+        self,
+        indices: Sequence[int] | np.ndarray,
+        *,
+        ring: bool,
+        receipt: Receipt = Receipt.GATHER,
     ) -> dict[str, Any] | RingBatch:
         gatherer = self._gatherer
         if gatherer is None:
@@ -516,7 +552,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
                     f"have; its columns: {', '.join(have)}"
                 )
             self._columns_checked = True
-        return gatherer.gather(indices, ring=ring, consumed=consumed)
+        return gatherer.gather(indices, ring=ring, receipt=receipt)
 
     @staticmethod
     def _columns_of(gatherer: Gatherer, indices: Sequence[int] | np.ndarray) -> list[str]:
@@ -557,6 +593,9 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._close(wait_for_ranks=True)
 
     def _close(self, *, wait_for_ranks: bool, hurry: bool = False) -> None:
+        live = self._runtime is not None and not self._closed
+        if live and not hurry and self._owner_pid == os.getpid():
+            self._settle_batchers()  # what the loop got, for the state it closes with
         with self._lock:
             if self._closed:
                 return
@@ -582,8 +621,6 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     def _closing_state(self, runtime: Runtime) -> dict[str, Any] | None:
         """What ``state_dict()`` gives once closed: the state as it closes (None when that
         cannot be told, the runtime having failed: state_dict() then says it is closed)."""
-        from .checkpoint import saved_state
-
         try:
             return saved_state(self._facts(), runtime, self._resume, closing=True)
         except ShmloaderError:
@@ -614,6 +651,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._runtime = None
         self._launched = []
         self._sampler = None
+        self._rows = None
+        self._batchers = weakref.WeakSet()
         self._closed = False
         self._lock = threading.Lock()
         self._owner_pid = -1  # a worker copy: never starts or closes anything

@@ -1,26 +1,36 @@
-"""What a plain ``torch.utils.data.DataLoader`` with workers delivered, told by its requests.
+"""How the trainer learns that a batch reached the training loop, carried by the batch itself.
 
 The dataset never sees a batch reach the training loop of a plain DataLoader: workers gather
 batches ahead (``prefetch_factor`` each) and torch hands them over in the main process. Counting
 rows as consumed when a worker gathers them loses the prefetched batches when the loop stops
-early (``break``) or saves a checkpoint. But torch's multiprocessing iterator asks its batch
-sampler for the next batch at fixed moments: ``prefetch_factor * num_workers`` times when it
-starts, then once each time it returns a batch to the loop, just before returning it, also
-after the sampler is exhausted. So the ``n``-th request (from 0) says that batch
-``n - prefetch_factor * num_workers`` reaches the loop now: :class:`Requests` counts them.
+early (``break``) or saves a checkpoint. Three ways of telling are used, one per pass, and each
+batch of indices carries its way (:func:`receipt_of`) to whichever process gathers it:
 
-That holds for a map-style dataset with ``in_order=True`` (the default); the loader is found
-on the call stack when torch asks for the sampler's iterator (:func:`prefetch_depth`). Batches
-of such a pass travel as :class:`TrackedBatch` so that the workers' ledger says "gathered", not
-"consumed" (ledger.py), and a row counts as consumed once it was both gathered and received.
+- :class:`LoopBatch`: ``shmloader.DataLoader``'s own pass. Its loop reports each batch as it
+  hands it over (after the transform), so the gather reports nothing (no ledger).
+- :class:`TrackedBatch`: a plain DataLoader's pass whose deliveries torch's requests tell.
+  torch's multiprocessing iterator asks its batch sampler for the next batch at fixed moments:
+  ``prefetch_factor * num_workers`` times when it starts, then once each time it returns a
+  batch to the loop, just before returning it, also after the sampler is exhausted. So the
+  ``n``-th request (from 0) says that batch ``n - prefetch_factor * num_workers`` reaches the
+  loop now: :class:`Requests` counts them. That holds for a map-style dataset with
+  ``in_order=True`` (the default); the loader is found on the call stack when torch asks for
+  the sampler's iterator (:func:`prefetch_depth`). The workers' ledger says "gathered", not
+  "consumed" (ledger.py), and a row counts as consumed once it was both gathered and received.
+- a plain int64 array: a plain DataLoader's pass whose deliveries cannot be told (no workers:
+  the loop gets each batch as it is gathered, in its own thread; or a loader that could not be
+  identified, which :class:`~shmloader.dataset.sampler.TaskBatchSampler` says once): the gather
+  counts its rows consumed.
 """
 
 from __future__ import annotations
 
+import enum
 import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import NamedTuple
 
 import numpy as np
 import torch.utils.data
@@ -30,26 +40,67 @@ import torch.utils.data
 _FRAMES = 8
 
 
+class Receipt(enum.Enum):
+    """Who tells the trainer that a gathered batch's rows reached the loop."""
+
+    #: Nobody: the rows count as consumed once gathered.
+    GATHER = "gather"
+    #: torch's requests (:class:`Requests`): the gather marks the rows gathered only.
+    REQUESTS = "requests"
+    #: ``shmloader.DataLoader``'s loop, as it hands each batch over: the gather reports nothing.
+    LOOP = "loop"
+
+
 class TrackedBatch(np.ndarray):
     """A batch of sample indices whose rows count as consumed when the loop receives the batch
     (told by torch's requests, :class:`Requests`), not when a worker gathers it. A plain int64
     array otherwise; pickled to workers as this class."""
 
 
+class LoopBatch(np.ndarray):
+    """A batch of sample indices of ``shmloader.DataLoader``'s own pass, whose loop reports it
+    gathered and consumed as it hands it over. A plain int64 array otherwise."""
+
+
 def tracked(batch: np.ndarray) -> TrackedBatch:
     return batch.view(TrackedBatch)
 
 
-def prefetch_depth(batch_sampler: object) -> int | None:
-    """How many batches the DataLoader that is asking for ``batch_sampler``'s iterator has
-    requested ahead of the one its loop receives: ``prefetch_factor * num_workers``; 0 without
-    workers (the loop receives each batch as it is gathered, in the same process). None when
-    that cannot be told: no DataLoader found asking, an iterable-style dataset, or
-    ``in_order=False`` (batches come in the order workers finish them)."""
+def of_the_loop(batch: np.ndarray) -> LoopBatch:
+    return batch.view(LoopBatch)
+
+
+def receipt_of(indices: object) -> Receipt:
+    """How the rows of ``indices`` (a batch handed to ``__getitems__``) are told consumed."""
+    if isinstance(indices, TrackedBatch):
+        return Receipt.REQUESTS
+    if isinstance(indices, LoopBatch):
+        return Receipt.LOOP
+    return Receipt.GATHER
+
+
+class Prefetch(NamedTuple):
+    """How many batches the DataLoader asking for a batch sampler's iterator requests ahead of
+    the one its loop receives: ``prefetch_factor * num_workers``, 0 without workers (the loop
+    receives each batch as it is gathered, in the same process); None when that cannot be
+    told, and ``why``."""
+
+    depth: int | None
+    why: str = ""
+
+
+NOT_FOUND = "the DataLoader iterating it could not be found"
+
+
+def prefetch_depth(batch_sampler: object) -> Prefetch:
+    """:class:`Prefetch` of the DataLoader that is asking for ``batch_sampler``'s iterator:
+    found on the call stack, where torch creates the iterator two or three calls below
+    ``DataLoader.__iter__`` (also under a subclass, accelerate's ``prepare`` or torchdata's
+    ``StatefulDataLoader``, whose iterators torch's own code makes)."""
     frame: FrameType | None = sys._getframe(1)
     for _ in range(_FRAMES):
         if frame is None:
-            return None
+            break
         for name in ("loader", "self"):
             loader = frame.f_locals.get(name)
             if (
@@ -58,17 +109,17 @@ def prefetch_depth(batch_sampler: object) -> int | None:
             ):
                 return _depth(loader)
         frame = frame.f_back
-    return None
+    return Prefetch(None, NOT_FOUND)
 
 
-def _depth(loader: torch.utils.data.DataLoader[object]) -> int | None:
+def _depth(loader: torch.utils.data.DataLoader[object]) -> Prefetch:
     if isinstance(loader.dataset, torch.utils.data.IterableDataset):
-        return None
+        return Prefetch(None, "its dataset is iterable-style")
     if not getattr(loader, "in_order", True):
-        return None
+        return Prefetch(None, "it was given in_order=False (batches come as workers finish)")
     if loader.num_workers == 0:
-        return 0
-    return int(loader.prefetch_factor or 2) * loader.num_workers
+        return Prefetch(0)
+    return Prefetch(int(loader.prefetch_factor or 2) * loader.num_workers)
 
 
 class Requests:

@@ -18,6 +18,7 @@ from ..shm.kept import KeptMappings
 from ..shm.region import Placed, Region
 from ..shm.store import StoreHandle, read_segment
 from .accounting import slot_name
+from .delivery import Receipt
 from .gather import (
     BatchSegments,
     ColumnView,
@@ -41,7 +42,7 @@ class GatherSink(Protocol):
     """Where the training process's own gathers are reported (``DataPlane.gathered``)."""
 
     def __call__(
-        self, indices: np.ndarray, groups: list[SegmentRows] | None, *, consumed: bool
+        self, indices: np.ndarray, groups: list[SegmentRows] | None, *, receipt: Receipt
     ) -> None: ...
 
 
@@ -70,10 +71,6 @@ class Gatherer:
         self.columns = list(columns)
         # Slots of a batch ring per DataLoader worker (ring.py); 0: torch's transport.
         self._ring_slots = 0
-        # False in the workers of shmloader.DataLoader (``serve_the_loop``): it reports rows
-        # as the loop receives them (every row received was gathered), so a ledger would only
-        # repeat that.
-        self._write_ledger = True
         self._ring: BatchRing | None = None
         self._ring_pid = -1
         self._ledger = LedgerWriter(ledger_dir(self._store_path()))
@@ -95,10 +92,8 @@ class Gatherer:
 
     def serve_the_loop(self, ring_slots: int) -> None:
         """In a worker of ``shmloader.DataLoader`` (its ``worker_init_fn``): hand batches over
-        through a ring of ``ring_slots`` slots (0: torch's transport), and write no ledger: the
-        loader reports each batch as its loop receives it."""
+        through a ring of ``ring_slots`` slots (0: torch's transport)."""
         self._ring_slots = ring_slots
-        self._write_ledger = False
 
     def report_to(self, sink: GatherSink) -> None:
         """In the trainer, hand gathered indices to ``sink`` (the data plane) directly.
@@ -194,14 +189,19 @@ class Gatherer:
             self._region = None
 
     def gather(
-        self, indices: Sequence[int] | np.ndarray, *, ring: bool = False, consumed: bool = True
+        self,
+        indices: Sequence[int] | np.ndarray,
+        *,
+        ring: bool = False,
+        receipt: Receipt = Receipt.GATHER,
     ) -> dict[str, object] | RingBatch:
         """The batch of ``indices``: a dict of tensors, or with ``ring`` in a DataLoader worker
         of ``shmloader.DataLoader``, a :class:`RingBatch` the training process copies out.
 
-        ``consumed``: in the training process, whether the rows count as consumed now (a plain
-        DataLoader's gather), or once the loop receives them (``shmloader.DataLoader``, which
-        reports them itself)."""
+        ``receipt``: how the rows are told consumed (delivery.py): as gathered (reported so,
+        here or through the ledger), once torch's requests say the loop received them (reported
+        gathered), or by ``shmloader.DataLoader``'s loop as it hands the batch over (nothing
+        to report: a worker writes no ledger)."""
         idx = np.asarray(indices, dtype=np.int64)
         into = _RingAlloc(self) if ring and self._ring_slots and in_worker() else None
         table, region = self._table, self._region
@@ -221,9 +221,9 @@ class Gatherer:
             raise
         # Only after the copy: from now on the trainer may release these rows' segments.
         if self._sink is not None and self._sink_pid == os.getpid():
-            self._sink(idx, grouped, consumed=consumed)  # None: the plane groups them itself
-        elif self._write_ledger:
-            self._ledger.record(idx, consumed=consumed)
+            self._sink(idx, grouped, receipt=receipt)  # None: the plane groups them itself
+        elif receipt is not Receipt.LOOP:
+            self._ledger.record(idx, consumed=receipt is Receipt.GATHER)
         now = time.monotonic()
         if now >= self._next_sweep or len(self._views) > MAX_CACHED_SEGMENTS:
             if grouped is not None:

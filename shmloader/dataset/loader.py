@@ -17,10 +17,8 @@ import torch.utils.data
 from ..errors import ConfigError
 from ..shm.budget import closed_error
 from . import ring
-from .accounting import ConsumedWhen
 from .dataset import SharedTaskDataset
-from .ring import MAX_RING_SLOTS, RingBatch
-from .sampler import TaskBatchSampler
+from .ring import MAX_RING_SLOTS
 
 # What a batch's tensor columns are: torch tensors, or NumPy arrays over the same memory.
 BatchFormat = Literal["torch", "numpy"]
@@ -36,9 +34,11 @@ def ring_slots(prefetch_factor: int | None) -> int:
 
 class _WorkerInit:
     """``worker_init_fn`` of shmloader.DataLoader's workers: their copy of the dataset hands
-    batches over through rings and writes no ledger (``Gatherer.serve_the_loop``); then the
-    user's ``worker_init_fn``. A plain DataLoader's workers over the same dataset keep torch's
-    transport and the ledger."""
+    batches over through rings (``Gatherer.serve_the_loop``); then the user's
+    ``worker_init_fn``. A plain DataLoader's workers over the same dataset keep torch's
+    transport. Whether a batch's gather writes the ledger travels with the batch
+    (delivery.py), so a wrapper that rebuilds this loader as a torch DataLoader (accelerate's
+    ``prepare``) keeps the rings and still reports its gathers."""
 
     def __init__(self, slots: int, then: Callable[[int], None] | None) -> None:
         self.slots = slots
@@ -73,8 +73,10 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     ``batch_sampler``, ``shuffle`` and ``collate_fn``, which the dataset provides.
 
     ``transform``: a function of each batch (the dict of tensors) whose result the loop gets
-    instead, called in the training process once the batch is counted delivered: for
-    per-batch work such as normalising, mixing rows (mixup) or moving to a device. Per-record
+    instead, called in the training process: for per-batch work such as normalising, mixing
+    rows (mixup) or moving to a device. The batch counts as delivered once it returned: if it
+    raises, the error reaches the loop and the batch's rows are not consumed (a state saved
+    then leaves them out, and the next pass or a resumed run delivers them). Per-record
     augmentation belongs in ``decode``, in the readers (``shmloader.task_rng()``).
 
     ``length``: what ``len()`` counts. ``"rest"``: the batches the next pass delivers (what
@@ -131,14 +133,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         if kwargs.get("in_order") is False:
             raise ConfigError("shmloader.DataLoader needs in_order=True to know what was delivered")
         # Its batches, remembered in the order they are issued (``issued``): __iter__ reports
-        # each delivered as the loop receives it.
-        self._recorder = TaskBatchSampler(
-            dataset.sampler(),
-            batch_size,
-            drop_last,
-            **dataset._batcher_hooks(),
-            consumed_when=ConsumedWhen.DELIVERED,
-        )
+        # each delivered as the loop receives it, for the passes it claims (``claimed``).
+        self._recorder = dataset.batch_sampler(batch_size, drop_last=drop_last)
         # Workers copy the dataset when they start; rings where torch's pinning thread does not
         # want tensors.
         slots = 0 if kwargs.get("pin_memory") else ring_slots(kwargs.get("prefetch_factor"))
@@ -168,9 +164,11 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             now = time.perf_counter()
             plane.record_wait(now - began, now - step_began)  # ... to here
             step_began = now
+            indices = self._recorder.issued.popleft()
+            handed = self._handed(batch)  # if the transform raises, the rows are not delivered
             # Workers of this loader write no ledger: rows are reported gathered here.
-            plane.delivered(self._recorder.issued.popleft())
-            yield self._handed(batch)
+            plane.delivered(indices)
+            yield handed
             began = time.perf_counter()
 
     def __len__(self) -> int:
@@ -212,17 +210,20 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         as consumed once ``__iter__`` hands the batch to the loop."""
         dataset: SharedTaskDataset = self.dataset  # type: ignore[assignment]
         pin = self.pin_memory and torch.cuda.is_available()  # as torch: pinning needs a GPU
-        for indices in self._recorder:
+        with self._recorder.claimed():  # this loop reports each batch it hands over
+            passes = iter(self._recorder)
+        for indices in passes:
             batch = dataset.gather(indices, consumed=False)
             yield _pinned(batch) if pin else batch
 
     def _through_torch(self) -> Iterator[dict[str, Any]]:
         """torch's iterator; workers hand batches over through rings of slots (ring.py),
-        copied out here, unless batches are pinned (torch's pinning thread wants tensors)."""
-        batches = super().__iter__()  # starts the workers (or wakes persistent ones)
+        which arrive here as batches, unless batches are pinned (torch's pinning thread would
+        copy each batch once more)."""
+        with self._recorder.claimed():  # this loop reports each batch it hands over
+            batches = super().__iter__()  # starts the workers (or wakes persistent ones)
         try:
-            for batch in batches:
-                yield batch.materialize() if isinstance(batch, RingBatch) else batch
+            yield from batches
         finally:
             if not self.pin_memory and not self.persistent_workers:
                 del batches  # torch's iterator drops the batches still in flight: slots freed

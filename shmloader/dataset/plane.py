@@ -32,6 +32,7 @@ from .accounting import (
     slot_name,
 )
 from .checkpoint import FRESH_START, ResumePoint
+from .delivery import Receipt
 from .gather import SegmentRows, group_by_segment
 from .handover import HeldLease, RecordRanges
 from .lease_check import LeaseCheck
@@ -378,25 +379,26 @@ class DataPlane:
             )
 
     def gathered(
-        self, indices: np.ndarray, groups: list[SegmentRows] | None, *, consumed: bool
+        self, indices: np.ndarray, groups: list[SegmentRows] | None, *, receipt: Receipt
     ) -> None:
         """The trainer itself gathered these samples (``num_workers=0``: no ledger needed).
 
         ``groups``: ``indices`` grouped by segment already (by the gather).
 
-        ``consumed``: for a plain DataLoader, gathered is consumed. For shmloader.DataLoader
-        (``consumed=False``) they are only kept: :meth:`delivered` reports them gathered and
-        consumed once its loop receives the batch, in one pass over the batch's segments. A
-        batch the loop never receives (an exception in between) is then neither, and its rows
-        come again like any unconsumed row.
+        ``receipt`` (delivery.py): ``GATHER``, a plain DataLoader's, for which gathered is
+        consumed. ``LOOP``, shmloader.DataLoader's: they are only kept, and :meth:`delivered`
+        reports them gathered and consumed once its loop hands the batch over, in one pass over
+        the batch's segments; a batch the loop never gets (an exception in between, a transform
+        that raised) is then neither, and its rows come again like any unconsumed row.
+        ``REQUESTS``: gathered, consumed once :meth:`received` says so.
         """
         if groups is None:
             groups = group_by_segment(indices)
-        if not consumed:
+        if receipt is Receipt.LOOP:
             self._grouped = (indices, groups)
             return
         self._grouped = (None, [])
-        self._report(groups, gathered=True, consumed=True)
+        self._report(groups, gathered=True, consumed=receipt is Receipt.GATHER)
 
     def record_wait(self, seconds: float, step: float) -> None:
         """The loop waited ``seconds`` for its next batch, in a step of ``step`` seconds since

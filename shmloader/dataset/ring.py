@@ -8,15 +8,19 @@ of a file of its own in the dataset's store (mapped once), and returns a :class:
 few numbers and the other columns. The training process copies the slot out into fresh
 tensors (one ``memcpy``) and marks it free.
 
-A slot is busy from the worker's claim until the training process has copied it, or has
-dropped the batch unread: when a loop breaks off, torch discards the batches in flight (with
-persistent workers, as the next pass starts), and a :class:`RingBatch` that arrived and goes
-unread frees its slot as it goes. When no slot is free or a batch does not fit, the worker
-falls back to torch's transport: never a wait. The first byte of each slot's flag is written
-by the claimer (1) and by the copier (0) only, after the copy; the batch itself travels through
-torch's queue (a pipe), which orders the worker's writes before the copy. The training process
-unlinks a ring file when it first maps it, so the file's memory goes with the last mapping:
-the worker's when it exits, the loader's when it drops it.
+A slot is busy from the worker's claim until the training process has copied it: a
+:class:`RingBatch` is a few numbers on the worker's side only. Unpickled in the training
+process (torch's pinning thread included), it *is* the copy: :func:`arrived` copies the slot
+out into fresh tensors, frees the slot and returns the batch as a dict, so no ring object ever
+reaches the loop, a wrapper (accelerate's ``prepare``, a DataLoader subclass) or torch's
+pinning thread. Batches torch discards unread (a loop that breaks off) were either copied as
+they arrived or never left their worker, whose ring goes with it. When no slot is free or a
+batch does not fit, the worker falls back to torch's transport: never a wait. The first byte
+of each slot's flag is written by the claimer (1) and by the copier (0) only, after the copy;
+the batch itself travels through torch's queue (a pipe), which orders the worker's writes
+before the copy. The training process unlinks a ring file when it first maps it, so the
+file's memory goes with the last mapping: the worker's when it exits, the loader's when it
+drops it.
 """
 
 from __future__ import annotations
@@ -51,47 +55,38 @@ class RingColumn:
 
 @dataclass
 class RingBatch:
-    """A batch a worker left in slot ``slot`` of ring file ``path`` (picklable, small).
-
-    Where it arrives (unpickled, in the training process) it owes the slot back: copied out
-    by :meth:`materialize`, or freed when dropped unread.
-    """
+    """A batch a worker left in slot ``slot`` of ring file ``path`` (picklable, small): what a
+    worker returns. It is never unpickled as itself: :meth:`__reduce__` makes the training
+    process's copy of it the batch (:func:`arrived`)."""
 
     path: str
     slot: int
     slot_bytes: int
     columns: dict[str, Any] = field(default_factory=dict)  # RingColumn or the value itself
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._owed = True
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return arrived, (self.path, self.slot, self.slot_bytes, self.columns)
 
-    def materialize(self) -> dict[str, Any]:
-        """Copy the slot out into tensors and free it."""
-        mm = mapped(self.path)
-        if mm is None:
-            raise FileNotFoundError(f"batch ring {self.path} is gone (its worker exited?)")
-        base = _HEADER + self.slot * self.slot_bytes
-        out = Batch()
-        try:
-            for name, column in self.columns.items():
-                if not isinstance(column, RingColumn):
-                    out[name] = column
-                    continue
-                dtype = np.dtype(column.dtype)
-                source = np.ndarray(column.shape, dtype, buffer=mm, offset=base + column.offset)
-                out[name] = torch.from_numpy(source.copy())
-        finally:
-            self._owed = False
-            mm[self.slot] = 0  # free, once copied (or failed: the batch is lost either way)
-        return out
 
-    def __del__(self) -> None:
-        if getattr(self, "_owed", False):  # dropped unread: its slot is free again
-            self._owed = False
-            mm = mapped(self.path)
-            if mm is not None:  # else the worker and its ring are gone: nothing to free
-                mm[self.slot] = 0
+def arrived(path: str, slot: int, slot_bytes: int, columns: dict[str, Any]) -> Batch:
+    """The batch in ``slot`` of ring ``path``, copied out into tensors; the slot is free again
+    (also when the copy fails: the batch is lost either way, and the error says why)."""
+    mm = mapped(path)
+    if mm is None:
+        raise FileNotFoundError(f"batch ring {path} is gone (its worker exited?)")
+    base = _HEADER + slot * slot_bytes
+    out = Batch()
+    try:
+        for name, column in columns.items():
+            if not isinstance(column, RingColumn):
+                out[name] = column
+                continue
+            dtype = np.dtype(column.dtype)
+            source = np.ndarray(column.shape, dtype, buffer=mm, offset=base + column.offset)
+            out[name] = torch.from_numpy(source.copy())
+    finally:
+        mm[slot] = 0
+    return out
 
 
 def mapped(path: str) -> mmap.mmap | None:

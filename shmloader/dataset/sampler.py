@@ -15,6 +15,7 @@ consumed, one filling).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -26,11 +27,12 @@ import torch.utils.data
 
 from ..errors import ConfigError, ShmSpaceError
 from .accounting import ConsumedWhen
-from .delivery import Requests, prefetch_depth, tracked
+from .delivery import Receipt, Requests, of_the_loop, prefetch_depth, tracked
 from .gather import split_indices
 from .ready import Pressure, ReadyTask, ReadyTasks
 from .record_ranges import row_records
 from .strays import StrayCount
+from .wrappers import Wrapper, wrapper_of
 
 log = logging.getLogger(__name__)
 
@@ -558,7 +560,6 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         on_drop: Callable[[np.ndarray], None],
         pinned: Callable[[int], bool] | None = None,
         let_go: bool = True,
-        consumed_when: ConsumedWhen = ConsumedWhen.GATHERED,
         on_received: Callable[[np.ndarray], None] | None = None,
         on_counted_early: Callable[[np.ndarray], None] | None = None,
     ) -> None:
@@ -570,17 +571,42 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         self.on_drop = on_drop
         self.pinned = pinned
         self.let_go = let_go
-        self.consumed_when = consumed_when
         self.on_received = on_received
         self.on_counted_early = on_counted_early
         # Batches issued and not received by the loop yet, oldest first: shmloader.DataLoader
         # reports each as its loop receives it, and a plain DataLoader's requests tell
         # (delivery.py). Their rows are in flight: consumed only once received.
         self.issued: deque[np.ndarray] = deque()
-        self._tracked = False  # this pass's deliveries are told by torch's requests
+        # How this pass's deliveries are told (delivery.py), chosen as it starts: by
+        # shmloader.DataLoader's loop when it claimed the pass (``claimed``), else by torch's
+        # requests where the loader asking can be found, else by the gather.
+        self._receipt = Receipt.GATHER
+        self._claimed = False
+        # A wrapper between torch's DataLoader and the loop that holds batches back
+        # (wrappers.py): receipts come that many batches later, the last at its end.
+        self._wrapper: Wrapper | None = None
         self._warned_early = False  # see _count_in_flight
+        self._warned_untold = False  # see _warn_untold
         self._held = 0  # rows kept back for the next batch
         self._warned = False
+
+    @property
+    def receipt(self) -> Receipt:
+        """How the current (or last) pass's deliveries are told."""
+        return self._receipt
+
+    @contextlib.contextmanager
+    def claimed(self) -> Iterator[None]:
+        """The passes begun inside are ``shmloader.DataLoader``'s own loop, which reports each
+        batch as it hands it over (``issued``): it starts torch's iterator inside, which asks
+        for this batcher's iterator once or twice (torch makes one, then its first ``_reset``
+        another). Any other iteration (a wrapper's DataLoader rebuilt from the loader's parts,
+        as accelerate's ``prepare`` does) is a plain DataLoader's."""
+        self._claimed = True
+        try:
+            yield
+        finally:
+            self._claimed = False
 
     def _stuck(self) -> bool:
         held = self._held + self._in_flight()
@@ -595,27 +621,77 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         """The pass's batches. Under a plain DataLoader with workers whose deliveries its
         requests tell (delivery.py), an iterator that reports each batch as the loop receives
         it; so rows its workers prefetched for a pass left early come again."""
+        self.settle()  # the last pass's end, as a wrapper told it
+        self._wrapper = None
+        if self._claimed:
+            return self._start(Receipt.LOOP)
+        if self.on_received is None:
+            return self._start(Receipt.GATHER)
+        wrapper = wrapper_of(self)  # ConfigError for one that would drop batches
+        prefetch = prefetch_depth(self)
+        depth = prefetch.depth
+        if depth is not None and wrapper is not None:
+            depth += wrapper.ahead
+            self._wrapper = wrapper
+        if depth:
+            batches = self._start(Receipt.REQUESTS)
+            return Requests(batches, depth, self.issued, self.on_received)
+        if depth is None:
+            self._warn_untold(prefetch.why)
+        return self._start(Receipt.GATHER)
+
+    def settle(self) -> None:
+        """Receive what a wrapper that holds batches back has handed to the loop by now
+        without torch's requests saying so: its last batch, which it yields once torch's
+        iterator has ended. Called as a pass begins, and before a state is taken or the
+        dataset closes."""
+        wrapper = self._wrapper
+        if wrapper is None or not wrapper.ends.end_of_dataloader or self.on_received is None:
+            return
+        while self.issued:
+            self.on_received(self.issued.popleft())
+
+    def in_process(self) -> Iterator[np.ndarray]:
+        """A pass gathered in this process by a loop that gets each batch as it is gathered (a
+        plain DataLoader without workers, driven by the dataset: ``SharedTaskDataset``'s
+        natural form): counted as gathered."""
+        return self._start(Receipt.GATHER)
+
+    def _start(self, receipt: Receipt) -> Iterator[np.ndarray]:
         self.issued.clear()
-        self._tracked = False
-        if self.consumed_when is ConsumedWhen.GATHERED and self.on_received is not None:
-            depth = prefetch_depth(self)
-            if depth:
-                self._tracked = True
-                return Requests(self._batches(), depth, self.issued, self.on_received)
+        self._receipt = receipt
         return self._batches()
+
+    def _warn_untold(self, why: str) -> None:
+        """Say (once) that a plain DataLoader's deliveries cannot be told, what that risks and
+        the fix: its rows count as gathered, which its workers do ahead of the loop."""
+        if self._warned_untold:
+            return
+        self._warned_untold = True
+        log.warning(
+            "batches of ds.batch_sampler(%d) are drawn by a DataLoader whose deliveries the "
+            "dataset cannot tell (%s), so rows count as consumed when they are gathered: "
+            "should it use workers, a break or a state_dict() in the middle of a pass counts "
+            "the batches they prefetched (up to num_workers * prefetch_factor) as delivered. "
+            "shmloader.DataLoader(ds, batch_size=%d, ...) counts exactly what its loop gets "
+            "(said once)",
+            self.batch_size,
+            why,
+            self.batch_size,
+        )
 
     def _batches(self) -> Iterator[np.ndarray]:
         size = self.batch_size
         carry = np.empty(0, dtype=np.int64)
         self._held = 0
         # arrays: no work per sample
-        delivered = self._tracked or self.consumed_when is ConsumedWhen.DELIVERED
+        delivered = self._receipt is not Receipt.GATHER
         chunks = self.sampler.chunks(
             stuck=self._stuck,
             rest_alone=True,
             flush=True,
             consumed_when=ConsumedWhen.DELIVERED if delivered else ConsumedWhen.GATHERED,
-            passes_again=self.consumed_when is ConsumedWhen.DELIVERED,
+            passes_again=self._receipt is Receipt.LOOP,
         )
         for chunk in chunks:
             if chunk is FLUSH:
@@ -623,14 +699,15 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
                     yield from self._end_of_pass(carry)
                 carry = np.empty(0, dtype=np.int64)
                 self._held = 0
-                if self._tracked:
+                if self._receipt is Receipt.REQUESTS:
                     # The pass is to wait for tasks other trainers hold, which it may only with
                     # nothing of its own in flight (TaskSampler._strays); the loop receives
                     # these batches only once it goes on, so they count now, as gathered.
                     self._count_in_flight(warn=False)
                 continue
             if chunk is LET_GO:
-                if not len(carry) and self._tracked and self._in_flight():
+                tracked = self._receipt is Receipt.REQUESTS
+                if not len(carry) and tracked and self._in_flight():
                     self._count_in_flight()  # their rows hold the room: count them now
                     continue
                 self._let_go(len(carry))
@@ -707,10 +784,10 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
             )
 
     def _issue(self, batch: np.ndarray) -> np.ndarray:
-        if self._tracked:
-            batch = tracked(batch)
-        if self._tracked or self.consumed_when is ConsumedWhen.DELIVERED:
-            self.issued.append(batch)
+        if self._receipt is Receipt.GATHER:
+            return batch
+        batch = tracked(batch) if self._receipt is Receipt.REQUESTS else of_the_loop(batch)
+        self.issued.append(batch)
         return batch
 
     def __len__(self) -> int:

@@ -324,8 +324,8 @@ class StoreHandle:
     def _missing(self, name: str, path: str) -> Exception:
         if not os.path.isdir(self.path):
             return _budget.closed_error(self.path)
-        why = "a DataLoader without sampler=ds.sampler() (positions 0..len-1 name no row: give it"
-        why += " sampler=ds.sampler(), collate_fn=ds.collate), or it was released already"
+        why = "its rows were consumed and it was released (a sample index kept from an earlier "
+        why += "pass and gathered again?), or the dataset's sampler never handed it out"
         return FileNotFoundError(errno.ENOENT, f"segment {name} is not in the store: {why}", path)
 
     def drop(self, name: str) -> None:
