@@ -10,7 +10,9 @@ true) and what to do; the script appends JSON lines to ``config["out"]``:
 ``"breaks": [k, ...]``: pass ``i`` stops after ``k`` batches (``break``); then one pass to the
 end. ``"stop_at": k``: after ``k`` batches of the first pass, ``accelerator.save_state(dir)``
 (the dataset registered with ``register_for_checkpointing``) and wait to be killed.
-``"load_state": dir``: ``accelerator.load_state(dir)`` before the loop. ``"skip": n``: iterate
+``"load_state": dir``: ``accelerator.load_state(dir)`` before the loop. ``"stateful":
+true``: ``DataLoaderConfiguration(use_stateful_dataloader=True)``, and the dataset not
+registered (accelerate saves the loader's state). ``"skip": n``: iterate
 ``accelerator.skip_first_batches(loader, n)``. A ``ConfigError`` that ``prepare`` or the first
 batch raised is reported as ``{"error": "..."}``.
 """
@@ -40,13 +42,18 @@ def main(config_path: str) -> int:
     def emit(**line: Any) -> None:
         out.write(json.dumps(line) + "\n")
 
-    accelerator = Accelerator(cpu=True)
+    from accelerate.utils import DataLoaderConfiguration
+
+    stateful = cfg.get("stateful", False)  # accelerate keeps the loader's state itself
+    config = DataLoaderConfiguration(use_stateful_dataloader=stateful)
+    accelerator = Accelerator(cpu=True, dataloader_config=config)
     options = dict(cfg.get("dataset", {}))
     if accelerator.num_processes > 1:
         options["master"] = "torchrun"  # each process its own share; rank 0 hosts the master
     ds = dataset(Path(cfg["data"]), Path(cfg["shm_dir"]) / str(rank), **options)
     loader = data_loader(ds, cfg["kind"], cfg["batch_size"], cfg.get("num_workers", 0))
-    accelerator.register_for_checkpointing(ds)
+    if not stateful:
+        accelerator.register_for_checkpointing(ds)
     model = torch.nn.Linear(1, 1)
     model = accelerator.prepare(model)
     try:

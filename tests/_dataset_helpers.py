@@ -93,9 +93,15 @@ def data_loader(
     """The loaders docs/dataset.md shows: ``"shmloader"`` (shmloader.DataLoader),
     ``"batch_sampler"`` (a plain DataLoader given ``ds.batch_sampler(...)``), ``"torch"`` (a
     plain DataLoader given the dataset's sampler and collate) or ``"natural"`` (a plain
-    DataLoader as a torch user first writes it: its own sampler, default collate)."""
+    DataLoader as a torch user first writes it: its own sampler, default collate) or
+    ``"stateful"`` (torchdata's StatefulDataLoader given ``ds.batch_sampler(...)``)."""
     import torch.utils.data
 
+    if kind == "stateful":
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        batches = ds.batch_sampler(batch_size, drop_last=drop_last)
+        return StatefulDataLoader(ds, batch_sampler=batches, num_workers=num_workers)
     if kind == "natural":
         return torch.utils.data.DataLoader(
             ds, batch_size=batch_size, num_workers=num_workers, drop_last=drop_last

@@ -62,13 +62,22 @@ def main(config_path: str) -> int:
     if cfg.get("load_state"):
         with open(cfg["load_state"]) as f:
             keeper.load_state_dict(json.load(f))
-    ds.start()
-    pool = ds.runtime.pool
-    assert pool is not None
-    emit(info={"store": ds._store.path, "readers": pool.pids(), "pid": os.getpid()})
+
+    def info() -> None:
+        pool = ds.runtime.pool
+        assert pool is not None
+        emit(info={"store": ds._store.path, "readers": pool.pids(), "pid": os.getpid()})
+
+    # torchdata's StatefulDataLoader gives the dataset a state it loaded only as iteration
+    # begins, which must find the dataset not started yet.
+    if kind != "stateful":
+        ds.start()
+        info()
     stop_at = cfg.get("stop_at")  # [pass, batches]: stop after that many batches of that pass
     for p in range(cfg.get("passes", 1)):
         for b, batch in enumerate(dl):
+            if kind == "stateful" and p == 0 and b == 0:
+                info()
             emit(**{"pass": p, "ids": ids_of(batch)})
             time.sleep(cfg.get("sleep", 0.0))
             pause = cfg.get("pause_at")

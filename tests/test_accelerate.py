@@ -186,3 +186,25 @@ def test_skip_first_batches_is_refused_with_the_fix(
     assert "skip_first_batches() would draw 3 batches" in error
     assert "register_for_checkpointing(ds)" in error
     assert run.ids() == []
+
+
+@pytest.mark.timeout(300)
+def test_use_stateful_dataloader_says_to_register_the_dataset_instead(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    """With use_stateful_dataloader=True, prepare() makes torchdata's iterator to take a first
+    state, which starts the dataset before load_state() can give it the saved one: the
+    resumed run is told what to do instead, and delivers nothing twice."""
+    pytest.importorskip("torchdata")
+    saved = tmp_path / "saved"
+    config = common(data, tmp_path, kind="batch_sampler", num_workers=2, stateful=True)
+    first = Run(tmp_path, "first", **config, stop_at=3, save_state=str(saved))
+    first.wait_for("stopped")
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait()
+    second = Run(tmp_path, "second", **config, load_state=str(saved))
+    second.finish()
+    (error,) = [line["error"] for line in second.lines() if "error" in line]
+    assert "use_stateful_dataloader=True" in error
+    assert "accelerator.register_for_checkpointing(ds)" in error
+    assert second.ids() == []

@@ -113,10 +113,12 @@ class SlotState:
     completed: bool = False
     has_segment: bool = True
 
-    def consumed_rows(self) -> np.ndarray:
+    def consumed_rows(self, also: np.ndarray | None = None) -> np.ndarray:
         """Rows consumed, or left out when admitted (consumed before a resume, or by an earlier
-        holder): sorted."""
+        holder), and ``also`` (rows to count as consumed too): sorted."""
         done = self.consumed.copy()
+        if also is not None:
+            done[also] = True
         excluded = np.ones(len(done), dtype=bool)
         excluded[self.to_deliver] = False
         return np.flatnonzero(done | excluded)
@@ -415,16 +417,32 @@ class ConsumptionBook:
         admitted = self._epoch(epoch).admitted
         return [s for s in range(tasks) if s not in admitted]
 
-    def position(self, tasks_of: Callable[[int], int]) -> Position:
+    def position(
+        self, tasks_of: Callable[[int], int], also: Sequence[SegmentRows] = ()
+    ) -> Position:
         """What checkpoints store, for the first epoch not wholly consumed (``tasks_of``: the
         master's count of an epoch's tasks here). Rows excluded on a resume count as
-        consumed."""
+        consumed. ``also``: rows to count as consumed though they are not yet (a batch
+        sampler's state counts the batches it handed out: ``TaskBatchSampler.state_dict``);
+        the book itself is left as it is."""
+        extra = {g.slot: g.rows for g in also if g.slot in self._slots}
+        completed = {e: set(st.completed) for e, st in self._epochs.items()}
+        ranges_done = {e: list(st.consumed) for e, st in self._epochs.items()}
+        for slot, rows in extra.items():
+            held = self._slots[slot]
+            if held.completed:
+                continue
+            if len(held.consumed_rows(rows)) == held.task.num_rows:  # all of it, with these
+                e = held.task.epoch
+                completed.setdefault(e, set()).add(held.task.seq)
+                ranges_done.setdefault(e, []).append((held.task.task_id, *held.task.records()))
         epoch = min(
-            (e for e, st in self._epochs.items() if len(st.completed) < tasks_of(e)),
+            (e for e, done in completed.items() if len(done) < tasks_of(e)),
             default=self._iter_epoch,
         )
         resumed = epoch == self._start_epoch
         st = self._epoch(epoch)
+        done_here = completed.get(epoch, set())
         prior = self._prior if resumed else {}
         # Rows a loaded state consumed of tasks not admitted yet: a state saved before they
         # are must still leave them out (they came again, whole, after a second resume).
@@ -434,11 +452,16 @@ class ConsumptionBook:
             if seq not in st.admitted and len(rows)
         }
         ranges: list[Ranges] = [prior]
-        ranges.extend({t: [(a, b)]} for t, a, b in st.consumed)
-        for state, rows in partly_consumed(map(self._slots.get, st.slots)):
-            partial[state.task.seq] = rows.tolist()
-            ranges.append({state.task.task_id: state.records_of(rows)})
-        return Position(epoch, sorted(st.completed), partial, union(ranges))
+        ranges.extend({t: [(a, b)]} for t, a, b in ranges_done.get(epoch, []))
+        for slot in st.slots:
+            state = self._slots.get(slot)
+            if state is None or state.completed or state.task.seq in done_here:
+                continue
+            rows = state.consumed_rows(extra.get(slot))
+            if len(rows):
+                partial[state.task.seq] = rows.tolist()
+                ranges.append({state.task.task_id: state.records_of(rows)})
+        return Position(epoch, sorted(done_here), partial, union(ranges))
 
     def partly_consumed(self) -> list[tuple[SlotState, np.ndarray]]:
         """Tasks taken and not completed that the loop consumed part of, with the rows."""

@@ -135,11 +135,17 @@ def identity(
 
 
 def saved_state(
-    facts: DatasetFacts, runtime: Runtime, point: ResumePoint, *, closing: bool = False
+    facts: DatasetFacts,
+    runtime: Runtime,
+    point: ResumePoint,
+    *,
+    closing: bool = False,
+    also: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """The state of a running dataset: where its loop is. ``closing``: the state it leaves
     behind as it closes (its leases then go back to the master with what it consumed of
-    them, so there is nothing to hand over)."""
+    them, so there is nothing to hand over). ``also``: sample indices to count as consumed
+    (the batches a batch sampler handed out, for a loader that keeps its sampler's state)."""
     plane = runtime.plane
     # Elastic mode: the leases of the tasks the loop consumed rows of, for the trainer resumed
     # from this state to take over (handover.py).
@@ -157,7 +163,7 @@ def saved_state(
             "master": runtime.address,
             **taken,
         }
-    at = plane.position()
+    at = plane.position(also)
     return {
         **taken,
         "format": STATE_FORMAT,

@@ -243,6 +243,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._columns = list(columns) if columns is not None else None
         self._columns_checked = False  # columns= against the data, at the first gather
         self._resume = FRESH_START  # where a loaded state leaves the job (checkpoint.py)
+        self._loaded: dict[str, Any] = {}  # the state loaded last, as given
         self._rows_known: tuple[ResumePoint, FirstPass] | None = None  # _rows_before_start
         self._runtime: Runtime | None = None
         self._sampler: TaskSampler | None = None
@@ -339,22 +340,60 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     def state_dict(self) -> dict[str, Any]:
         """Where the loop is: the epoch and the rows of it consumed so far (JSON-able); see
         ``shmloader.DataLoader.state_dict``, which returns the same. After :meth:`close`, the
-        state it had when it closed (a framework that checkpoints after its loop ended)."""
+        state it had when it closed (a framework that checkpoints after its loop ended). In a
+        DataLoader worker's copy, ``{}``: the training process's dataset holds the state
+        (torchdata's ``StatefulDataLoader`` asks every worker for its dataset's)."""
+        if self._owner_pid != os.getpid():
+            return {}  # a DataLoader worker's copy (torchdata asks each worker): see above
+        return self._state_counting(None)
+
+    def _state_counting(self, also: np.ndarray | None) -> dict[str, Any]:
+        """The state, counting the sample indices ``also`` as consumed (the batches a batch
+        sampler handed out: ``TaskBatchSampler.state_dict``)."""
         if self._closed and self._state_at_close is not None:
             return self._state_at_close  # a checkpoint written after the loop ended
         runtime = self._ensure_started()
         self._settle_batchers()
-        return saved_state(self._facts(), runtime, self._resume)
+        return saved_state(self._facts(), runtime, self._resume, also=also)
+
+    def _state_before_start(self) -> dict[str, Any] | None:
+        """The state while the dataset has not started, without starting it: the one loaded,
+        or ``{}`` (nothing consumed, which :meth:`load_state_dict` takes as it is); None once
+        started. torchdata's ``StatefulDataLoader`` asks its batch sampler for a state as it
+        makes its iterator, before it loads the one it was given."""
+        if self._runtime is not None or self._closed:
+            return None
+        return dict(self._loaded)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``; call before the first iteration (the readers start from
-        it). The last state loaded counts."""
+        it). The last state loaded counts. A DataLoader worker's copy takes only the ``{}``
+        its :meth:`state_dict` gave."""
+        if self._owner_pid != os.getpid():
+            if state:
+                raise ConfigError(
+                    "a DataLoader worker's copy of the dataset was given a state; load it "
+                    "into the dataset in the training process, before the first iteration"
+                )
+            return
+        if not state and self._runtime is None:
+            return  # the state of a batch sampler whose dataset had not started: nothing yet
         if self._runtime is not None:
+            why = "the readers start from it"
+            if self._runtime.plane.consumed_rows == 0:
+                why = (
+                    "here the dataset started before its loop got anything: a loader made "
+                    "its iterator to take a first state, as accelerate's prepare() does with "
+                    "use_stateful_dataloader=True; under accelerate, leave that off and "
+                    "register the dataset, accelerator.register_for_checkpointing(ds), which "
+                    "saves and loads its state before it starts"
+                )
             raise ConfigError(
-                "load_state_dict must come before the first iteration (the readers start from "
-                "it); make a new dataset and loader to resume"
+                f"load_state_dict must come before the first iteration ({why}); make a new "
+                "dataset and loader, and load the state into them first"
             )
         self._resume = resume_point(self._facts(), state)
+        self._loaded = state
 
     def _facts(self) -> DatasetFacts:
         return DatasetFacts(
@@ -423,9 +462,18 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             on_counted_early=lambda rows: self._ensure_started().plane.counted_early(rows),
             pinned=lambda held: self._ensure_started().plane.pinned(held),
             let_go=self.world_size in (None, 1),  # DDP: a short batch would unbalance steps
+            state_counting=self._batcher_state,
+            load_state=self.load_state_dict,
         )
         self._batchers.add(batcher)  # settled before a state is taken (TaskBatchSampler.settle)
         return batcher
+
+    def _batcher_state(self, also: np.ndarray | None) -> dict[str, Any]:
+        """A batch sampler's state (``TaskBatchSampler.state_dict``): nothing it handed out yet
+        (``also`` None) and the dataset not started, the state before the start, without
+        starting it."""
+        before = self._state_before_start() if also is None else None
+        return before if before is not None else self._state_counting(also)
 
     def _settle_batchers(self) -> None:
         for batcher in list(self._batchers):
@@ -652,6 +700,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._launched = []
         self._sampler = None
         self._rows = None
+        self._loaded = {}
         self._batchers = weakref.WeakSet()
         self._closed = False
         self._lock = threading.Lock()

@@ -92,6 +92,21 @@ class Prefetch(NamedTuple):
 NOT_FOUND = "the DataLoader iterating it could not be found"
 
 
+def loader_of(sampler: object) -> torch.utils.data.DataLoader[object] | None:
+    """The DataLoader asking for ``sampler``'s iterator, as its ``sampler`` (torch's
+    BatchSampler then draws from it), found as :func:`prefetch_depth` finds one."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_FRAMES):
+        if frame is None:
+            break
+        for name in ("loader", "self"):
+            loader = frame.f_locals.get(name)
+            if isinstance(loader, torch.utils.data.DataLoader) and loader.sampler is sampler:
+                return loader
+        frame = frame.f_back
+    return None
+
+
 def prefetch_depth(batch_sampler: object) -> Prefetch:
     """:class:`Prefetch` of the DataLoader that is asking for ``batch_sampler``'s iterator:
     found on the call stack, where torch creates the iterator two or three calls below
@@ -110,6 +125,11 @@ def prefetch_depth(batch_sampler: object) -> Prefetch:
                 return _depth(loader)
         frame = frame.f_back
     return Prefetch(None, NOT_FOUND)
+
+
+def depth_of(loader: torch.utils.data.DataLoader[object]) -> Prefetch:
+    """:class:`Prefetch` of ``loader``."""
+    return _depth(loader)
 
 
 def _depth(loader: torch.utils.data.DataLoader[object]) -> Prefetch:

@@ -464,11 +464,12 @@ class DataPlane:
         with self._lock:
             self._apply(self._book.report(groups, gathered=gathered, consumed=consumed))
 
-    def position(self) -> Position:
+    def position(self, also: np.ndarray | None = None) -> Position:
         """What checkpoints store, for the first epoch not wholly consumed
-        (``ConsumptionBook.position``)."""
+        (``ConsumptionBook.position``); ``also``: sample indices to count as consumed."""
+        groups = group_by_segment(also) if also is not None and len(also) else []
         with self._lock:
-            return self._book.position(self._master.epoch_tasks)
+            return self._book.position(self._master.epoch_tasks, groups)
 
     def hand_back(self) -> dict[int, list[tuple[int, int]]]:
         """Lease id -> records consumed, of tasks the sampler took and the loop consumed part

@@ -20,14 +20,15 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
-from typing import NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch.utils.data
 
 from ..errors import ConfigError, ShmSpaceError
 from .accounting import ConsumedWhen
-from .delivery import Receipt, Requests, of_the_loop, prefetch_depth, tracked
+from .delivery import Receipt, Requests, depth_of, loader_of, of_the_loop, prefetch_depth, tracked
 from .gather import split_indices
 from .ready import Pressure, ReadyTask, ReadyTasks
 from .record_ranges import row_records
@@ -197,9 +198,12 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         self._warned_order = False  # see _warn_out_of_order
         self._warned_empty = False  # see _warn_empty
         self._passes = 0  # passes begun: the first one may join a master whose epochs ended
-        # The epoch of the pass begun last and the ledger's rows then, until it ends the epoch.
-        self._open_pass: tuple[int, int] | None = None
+        # The epoch of the pass begun last, the ledger's rows then and what torch's BatchSampler
+        # drew in it, until it ends the epoch.
+        self._open_pass: tuple[int, int, _Drawn] | None = None
         self._warned_prefetch = False  # see _warn_prefetched
+        # What torch's BatchSampler draws in the pass __iter__ begins (chunks takes it).
+        self._drawing = _Drawn()
         self._warned_open = False  # see _warn_left_open
         self._warned_wait = False  # see _note_waiting
         # The master's last epoch, when a pass over it ended with tasks of it in other
@@ -248,10 +252,18 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         """One index at a time, for torch's BatchSampler (a DataLoader given this sampler),
         which keeps what it was given until it has a whole batch: when those rows fill the
         budget and the next task has no room, nothing can move, and this raises."""
+        # The loader drawing from it, if it can be found, so that a pass it leaves early is
+        # told with the rows it lost (_warn_prefetched): batches of batch_size, depth ahead.
+        loader = loader_of(self)
+        depth = None if loader is None else depth_of(loader).depth
+        size = None if loader is None else loader.batch_size
+        drawn = self._drawing = _Drawn(batch_size=size, depth=depth)  # taken by chunks()
         for chunk in self.chunks(stuck=_NoProgress(self._get_feed())):
             if chunk is LET_GO:
                 raise ShmSpaceError(PINNED_BY_TORCH)
-            yield from chunk.tolist()
+            for index in chunk.tolist():
+                drawn.pulled += 1
+                yield index
 
     def chunks(
         self,
@@ -354,23 +366,32 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         plain DataLoader's workers gathered rows of it, say (once) what that cost: torch had
         prefetched batches the loop never received, and the dataset counted them delivered
         (torch's BatchSampler hides which batches reach the loop; our batchers see it)."""
-        last, self._open_pass = self._open_pass, (epoch, ledger_rows)
+        drawn, self._drawing = self._drawing, _Drawn()
+        last, self._open_pass = self._open_pass, (epoch, ledger_rows, drawn)
         if last is None or last[0] != epoch or self._warned_prefetch:
             return
         gathered = ledger_rows - last[1]
         if gathered <= 0:
             return
         self._warned_prefetch = True
+        lost = last[2].lost(gathered)  # of the pass left early
+        what = (
+            f"{lost} of the {gathered} rows its workers gathered (those of the batches torch "
+            "had prefetched and not handed to the loop yet)"
+            if lost is not None
+            else f"of the {gathered} rows its workers gathered, those of the batches torch "
+            "had prefetched and not handed to the loop yet (up to num_workers * "
+            "prefetch_factor batches)"
+        )
         log.warning(
             "the last pass over epoch %d ended early (a break?) under a plain "
-            "torch.utils.data.DataLoader with workers: of the %d rows its workers gathered, "
-            "those of the batches torch had prefetched and not handed to the loop yet (up to "
-            "num_workers * prefetch_factor batches) never reached it, and do not come again "
-            "this epoch. With batch_sampler=ds.batch_sampler(batch_size) instead of "
-            "sampler=ds.sampler() (or with shmloader.DataLoader) the dataset knows which "
-            "batches reach the loop and delivers the others in the next pass (said once)",
+            "torch.utils.data.DataLoader with workers given sampler=ds.sampler(): %s never "
+            "reached the loop, and do not come again this epoch. With "
+            "batch_sampler=ds.batch_sampler(batch_size) instead (or with shmloader.DataLoader) "
+            "the dataset knows which batches reach the loop and delivers the others in the "
+            "next pass (said once)",
             epoch,
-            gathered,
+            what,
         )
 
     def _warn_empty(self, planned: int) -> None:
@@ -562,6 +583,8 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         let_go: bool = True,
         on_received: Callable[[np.ndarray], None] | None = None,
         on_counted_early: Callable[[np.ndarray], None] | None = None,
+        state_counting: Callable[[np.ndarray | None], dict[str, Any]] | None = None,
+        load_state: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -573,6 +596,8 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         self.let_go = let_go
         self.on_received = on_received
         self.on_counted_early = on_counted_early
+        self._state_counting = state_counting
+        self._load_state = load_state
         # Batches issued and not received by the loop yet, oldest first: shmloader.DataLoader
         # reports each as its loop receives it, and a plain DataLoader's requests tell
         # (delivery.py). Their rows are in flight: consumed only once received.
@@ -639,6 +664,25 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         if depth is None:
             self._warn_untold(prefetch.why)
         return self._start(Receipt.GATHER)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The dataset's state as it will be once the loop has every batch this batcher handed
+        out so far, for a loader that saves its batch sampler's state with each batch as it
+        hands the batch out (torchdata's ``StatefulDataLoader``, also under accelerate's
+        ``use_stateful_dataloader``): it takes the state as it asks for a batch, and gives back
+        the one taken with the last batch the loop got. ``ds.state_dict()`` counts only what
+        the loop has."""
+        if self._state_counting is None:
+            raise ConfigError("this batch sampler has no dataset: take it from ds.batch_sampler()")
+        issued = [batch for batch in self.issued if len(batch)]
+        return self._state_counting(np.concatenate(issued) if issued else None)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (the dataset's, as :meth:`state_dict` gave it): before the
+        first iteration, as ``SharedTaskDataset.load_state_dict``."""
+        if self._load_state is None:
+            raise ConfigError("this batch sampler has no dataset: take it from ds.batch_sampler()")
+        self._load_state(state)
 
     def settle(self) -> None:
         """Receive what a wrapper that holds batches back has handed to the loop by now
@@ -793,6 +837,27 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
     def __len__(self) -> int:
         n = self.sampler.pass_rows(rest_alone=True)  # as __iter__ will walk it
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+@dataclass
+class _Drawn:
+    """What torch's BatchSampler drew from a :class:`TaskSampler` in one pass: ``pulled``
+    indices, in batches of ``batch_size`` that its DataLoader requests ``depth`` ahead of the
+    one its loop receives (None: the loader was not found)."""
+
+    batch_size: int | None = None
+    depth: int | None = None
+    pulled: int = 0
+
+    def lost(self, gathered: int) -> int | None:
+        """Of ``gathered`` rows the workers gathered (and so counted delivered), those the
+        loop never received once the pass was left: the loop received every batch but the
+        last ``depth`` requested. None when that cannot be told."""
+        if not self.batch_size or self.depth is None:
+            return None
+        requested = -(-self.pulled // self.batch_size)
+        received = max(0, requested - self.depth) * self.batch_size
+        return max(0, min(gathered, self.pulled) - received)
 
 
 class _NoProgress:
