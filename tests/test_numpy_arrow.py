@@ -14,7 +14,13 @@ import pyarrow as pa
 import pytest
 from _dataset_helpers import subprocess_env, write_dataset
 
-from shmloader.sources._numpy_arrow import binary_array, from_numpy, to_numpy, values_view
+from shmloader.sources._numpy_arrow import (
+    binary_array,
+    from_numpy,
+    numpy_dtype,
+    to_numpy,
+    values_view,
+)
 
 NUMERIC = [
     pa.int8(),
@@ -33,7 +39,8 @@ NUMERIC = [
 
 @pytest.mark.parametrize("typ", NUMERIC, ids=str)
 def test_numbers_become_the_array_pa_array_gives_over_the_same_memory(typ: pa.DataType) -> None:
-    values = np.arange(10).astype(typ.to_pandas_dtype())
+    values = np.arange(10).astype(numpy_dtype(typ))
+    assert numpy_dtype(typ) == pa.array([], type=typ).to_numpy(zero_copy_only=False).dtype
     got = from_numpy(values, typ)
     assert got.equals(pa.array(values, type=typ))
     assert got.buffers()[1].address == values.ctypes.data  # no copy

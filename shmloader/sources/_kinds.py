@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ConfigError, DecodeError, SchemaMismatchError
-from ._numpy_arrow import binary_array, from_numpy
+from ._numpy_arrow import binary_array, from_numpy, numpy_dtype
 from .row_arrays import RowArrays
 
 _INT32_MAX = 2**31 - 1
@@ -134,7 +134,7 @@ class Kind:
 class PrimitiveKind(Kind):
     def __init__(self, arrow_type: pa.DataType) -> None:
         self.arrow_type = arrow_type
-        self.dtype = np.dtype(arrow_type.to_pandas_dtype())
+        self.dtype = numpy_dtype(arrow_type)
 
     def describe(self) -> str:
         return f"{self.dtype} scalar"
@@ -195,7 +195,7 @@ class TensorKind(Kind):
         self.value_type = value_type
         self.shape = shape
         self.size = math.prod(shape)
-        self.dtype = np.dtype(value_type.to_pandas_dtype())
+        self.dtype = numpy_dtype(value_type)
         storage = arrow_type.storage_type if isinstance(arrow_type, pa.BaseExtensionType) else None
         self.storage_type = storage if storage is not None else arrow_type
 
@@ -276,7 +276,7 @@ class ListKind(Kind):
     def __init__(self, arrow_type: pa.DataType) -> None:
         self.arrow_type = arrow_type
         self.value_type = arrow_type.value_type
-        self.dtype = np.dtype(self.value_type.to_pandas_dtype())
+        self.dtype = numpy_dtype(self.value_type)
 
     def describe(self) -> str:
         return f"1-D {self.dtype} array"

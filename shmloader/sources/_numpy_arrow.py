@@ -15,9 +15,37 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["binary_array", "from_numpy", "to_numpy", "values_view"]
+__all__ = ["binary_array", "from_numpy", "numpy_dtype", "to_numpy", "values_view"]
 
 _INT32_MAX = 2**31 - 1
+_NUMPY_OF: dict[pa.DataType, type[np.generic]] = {
+    pa.bool_(): np.bool_,
+    pa.int8(): np.int8,
+    pa.int16(): np.int16,
+    pa.int32(): np.int32,
+    pa.int64(): np.int64,
+    pa.uint8(): np.uint8,
+    pa.uint16(): np.uint16,
+    pa.uint32(): np.uint32,
+    pa.uint64(): np.uint64,
+    pa.float16(): np.float16,
+    pa.float32(): np.float32,
+    pa.float64(): np.float64,
+}
+
+
+def numpy_dtype(typ: pa.DataType) -> np.dtype:
+    """numpy's dtype of an Arrow type, as ``typ.to_pandas_dtype()`` gives it, without it for
+    booleans, numbers, timestamps and durations: pyarrow before 18 imports pandas there (0.2 s
+    of CPU, and a ModuleNotFoundError without pandas)."""
+    known = _NUMPY_OF.get(typ)
+    if known is not None:
+        return np.dtype(known)
+    if pa.types.is_timestamp(typ) and typ.tz is None:
+        return np.dtype(f"datetime64[{typ.unit}]")
+    if pa.types.is_duration(typ):
+        return np.dtype(f"timedelta64[{typ.unit}]")
+    return np.dtype(typ.to_pandas_dtype())
 
 
 def _plain_numeric(typ: pa.DataType) -> bool:
@@ -30,7 +58,7 @@ def values_view(array: pa.Array) -> np.ndarray | None:
     buffer (no copy), or None for any other array (bool is bit-packed; nulls need a mask)."""
     if not _plain_numeric(array.type) or array.null_count:
         return None
-    dtype = np.dtype(array.type.to_pandas_dtype())
+    dtype = numpy_dtype(array.type)
     data = array.buffers()[1]
     if data is None:
         return np.empty(0, dtype=dtype)
@@ -53,7 +81,7 @@ def from_numpy(values: np.ndarray, typ: pa.DataType) -> pa.Array:
         _plain_numeric(typ)
         and values.ndim == 1
         and values.flags.c_contiguous
-        and values.dtype == np.dtype(typ.to_pandas_dtype())
+        and values.dtype == numpy_dtype(typ)
         and values.dtype.isnative
     ):
         return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(values)])

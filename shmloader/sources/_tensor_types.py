@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ._numpy_arrow import to_numpy
+from ._numpy_arrow import numpy_dtype, to_numpy
 
 
 def is_number(typ: pa.DataType) -> bool:
@@ -156,4 +156,4 @@ def forms_agree(a: tuple[bool, str], b: tuple[bool, str]) -> bool:
 
 def _dtype_name(typ: pa.DataType) -> str:
     """numpy's name of a number type (``float64``, not Arrow's ``double``): what a user wrote."""
-    return np.dtype(typ.to_pandas_dtype()).name
+    return numpy_dtype(typ).name
