@@ -4,8 +4,9 @@
 under ``accelerate launch``. The config says which loader to build (``"kind"``:
 ``"shmloader"``, shmloader.DataLoader; ``"batch_sampler"``, a plain DataLoader given
 ``ds.batch_sampler(...)``), whether ``Accelerator.prepare`` wraps it (``"prepare"``, default
-true) and what to do; the script appends JSON lines to ``config["out"]``:
-``{"pass": p, "ids": [...]}`` per batch the loop gets, ``{"stopped": true}`` once it saved.
+true) and what to do; the script appends JSON lines to ``config["out"]`` (rank ``r`` > 0:
+``OUT.r``): ``{"pass": p, "ids": [...]}`` per batch the loop gets, ``{"stopped": true}`` once
+it saved.
 
 ``"breaks": [k, ...]``: pass ``i`` stops after ``k`` batches (``break``); then one pass to the
 end. ``"stop_at": k``: after ``k`` batches of the first pass, ``accelerator.save_state(dir)``
@@ -37,7 +38,8 @@ def main(config_path: str) -> int:
     with open(config_path) as f:
         cfg: dict[str, Any] = json.load(f)
     rank = int(os.environ.get("RANK", "0"))
-    out = open(f"{cfg['out']}.{rank}", "a", buffering=1)  # noqa: SIM115 - lines reach the test
+    path = cfg["out"] if rank == 0 else f"{cfg['out']}.{rank}"
+    out = open(path, "a", buffering=1)  # noqa: SIM115 - lines must reach the test at once
 
     def emit(**line: Any) -> None:
         out.write(json.dumps(line) + "\n")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -154,9 +155,19 @@ TORCHRUN = [PYTHON, "-m", "torch.distributed.run"]
 
 
 class Trainer:
-    """``tests/_dataset_trainer.py`` running in a subprocess, and what it reported."""
+    """``tests/_dataset_trainer.py`` (or ``script``, started by the ``launcher`` command, as
+    ``accelerate launch``) running in a subprocess, and what it reported: its lines, and those
+    of each rank beside rank 0's (``OUT.RANK``)."""
 
-    def __init__(self, tmp_path: Path, name: str, **config: Any) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        name: str,
+        *,
+        script: Path = TESTS_DIR / "_dataset_trainer.py",
+        launcher: Sequence[str] = (PYTHON,),
+        **config: Any,
+    ) -> None:
         self.out = tmp_path / f"{name}.jsonl"
         self.log = tmp_path / f"{name}.log"
         config_path = tmp_path / f"{name}.json"
@@ -165,17 +176,18 @@ class Trainer:
         # A file, not a pipe: reader processes inherit it and may outlive the trainer.
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                [PYTHON, str(TESTS_DIR / "_dataset_trainer.py"), str(config_path)],
+                [*launcher, str(script), str(config_path)],
                 cwd=str(REPO_ROOT),
                 env=subprocess_env(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
 
-    def lines(self) -> list[dict[str, Any]]:
-        if not self.out.exists():
+    def lines(self, rank: int = 0) -> list[dict[str, Any]]:
+        path = self.out if rank == 0 else Path(f"{self.out}.{rank}")
+        if not path.exists():
             return []
-        text = self.out.read_text()
+        text = path.read_text()
         return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
 
     def wait_for(self, key: str, timeout: float = 120.0) -> dict[str, Any]:
@@ -202,8 +214,35 @@ class Trainer:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def ids(self, pass_: int) -> list[int]:
-        return [i for line in self.lines() if line.get("pass") == pass_ for i in line["ids"]]
+    def ids(self, pass_: int | None = None, rank: int = 0) -> list[int]:
+        """The ids its loop got, in pass ``pass_`` (None: in every pass)."""
+        return [
+            i
+            for line in self.lines(rank)
+            if "ids" in line and pass_ in (None, line["pass"])
+            for i in line["ids"]
+        ]
+
+
+def saved_killed_resumed(
+    tmp_path: Path, common: dict[str, Any], step: int, **resumed: Any
+) -> tuple[Trainer, Trainer]:
+    """A trainer that saves its state after ``step`` batches of its first pass and is
+    SIGKILLed there, and one that resumes from the state in a fresh process, run to its end
+    (``resumed``: what the second's config adds); both, for their ids."""
+    state = tmp_path / "state.json"
+    first = Trainer(
+        tmp_path, "first", **common, stop_at=[0, step], save_state=str(state), then="wait"
+    )
+    readers = first.wait_for("info")["info"]["readers"]
+    first.wait_for("stopped")
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.finish()
+    assert wait_gone(readers) == []
+    second = Trainer(tmp_path, "second", **common, load_state=str(state), **resumed)
+    assert second.finish(timeout=120) == 0, second.output()
+    assert len(first.ids(0)) == step * common.get("batch_size", 64)
+    return first, second
 
 
 def wait_gone(pids: Iterable[int], timeout: float = 60.0) -> list[int]:

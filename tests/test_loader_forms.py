@@ -18,15 +18,13 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
-import os
-import signal
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch.utils.data
-from _dataset_helpers import Trainer, dataset, ids_of, shm_entries, wait_gone, write_dataset
+from _dataset_helpers import dataset, ids_of, saved_killed_resumed, shm_entries, write_dataset
 
 import shmloader
 
@@ -193,7 +191,6 @@ def test_the_natural_loader_saved_then_killed_resumes_exactly(
     tmp_path: Path, data: tuple[Path, list[int]], step: int
 ) -> None:
     directory, expected = data
-    state = tmp_path / "state.json"
     common: dict[str, Any] = {
         "data": str(directory),
         "shm_dir": str(tmp_path / "shm"),
@@ -201,19 +198,8 @@ def test_the_natural_loader_saved_then_killed_resumes_exactly(
         "batch_size": BATCH,
         "dataset": {"epochs": 1},
     }
-    first = Trainer(
-        tmp_path, "first", **common, stop_at=[0, step], save_state=str(state), then="wait"
-    )
-    readers = first.wait_for("info")["info"]["readers"]
-    first.wait_for("stopped")
-    os.kill(first.proc.pid, signal.SIGKILL)
-    first.finish()
-    assert wait_gone(readers) == []
-    second = Trainer(tmp_path, "second", **common, load_state=str(state))
-    assert second.finish(timeout=120) == 0, second.output()
-    got = first.ids(0) + second.ids(0)
-    assert len(first.ids(0)) == step * BATCH
-    assert Counter(got) == Counter(expected)
+    first, second = saved_killed_resumed(tmp_path, common, step)
+    assert Counter(first.ids(0) + second.ids(0)) == Counter(expected)
     assert shm_entries(tmp_path / "shm") == []
 
 

@@ -9,14 +9,12 @@ and a resume from the loader's own ``load_state_dict`` in a fresh process.
 
 from __future__ import annotations
 
-import os
-import signal
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _dataset_helpers import Trainer, dataset, ids_of, shm_entries, wait_gone, write_dataset
+from _dataset_helpers import dataset, ids_of, saved_killed_resumed, shm_entries, write_dataset
 
 pytest.importorskip("torchdata")
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -54,7 +52,6 @@ def test_its_state_saved_then_killed_resumes_exactly(
     tmp_path: Path, data: tuple[Path, list[int]], workers: int, step: int
 ) -> None:
     directory, expected = data
-    state = tmp_path / "state.json"
     common: dict[str, Any] = {
         "data": str(directory),
         "shm_dir": str(tmp_path / "shm"),
@@ -63,16 +60,6 @@ def test_its_state_saved_then_killed_resumes_exactly(
         "loader": {"num_workers": workers},
         "dataset": {"epochs": 1},
     }
-    first = Trainer(
-        tmp_path, "first", **common, stop_at=[0, step], save_state=str(state), then="wait"
-    )
-    readers = first.wait_for("info")["info"]["readers"]
-    first.wait_for("stopped")
-    os.kill(first.proc.pid, signal.SIGKILL)
-    first.finish()
-    assert wait_gone(readers) == []
-    second = Trainer(tmp_path, "second", **common, load_state=str(state))
-    assert second.finish(timeout=120) == 0, second.output()
-    assert len(first.ids(0)) == step * BATCH
+    first, second = saved_killed_resumed(tmp_path, common, step)
     assert Counter(first.ids(0) + second.ids(0)) == Counter(expected)
     assert shm_entries(tmp_path / "shm") == []
