@@ -185,11 +185,12 @@ def run_gather(spec: Spec) -> dict[str, Any]:
     (the copy alone, segments opened and first touched as it goes) or ``"warm"`` (the copy
     alone from segments opened and touched before the clock starts: no mapping costs).
     """
-    from shmloader.dataset.delivery import Receipt
-    from shmloader.dataset.gather import encode_indices, gather
-    from shmloader.dataset.gatherer import Gatherer
-    from shmloader.dataset.plane import slot_name
-    from shmloader.dataset.sampler import block_permutation
+    from shmloader.dataset.accounting.plane import slot_name
+    from shmloader.dataset.core.indices import encode_indices
+    from shmloader.dataset.core.receipts import Receipt
+    from shmloader.dataset.gather.gather import gather
+    from shmloader.dataset.gather.gatherer import Gatherer
+    from shmloader.dataset.order.sampler import block_permutation
     from shmloader.shm.store import SegmentStore
     from shmloader.sources.records import RecordFileSource
 

@@ -33,8 +33,8 @@ def child(spec: dict[str, Any]) -> dict[str, float]:
     from _bench_decoders import DECODE
 
     import shmloader
-    import shmloader.dataset.plane as plane_module
-    import shmloader.dataset.runtime as runtime_module
+    import shmloader.dataset.accounting.plane as plane_module
+    import shmloader.dataset.runtime.runtime as runtime_module
     import shmloader.reader.pool as pool_module
     from shmloader.reader.messages import Started
 

@@ -51,7 +51,7 @@ _EXPORTS: dict[str, str] = {
     "Shard": "shmloader.sources.base",
     "Source": "shmloader.sources.base",
     "ReadResult": "shmloader.sources.base",
-    "SkippedRecord": "shmloader.sources.base",
+    "SkippedRecord": "shmloader.sources.skipped",
     "RecordFileSource": "shmloader.sources.records",
     "ParquetSource": "shmloader.sources.parquet",
     "ArrowSource": "shmloader.sources.arrow",
@@ -66,7 +66,7 @@ _EXPORTS: dict[str, str] = {
     # dataset
     "SharedTaskDataset": "shmloader.dataset.dataset",
     "DataLoader": "shmloader.dataset.loader",
-    "merge_states": "shmloader.dataset.checkpoint",
+    "merge_states": "shmloader.dataset.resume.checkpoint",
     "Stats": "shmloader.stats.stats",
     # augmentation
     "task_rng": "shmloader.augment",
@@ -75,9 +75,9 @@ _EXPORTS: dict[str, str] = {
 # The same names for type checkers and IDEs; at run time each loads on first use.
 if TYPE_CHECKING:
     from shmloader.augment import task_rng
-    from shmloader.dataset.checkpoint import merge_states
     from shmloader.dataset.dataset import SharedTaskDataset
     from shmloader.dataset.loader import DataLoader
+    from shmloader.dataset.resume.checkpoint import merge_states
     from shmloader.errors import (
         ConfigError,
         CorruptRecordError,
@@ -107,12 +107,13 @@ if TYPE_CHECKING:
     from shmloader.master.progress import Progress
     from shmloader.master.server import Master
     from shmloader.sources.arrow import ArrowSource
-    from shmloader.sources.base import ReadResult, Shard, SkippedRecord, Source
+    from shmloader.sources.base import ReadResult, Shard, Source
     from shmloader.sources.csv import CSVSource
     from shmloader.sources.factory import source_for_paths
     from shmloader.sources.jsonl import JSONLSource
     from shmloader.sources.parquet import ParquetSource
     from shmloader.sources.records import RecordFileSource
+    from shmloader.sources.skipped import SkippedRecord
     from shmloader.sources.webdataset import WebDatasetSource
     from shmloader.stats.stats import Stats
 

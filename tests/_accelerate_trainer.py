@@ -67,7 +67,7 @@ def main(config_path: str) -> int:
         p = 0
         for p, stop in enumerate([*cfg.get("breaks", []), None]):
             for b, batch in enumerate(dl):
-                assert type(batch) is not shmloader.dataset.ring.RingBatch
+                assert type(batch) is not shmloader.dataset.gather.ring.RingBatch
                 emit(**{"pass": p, "ids": ids_of(batch)})
                 if cfg.get("stop_at") == b + 1 and p == 0:
                     accelerator.save_state(cfg["save_state"])

@@ -7,9 +7,9 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from shmloader.dataset.ledger import LedgerReader, ledger_dir
-from shmloader.dataset.plane import DataPlane
-from shmloader.dataset.sampler import TaskSampler
+from shmloader.dataset.accounting.plane import DataPlane
+from shmloader.dataset.gather.ledger import LedgerReader, ledger_dir
+from shmloader.dataset.order.sampler import TaskSampler
 from shmloader.errors import LeaseError, NotActive
 from shmloader.master.config import JobConfig
 from shmloader.master.dispatcher import Dispatcher

@@ -1,4 +1,4 @@
-"""The trainer's consumption accounting alone (``accounting.ConsumptionBook``): no store, no
+"""The trainer's consumption accounting alone (``ConsumptionBook.apply``): no store, no
 master, no threads. Each test drives the book through one of the cases where exactly-once is
 at stake and checks the effects it returns and what it says is consumed."""
 
@@ -7,17 +7,27 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shmloader.dataset.accounting import (
+from shmloader.dataset.accounting.book import ConsumptionBook
+from shmloader.dataset.accounting.updates import (
+    Admitted,
+    Announced,
     Complete,
-    ConsumptionBook,
+    ConsumedAgain,
+    EpochIterated,
+    Finished,
+    Forgotten,
+    HandedOut,
+    Issue,
+    MakeReady,
     MarkTaken,
+    NotDelivered,
     Release,
     Rename,
-    slot_name,
+    Reported,
 )
-from shmloader.dataset.checkpoint import ResumePoint
-from shmloader.dataset.gather import group_by_segment, split_indices
-from shmloader.dataset.ready import ReadyTask
+from shmloader.dataset.core.indices import group_by_segment, slot_name, split_indices
+from shmloader.dataset.core.tasks import ReadyTask
+from shmloader.dataset.resume.checkpoint import ResumePoint
 from shmloader.errors import ShmloaderError
 
 ROWS = 8  # rows per task
@@ -38,12 +48,13 @@ def task(seq: int, *, epoch: int = 0, lease: int | None = None, **kw: object) ->
 
 
 def admitted(book: ConsumptionBook, t: ReadyTask):
-    assert book.announce(t.epoch, t.seq, t.segment, t.lease_id) == []
-    return book.admit(t)
+    """Announce and admit ``t``: the indices the book issues, and its other effects."""
+    assert book.apply(Announced(t)) == [MakeReady(t)]
+    return admitted_ready(book, t)
 
 
 def consume(book: ConsumptionBook, indices: np.ndarray, *, gathered: bool = True):
-    return book.report(group_by_segment(indices), gathered=gathered, consumed=True)
+    return book.apply(Reported(group_by_segment(indices), gathered=gathered, consumed=True))
 
 
 def rows_of(indices: np.ndarray) -> list[int]:
@@ -56,7 +67,7 @@ def test_a_task_is_released_and_completed_once_every_row_is_consumed() -> None:
     indices, effects = admitted(book, t)
     slot = int(split_indices(indices)[0][0])
     assert effects[0] == Rename("r0-0", slot_name(slot))
-    assert isinstance(effects[1], MarkTaken) and effects[1].slot.task == t
+    assert isinstance(effects[1], MarkTaken) and effects[1].held.task == t
     assert rows_of(indices) == list(range(ROWS))
     assert consume(book, indices[:5]) == []
     assert book.unconsumed_rows() == 3
@@ -66,8 +77,11 @@ def test_a_task_is_released_and_completed_once_every_row_is_consumed() -> None:
     assert effects[1].lease_id == t.lease_id
     assert book.consumed_records == ROWS and book.live_segments() == []
     # A row gathered again after it was settled (an abandoned pass's worker) changes nothing.
-    assert consume(book, indices[:1]) == []
+    assert book.apply(Reported(group_by_segment(indices[:1]), gathered=True, consumed=False)) == []
     assert book.position(lambda e: 1).completed == [0]
+    # Consumed again is a row delivered twice: said, not ignored, and nothing else changes.
+    assert consume(book, indices[:3]) == [ConsumedAgain(slot, 3)]
+    assert book.consumed_rows == ROWS and book.position(lambda e: 1).completed == [0]
 
 
 def test_rows_gathered_for_a_pass_left_early_come_back_in_the_order_handed_out() -> None:
@@ -79,11 +93,11 @@ def test_rows_gathered_for_a_pass_left_early_come_back_in_the_order_handed_out()
     first, _ = admitted(book, task(0))
     second, _ = admitted(book, task(1))
     order = np.concatenate([second[::-1], first])  # the sampler's shuffled order
-    book.handed_out(order)
+    book.apply(HandedOut(order))
     received = order[:6]
     assert consume(book, received) == []  # the loop got these
     # Workers gathered the next four for batches the loop never received.
-    assert book.report(group_by_segment(order[6:10]), gathered=True, consumed=False) == []
+    assert book.apply(Reported(group_by_segment(order[6:10]), gathered=True, consumed=False)) == []
     again, older = book.unconsumed_in_order(0)
     assert older == 0
     assert again.tolist() == order[6:].tolist()
@@ -101,10 +115,10 @@ def test_rows_gathered_for_a_pass_left_early_come_back_in_the_order_handed_out()
 def test_a_segment_stays_until_every_row_is_gathered_as_well_as_consumed() -> None:
     book = ConsumptionBook()
     indices, _ = admitted(book, task(0))
-    effects = book.report(group_by_segment(indices), gathered=False, consumed=True)
+    effects = book.apply(Reported(group_by_segment(indices), gathered=False, consumed=True))
     assert [type(e) for e in effects] == [Complete]  # consumed: the task is done ...
     assert book.live_segments() == [slot_name(1)]
-    effects = book.report(group_by_segment(indices), gathered=True, consumed=False)
+    effects = book.apply(Reported(group_by_segment(indices), gathered=True, consumed=False))
     assert effects == [Release(slot_name(1))]  # ... and once gathered, nothing reads it
     assert book.live_segments() == []
 
@@ -158,10 +172,12 @@ def test_a_task_read_again_after_its_reader_died_is_delivered_once() -> None:
     dropped (segment released, its lease completed), whenever it comes."""
     book = ConsumptionBook()
     indices, _ = admitted(book, task(0))
-    assert book.announce(0, 0, "r0-0-again", 7) == [Release("r0-0-again"), Complete(7)]
+    again = task(0, segment="r0-0-again", lease=7)
+    assert book.apply(Announced(again)) == [Release("r0-0-again"), Complete(7)]
     assert book.duplicates == 1
     consume(book, indices)
-    assert book.announce(0, 0, "r0-0-late", 8) == [Release("r0-0-late"), Complete(8)]
+    late = task(0, segment="r0-0-late", lease=8)
+    assert book.apply(Announced(late)) == [Release("r0-0-late"), Complete(8)]
     assert book.duplicates == 2 and book.consumed_records == ROWS
 
 
@@ -170,9 +186,10 @@ def test_a_ready_copy_not_delivered_lets_a_new_copy_in() -> None:
     next holder's reader writes is then welcome (it is not a duplicate)."""
     book = ConsumptionBook()
     t = task(0)
-    assert book.announce(0, 0, t.segment, t.lease_id) == []
-    assert book.not_delivered(t) == [Release(t.segment)]
-    assert book.announce(0, 0, "r0-0-again", 9) == []
+    assert book.apply(Announced(t)) == [MakeReady(t)]
+    assert book.apply(NotDelivered(t)) == [Release(t.segment)]
+    again = task(0, segment="r0-0-again", lease=9)
+    assert book.apply(Announced(again)) == [MakeReady(again)]
     assert book.duplicates == 0
 
 
@@ -181,10 +198,10 @@ def test_a_late_task_of_an_older_epoch_is_delivered_in_a_later_pass() -> None:
     admitted while the sampler is in epoch 1; left unconsumed, it comes back first, counted
     as an older epoch's rows."""
     book = ConsumptionBook()
-    book.finish_epoch(0)
+    book.apply(EpochIterated(0))
     late, _ = admitted(book, task(5, epoch=0))
     current, _ = admitted(book, task(0, epoch=1))
-    book.handed_out(np.concatenate([late, current]))
+    book.apply(HandedOut(np.concatenate([late, current])))
     rows, older = book.unconsumed_in_order(1)
     assert rows.tolist() == [*late.tolist(), *current.tolist()] and older == ROWS
     consume(book, rows)
@@ -195,11 +212,14 @@ def test_a_copy_of_a_finished_epoch_is_dropped_once_the_epoch_is_forgotten() -> 
     book = ConsumptionBook()
     indices, _ = admitted(book, task(0))
     consume(book, indices)
-    book.finish_epoch(0)
-    assert book.forget_finished(1) == 1
+    book.apply(EpochIterated(0))
+    assert book.apply(Finished(1)) == [Forgotten(1, ())]
     assert book.epochs_kept() == [] and book.announced_kept() == set()
     # A reader whose lease lapsed while it read writes its copy after the master finished it.
-    assert book.announce(0, 3, "late", 55) == [Release("late"), Complete(55)]
+    assert book.apply(Announced(task(3, segment="late", lease=55))) == [
+        Release("late"),
+        Complete(55),
+    ]
 
 
 def test_an_index_of_a_slot_never_admitted_is_an_error() -> None:
@@ -232,10 +252,33 @@ def test_a_batch_received_before_its_rows_are_known_gathered_consumes_only_those
     indices, _ = admitted(book, task(0))
     groups = group_by_segment(indices)
     assert not book.all_gathered(groups)
-    book.report(group_by_segment(indices[:3]), gathered=True, consumed=False)
-    assert book.report(groups, gathered=False, consumed=True, only_gathered=True) == []
+    book.apply(Reported(group_by_segment(indices[:3]), gathered=True, consumed=False))
+    assert book.apply(Reported(groups, gathered=False, consumed=True, only_gathered=True)) == []
     assert book.unconsumed_in_order(0)[0].tolist() == indices[3:].tolist()
-    book.report(group_by_segment(indices[3:]), gathered=True, consumed=False)
+    book.apply(Reported(group_by_segment(indices[3:]), gathered=True, consumed=False))
     assert book.all_gathered(groups)
-    effects = book.report(groups, gathered=False, consumed=True, only_gathered=True)
+    effects = book.apply(Reported(groups, gathered=False, consumed=True, only_gathered=True))
     assert [type(e) for e in effects] == [Release, Complete]
+
+
+def test_a_copy_of_a_task_taken_over_leaves_out_what_the_crashed_trainer_consumed() -> None:
+    """Elastic mode: a trainer resumed from a crashed one's checkpoint took over its leases
+    (handover.py); the records its loop consumed of a task are left out of the copy that comes
+    here, merged with what earlier holders handed back."""
+    book = ConsumptionBook(taken_over={(0, 2): [(16, 19)]})
+    t = task(2, consumed=((22, 24),))
+    (ready,) = book.apply(Announced(t))
+    assert isinstance(ready, MakeReady) and ready.task.consumed == ((16, 19), (22, 24))
+    indices, _ = admitted_ready(book, ready.task)
+    assert rows_of(indices) == [3, 4, 5]
+
+
+def admitted_ready(book: ConsumptionBook, t: ReadyTask):
+    effects = book.apply(Admitted(t))
+    assert isinstance(effects[0], Issue)
+    return effects[0].indices, effects[1:]
+
+
+def test_only_updates_change_the_book() -> None:
+    with pytest.raises(TypeError, match="not an update"):
+        ConsumptionBook().apply(task(0))  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ from collections import Counter
 from _dataset_helpers import dataset, ids_of, write_dataset
 
 import shmloader
-from shmloader.dataset.reader_scaling import (
+from shmloader.dataset.runtime.reader_scaling import (
     CEILING_WINDOWS,
     IDLE_WINDOWS,
     ReaderScaling,

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from _dataplane_helpers import OFFSETS, TOTAL, make
 
-from shmloader.dataset.gatherer import Gatherer
+from shmloader.dataset.gather.gatherer import Gatherer
 
 
 def read_all(d, store, plane, order_seed):

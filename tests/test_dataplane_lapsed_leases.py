@@ -16,7 +16,7 @@ import time
 from _dataplane_helpers import announce, trainer
 from test_dataplane_shared import dispatcher
 
-from shmloader.dataset.gatherer import Gatherer
+from shmloader.dataset.gather.gatherer import Gatherer
 
 
 def kept(plane) -> int:

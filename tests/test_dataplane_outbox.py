@@ -14,19 +14,19 @@ def test_a_task_taken_while_an_answer_is_routed_is_warned_about_once(tmp_path, c
         to_b, later = stall(d)
         assert {(x.epoch, x.unit) for x in leases} <= {(x.epoch, x.unit) for x in to_b}
         outbox = plane.outbox
-        slot_states = outbox._slot_states
+        held_tasks = outbox._held
         own_lock_held = []
 
         def listing():
             # The plane's lock is taken here: the outbox must not hold its own.
             own_lock_held.append(outbox._lock.locked())
-            states = slot_states()
+            states = held_tasks()
             if len(own_lock_held) == 1:  # the sampler takes a task just after the listing
                 (task,) = plane.ready.take_ready([(0, leases[0].unit)])
                 assert len(plane.admit(task)) == task.num_rows
             return states
 
-        outbox._slot_states = listing
+        outbox._held = listing
         with caplog.at_level("WARNING", logger="shmloader.dataset"):
             plane.lapsed(d.mark_taken(plane.held_leases(), later))
             warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]

@@ -1,4 +1,4 @@
-"""The ranks a block's rows get when the sampler hands them out (``accounting.rank_rows``):
+"""The ranks a block's rows get when the sampler hands them out (``book.rank_rows``):
 what a pass resumed after a ``break`` reclaims its rows in. Both ways of scattering them (one
 flat table for slots numbered close together, one slot at a time for slots far apart) must
 give every handed-out row its place in the block, and leave everything else as it was."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shmloader.dataset import accounting
-from shmloader.dataset.accounting import SlotState, rank_rows
-from shmloader.dataset.gather import encode_indices
-from shmloader.dataset.ready import ReadyTask
+from shmloader.dataset.accounting import book
+from shmloader.dataset.accounting.book import SlotState, rank_rows
+from shmloader.dataset.core.indices import encode_indices
+from shmloader.dataset.core.tasks import ReadyTask
 
 
 def states(sizes: dict[int, int]) -> dict[int, SlotState]:
@@ -67,10 +67,8 @@ def test_every_row_handed_out_gets_its_place_in_the_block(
     want = expected_ranks(live, indices, 100, {last: earlier})
 
     by_slot_calls = []
-    by_slot = accounting._rank_by_slot
-    monkeypatch.setattr(
-        accounting, "_rank_by_slot", lambda *a: by_slot_calls.append(1) or by_slot(*a)
-    )
+    by_slot = book._rank_by_slot
+    monkeypatch.setattr(book, "_rank_by_slot", lambda *a: by_slot_calls.append(1) or by_slot(*a))
     assert rank_rows(slots, indices, 100) == 100 + len(indices)
     assert bool(by_slot_calls) is not table
     for slot, ranks in want.items():

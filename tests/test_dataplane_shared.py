@@ -11,7 +11,7 @@ import time
 
 from _dataplane_helpers import OFFSETS, SHARDS, TOTAL, announce, trainer
 
-from shmloader.dataset.gatherer import Gatherer
+from shmloader.dataset.gather.gatherer import Gatherer
 from shmloader.master.config import JobConfig
 from shmloader.master.dispatcher import Dispatcher
 

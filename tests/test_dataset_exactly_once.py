@@ -214,7 +214,7 @@ def test_an_order_that_the_budget_made_depend_on_timing_is_warned_about(
     directory, expected = data
     src = source(directory)
     one = ipc_file_size(src.read(src.plan()[0], 0, 100))
-    sampler_log = "shmloader.dataset.sampler"
+    sampler_log = "shmloader.dataset.order.sampler"
     with caplog.at_level(logging.WARNING, logger=sampler_log):
         with dataset(directory, tmp_path / "small", shm_budget=3 * one) as ds:
             assert_once(one_pass(make_loader(ds, "shmloader")), expected)

@@ -297,7 +297,7 @@ def test_rows_kept_for_the_next_batch_are_let_go_when_they_fill_the_budget(
 def test_under_ddp_rows_kept_for_the_next_batch_are_not_let_go() -> None:
     import numpy as np
 
-    from shmloader.dataset.sampler import LET_GO, TaskBatchSampler
+    from shmloader.dataset.order.sampler import LET_GO, TaskBatchSampler
 
     class Blocks:  # the sampler's side: one block of 40 rows, then only LET_GO
         def chunks(self, stuck: Any = None, **options: Any) -> Any:
@@ -322,8 +322,8 @@ def test_a_reader_long_on_one_task_is_warned_of(
     # 600 records at 2 ms each stands for it, against a threshold of 0.3 s. Readers are looked
     # at every 0.02 s, not every second: the task's time past the threshold (under a second)
     # could fall between two looks, and did on a loaded machine.
-    monkeypatch.setattr("shmloader.dataset.maintenance.STALL_SECONDS", 0.3)
-    monkeypatch.setattr("shmloader.dataset.maintenance.STALL_CHECK_SECONDS", 0.02)
+    monkeypatch.setattr("shmloader.dataset.runtime.maintenance.STALL_SECONDS", 0.3)
+    monkeypatch.setattr("shmloader.dataset.runtime.maintenance.STALL_CHECK_SECONDS", 0.02)
     directory = tmp_path / "data"
     expected = write_dataset(directory, [600])
     with (
@@ -398,7 +398,8 @@ def test_short_tasks_read_ahead_do_not_starve_a_large_task_of_room(tmp_path: Pat
 
 def test_a_wait_that_cannot_end_is_a_named_error() -> None:
     # Starved, nothing ready, a wanted reader blocked and nothing handed out to consume.
-    from shmloader.dataset.ready import Pressure, ReadyTasks
+    from shmloader.dataset.core.tasks import Pressure
+    from shmloader.dataset.waiting.ready import ReadyTasks
 
     with pytest.raises(shmloader.ShmSpaceError, match="read ahead into a later epoch"):
         ReadyTasks().take(0, [3], pressure=lambda: Pressure.DEAD_END, patience=0.05)
@@ -409,7 +410,8 @@ def test_a_blocked_reader_of_the_task_waited_for_starves_the_sampler() -> None:
     first), so the room it estimates looks ample, while the reader of the large task the
     sampler waits for has none: the sampler must take the later tasks that are ready, which
     frees room, rather than wait for ever (the end-to-end test above hung now and then)."""
-    from shmloader.dataset.ready import Pressure, ReadyTask, ReadyTasks
+    from shmloader.dataset.core.tasks import Pressure, ReadyTask
+    from shmloader.dataset.waiting.ready import ReadyTasks
 
     ready = ReadyTasks()
     ready.put(ReadyTask(0, 4, 4, "seg-a", 300, 104))

@@ -10,7 +10,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from shmloader.dataset.gather import _dense_view, encode_indices, group_rows, split_indices
+from shmloader.dataset.core.indices import encode_indices, group_rows, split_indices
+from shmloader.dataset.gather.gather import _dense_view
 from shmloader.errors import ConfigError, DataError
 
 
@@ -72,7 +73,7 @@ def test_the_first_gather_imports_neither_pyarrow_compute_nor_pandas() -> None:
     pytest.importorskip("pandas")
     code = (
         "import sys, pyarrow as pa\n"
-        "from shmloader.dataset.gather import segment_views\n"
+        "from shmloader.dataset.gather.gather import segment_views\n"
         "values = pa.Array.from_buffers(pa.float32(), 12, [None, pa.py_buffer(bytes(48))])\n"
         "x = pa.FixedSizeListArray.from_arrays(values, 3)\n"
         "segment_views(pa.RecordBatch.from_arrays([x], names=['x']))\n"
@@ -85,7 +86,7 @@ def test_the_first_gather_imports_neither_pyarrow_compute_nor_pandas() -> None:
 def _gather_two_segments(columns: dict[str, list]) -> dict[str, object]:
     """Rows 0-2 of one segment and 0-1 of another, each segment made of ``columns``' values
     split 3 + 2 (the first three in segment 1, the last two in segment 2)."""
-    from shmloader.dataset.gather import gather, segment_views
+    from shmloader.dataset.gather.gather import gather, segment_views
 
     table = pa.table(columns)
     segs = {

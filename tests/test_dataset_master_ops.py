@@ -3,7 +3,7 @@ it keeps of epoch sizes stays bounded however many epochs a long run goes throug
 
 from __future__ import annotations
 
-from shmloader.dataset.master_ops import EPOCHS_KEPT, MasterOps
+from shmloader.dataset.runtime.master_ops import EPOCHS_KEPT, MasterOps
 from shmloader.master.client import MasterClient
 from shmloader.master.server import Master
 from shmloader.sources.base import Shard

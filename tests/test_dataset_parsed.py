@@ -9,10 +9,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from shmloader.dataset.gather import encode_indices, segment_views
-from shmloader.dataset.gatherer import Gatherer
-from shmloader.dataset.plane import slot_name
-from shmloader.dataset.view_cache import ParsedViews
+from shmloader.dataset.accounting.plane import slot_name
+from shmloader.dataset.core.indices import encode_indices
+from shmloader.dataset.gather.gather import segment_views
+from shmloader.dataset.gather.gatherer import Gatherer
+from shmloader.dataset.gather.view_cache import ParsedViews
 from shmloader.shm.region import PAGE, Placed, Region
 from shmloader.shm.store import SegmentStore, read_segment
 

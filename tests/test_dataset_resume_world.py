@@ -14,8 +14,8 @@ import pytest
 from _dataset_helpers import dataset, ids_of, source, write_dataset
 
 import shmloader
-from shmloader.dataset.checkpoint import merge_states
-from shmloader.dataset.record_ranges import row_records, to_ranges
+from shmloader.dataset.core.record_ranges import row_records, to_ranges
+from shmloader.dataset.resume.checkpoint import merge_states
 from shmloader.errors import ConfigError, ShmloaderError
 from shmloader.master.tasks import TaskTable, build_schedule
 from shmloader.sources.base import Shard

@@ -1,4 +1,4 @@
-"""Batches from DataLoader workers through ring slots (``shmloader/dataset/ring.py``)."""
+"""Batches from DataLoader workers through ring slots (``shmloader/dataset/gather/ring.py``)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import torch.utils.data
 from _dataset_helpers import dataset, ids_of, write_dataset
 
 import shmloader
-from shmloader.dataset import ring as ring_module
-from shmloader.dataset.batch import Batch
-from shmloader.dataset.gather import block_layout
+from shmloader.dataset.core.batch import Batch
+from shmloader.dataset.gather import ring as ring_module
+from shmloader.dataset.gather.gather import block_layout
+from shmloader.dataset.gather.ring import RING_PREFIX, BatchRing, RingBatch, RingColumn
 from shmloader.dataset.loader import ring_slots
-from shmloader.dataset.ring import RING_PREFIX, BatchRing, RingBatch, RingColumn
 
 SIZES = [400, 333]
 

@@ -29,7 +29,7 @@ from _dataset_helpers import (
 )
 
 import shmloader
-from shmloader.dataset.launcher import rendezvous_from_env
+from shmloader.dataset.runtime.launcher import rendezvous_from_env
 
 TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "node0", "MASTER_PORT": "29500"}
 
@@ -343,7 +343,7 @@ def test_rank_0_waits_for_the_others_only_when_its_loop_ended(
     # Waiting in vain takes close_seconds; where rank 0 should wait, rank 1 marks its close
     # after mark_after.
     close_seconds, mark_after = 30.0, 1.0
-    monkeypatch.setattr("shmloader.dataset.launcher.CLOSE_SECONDS", close_seconds)
+    monkeypatch.setattr("shmloader.dataset.runtime.launcher.CLOSE_SECONDS", close_seconds)
     store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=5))
     env = {**TORCHRUN_ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
     for name, value in env.items():
@@ -382,7 +382,7 @@ def test_ipv6_addresses_are_published_in_brackets() -> None:
 
 
 def test_an_unreachable_launcher_store_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("shmloader.dataset.launcher.CONNECT_SECONDS", 0.5)
+    monkeypatch.setattr("shmloader.dataset.runtime.launcher.CONNECT_SECONDS", 0.5)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens here once closed

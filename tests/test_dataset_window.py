@@ -12,10 +12,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import shmloader.dataset.gatherer as worker
-from shmloader.dataset.gather import encode_indices, gather, segment_views
-from shmloader.dataset.gatherer import Gatherer
-from shmloader.dataset.plane import slot_name
+import shmloader.dataset.gather.gatherer as worker
+from shmloader.dataset.accounting.plane import slot_name
+from shmloader.dataset.core.indices import encode_indices
+from shmloader.dataset.gather.gather import gather, segment_views
+from shmloader.dataset.gather.gatherer import Gatherer
 from shmloader.shm.store import SegmentStore
 
 SIZES = [50, 20, 50, 30]

@@ -108,7 +108,7 @@ def test_internals_are_not_at_the_top_level():
     # What users build and catch is at the top; the parts inside come from their modules.
     for name in ("Dispatcher", "JobConfig", "Journal", "SegmentStore", "TaskSampler"):
         assert name not in shmloader.__all__
-    from shmloader.dataset.sampler import TaskSampler
+    from shmloader.dataset.order.sampler import TaskSampler
     from shmloader.master import Dispatcher, Journal
 
     assert TaskSampler and Dispatcher and Journal

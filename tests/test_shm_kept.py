@@ -9,9 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from shmloader.dataset.gather import encode_indices
-from shmloader.dataset.gatherer import Gatherer
-from shmloader.dataset.plane import slot_name
+from shmloader.dataset.accounting.plane import slot_name
+from shmloader.dataset.core.indices import encode_indices
+from shmloader.dataset.gather.gatherer import Gatherer
 from shmloader.shm.kept import KeptMappings
 from shmloader.shm.region import PAGE, Placed, Region
 from shmloader.shm.store import SegmentStore
@@ -122,7 +122,7 @@ def test_dataloader_workers_unmap_instead_of_keeping(
 ) -> None:
     # Mapped pages count in the PSS of whoever maps them: a worker's stays that of the
     # segments it reads.
-    import shmloader.dataset.gatherer as worker_module
+    import shmloader.dataset.gather.gatherer as worker_module
 
     monkeypatch.setattr(worker_module, "in_worker", lambda: True)
     with SegmentStore.create("64MiB", base_dir=str(tmp_path)) as store:

@@ -9,9 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from shmloader.dataset.gather import encode_indices, gather, segment_views
-from shmloader.dataset.gatherer import Gatherer
-from shmloader.dataset.plane import slot_name
+from shmloader.dataset.accounting.plane import slot_name
+from shmloader.dataset.core.indices import encode_indices
+from shmloader.dataset.gather.gather import gather, segment_views
+from shmloader.dataset.gather.gatherer import Gatherer
 from shmloader.shm.region import PAGE, Region
 from shmloader.shm.store import SegmentStore
 

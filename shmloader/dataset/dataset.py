@@ -25,22 +25,23 @@ from ..shm.store import SegmentStore
 from ..sources.arrow import ArrowSource
 from ..sources.base import Source
 from ..sources.hf import HFDataset, is_hf_dataset, refuse_other_hf
-from . import ring
-from .checkpoint import FRESH_START, DatasetFacts, identity, resume_point, saved_state
-from .delivery import Receipt, receipt_of
-from .gather import ROW_BITS, encode_indices, gather, segment_views
-from .gatherer import Gatherer
-from .launcher import TORCHRUN, Rendezvous, rendezvous_from_env
-from .natural import SHUFFLED, Refused, RowStream, are_positions, in_sequence
-from .reader_scaling import auto_bounds
-from .ring import RingBatch
-from .sampler import DEFAULT_SHUFFLE_WINDOW, FirstPass, TaskBatchSampler, TaskSampler
+from .core.indices import ROW_BITS, encode_indices
+from .core.receipts import Receipt, receipt_of
+from .gather import ring
+from .gather.gather import gather, segment_views
+from .gather.gatherer import Gatherer
+from .gather.ring import RingBatch
+from .order.natural import SHUFFLED, Refused, RowStream, are_positions, in_sequence
+from .order.sampler import DEFAULT_SHUFFLE_WINDOW, FirstPass, TaskBatchSampler, TaskSampler
+from .resume.checkpoint import FRESH_START, DatasetFacts, identity, resume_point, saved_state
+from .runtime.launcher import TORCHRUN, Rendezvous, rendezvous_from_env
+from .runtime.reader_scaling import auto_bounds
 
 if TYPE_CHECKING:
     from ..master.tasks import DdpPolicy
     from ..stats.stats import Stats
-    from .checkpoint import ResumePoint
-    from .runtime import Runtime, RuntimeConfig
+    from .resume.checkpoint import ResumePoint
+    from .runtime.runtime import Runtime, RuntimeConfig
 
 
 # Readers never configured hold nothing (no lease, no segment): they are asked to stop but
@@ -323,7 +324,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
                 assert self._store is not None
                 # Imported here, not at the top: the readers start at construction, and
                 # the trainer's imports of its master's side overlap theirs.
-                from .runtime import Runtime
+                from .runtime.runtime import Runtime
 
                 launched, self._launched = self._launched, []
                 try:
@@ -333,7 +334,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
                     raise
                 self._runtime = runtime
                 if self._gatherer is not None:
-                    self._gatherer.report_to(runtime.plane.gathered)
+                    self._gatherer.report_to(runtime.plane.reports.gathered)
             return self._runtime
 
     # -- checkpoints -----------------------------------------------------------------------
@@ -354,7 +355,9 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             return self._state_at_close  # a checkpoint written after the loop ended
         runtime = self._ensure_started()
         self._settle_batchers()
-        return saved_state(self._facts(), runtime, self._resume, also=also)
+        return saved_state(
+            self._facts(), self._resume, runtime.loop_state(also), master=runtime.address
+        )
 
     def _state_before_start(self) -> dict[str, Any] | None:
         """The state while the dataset has not started, without starting it: the one loaded,
@@ -414,7 +417,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         )
 
     def _runtime_config(self) -> RuntimeConfig:
-        from .runtime import RuntimeConfig
+        from .runtime.runtime import RuntimeConfig
 
         return RuntimeConfig(
             source=self.source,
@@ -457,9 +460,9 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             self.sampler(),
             batch_size,
             drop_last,
-            on_drop=lambda rows: self._ensure_started().plane.dropped(rows),
-            on_received=lambda rows: self._ensure_started().plane.received(rows),
-            on_counted_early=lambda rows: self._ensure_started().plane.counted_early(rows),
+            on_drop=lambda rows: self._ensure_started().plane.reports.dropped(rows),
+            on_received=lambda rows: self._ensure_started().plane.reports.received(rows),
+            on_counted_early=lambda rows: self._ensure_started().plane.reports.counted_early(rows),
             pinned=lambda held: self._ensure_started().plane.pinned(held),
             let_go=self.world_size in (None, 1),  # DDP: a short batch would unbalance steps
             state_counting=self._batcher_state,
@@ -522,7 +525,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
     def __getitems__(self, indices: Sequence[int] | np.ndarray) -> dict[str, Any] | RingBatch:
         """The batch: a dict of tensors; in a worker of ``shmloader.DataLoader``, a
-        :class:`~shmloader.dataset.ring.RingBatch`, which reaches the training process as one.
+        :class:`~shmloader.dataset.gather.ring.RingBatch`, which reaches the training process
+        as one.
         How its rows count as consumed travels with ``indices`` (delivery.py).
 
         Positions of a torch sampler (``DataLoader(ds, batch_size=64)``, no ``sampler=``) take
@@ -545,7 +549,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             if self._rows is None:
                 self._rows = RowStream(
                     self.batch_sampler(size),
-                    consumed=lambda rows: self._ensure_started().plane.counted_early(rows),
+                    consumed=lambda rows: self._ensure_started().plane.reports.counted_early(rows),
                 )
             rows = self._rows
         batch = self._gather(rows.take(size), ring=False, receipt=Receipt.GATHER)
@@ -604,7 +608,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
     @staticmethod
     def _columns_of(gatherer: Gatherer, indices: Sequence[int] | np.ndarray) -> list[str]:
-        from .gather import split_indices
+        from .core.indices import split_indices
 
         slots, _ = split_indices(indices[:1])
         return list(gatherer.views(int(slots[0])))
@@ -670,7 +674,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         """What ``state_dict()`` gives once closed: the state as it closes (None when that
         cannot be told, the runtime having failed: state_dict() then says it is closed)."""
         try:
-            return saved_state(self._facts(), runtime, self._resume, closing=True)
+            loop = runtime.loop_state(closing=True)
+            return saved_state(self._facts(), self._resume, loop, master=runtime.address)
         except ShmloaderError:
             return None
 

@@ -16,9 +16,9 @@ import torch.utils.data
 
 from ..errors import ConfigError
 from ..shm.budget import closed_error
-from . import ring
 from .dataset import SharedTaskDataset
-from .ring import MAX_RING_SLOTS
+from .gather import ring
+from .gather.ring import MAX_RING_SLOTS
 
 # What a batch's tensor columns are: torch tensors, or NumPy arrays over the same memory.
 BatchFormat = Literal["torch", "numpy"]
@@ -167,7 +167,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             indices = self._recorder.issued.popleft()
             handed = self._handed(batch)  # if the transform raises, the rows are not delivered
             # Workers of this loader write no ledger: rows are reported gathered here.
-            plane.delivered(indices)
+            plane.reports.delivered(indices)
             yield handed
             began = time.perf_counter()
 

@@ -171,7 +171,8 @@ class Dispatcher:
     def leave(self, consumer: str, now: float, consumed: HandBack | None = None) -> None:
         """Unregister; the consumer's leases go back to the front of their queues at once,
         with the records ``consumed`` of them (elastic mode; lease id -> ranges): handback.py."""
-        for update in handed_back(self, consumer, consumed, now):  # all checked first
+        leaving = self.consumer_state(consumer)
+        for update in handed_back(self.state, leaving, consumed, now):  # all checked first
             self.apply(update)
         self._run(now, ConsumerLeft(now, consumer, "left"))
 

@@ -16,34 +16,31 @@ checkpoint.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..errors import ConfigError
+from .snapshot import ConsumerState, DispatcherState
 from .tasks import merge_ranges
 from .updates import LeaseHandedBack
 from .wire import HandBack
 
-if TYPE_CHECKING:
-    from .dispatcher import Dispatcher
-
 
 def handed_back(
-    d: Dispatcher,
-    consumer: str,
+    state: DispatcherState,
+    consumer: ConsumerState,
     consumed: HandBack | None,
     now: float,
 ) -> list[LeaseHandedBack]:
-    """The updates that record ``consumed`` (lease id -> record ranges) for ``consumer``'s
-    leases, checked before any applies: ranges of leases it does not hold (any more) and of
-    DDP leases are left out, ranges outside a lease's unit raise ConfigError."""
-    held = d.consumer_state(consumer).leases
+    """The updates that record ``consumed`` (lease id -> record ranges) for the leases of
+    ``consumer`` (what the dispatcher's ``state`` knows of the leaving one), checked before
+    any applies: ranges of leases it does not hold (any more) and of DDP leases are left out,
+    ranges outside a lease's unit raise ConfigError. Reads the state, changes nothing: the
+    dispatcher applies what comes back."""
     out = []
     for lease_id, ranges in sorted((consumed or {}).items()):
-        lease = d.state.leases.get(lease_id)
+        lease = state.leases.get(lease_id)
         merged = tuple(merge_ranges(ranges))
-        if lease_id not in held or lease is None or lease.rank is not None or not merged:
+        if lease_id not in consumer.leases or lease is None or lease.rank is not None or not merged:
             continue
-        bad = d.state.open[lease.epoch].outside(lease.unit, merged)
+        bad = state.open[lease.epoch].outside(lease.unit, merged)
         if bad is not None:
             raise ConfigError(
                 f"lease {lease_id}: consumed records [{bad[0]}, {bad[1]}) are not within its "

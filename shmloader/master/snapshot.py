@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import ConfigError, MasterError
 from .closed import GONE_MEMORY, ClosedLeases
@@ -22,9 +22,6 @@ from .progress import (
     Progress,
 )
 from .tasks import TaskTable
-
-if TYPE_CHECKING:
-    from .dispatcher import Dispatcher
 
 STATE_FORMAT = 1
 # What :meth:`Dispatcher.whereabouts` says of a unit. "mine": leased by the asking consumer;
@@ -87,6 +84,24 @@ class DispatcherState:
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
 
 
+class Dispatched(Protocol):
+    """What the read-outs below read of a dispatcher: its task table, its settings, the state
+    its updates made, and whether its epochs are all done. A dispatcher is one; the read-outs
+    never change it, and know nothing else of it."""
+
+    @property
+    def table(self) -> TaskTable: ...
+
+    @property
+    def config(self) -> JobConfig: ...
+
+    @property
+    def state(self) -> DispatcherState: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+
 def schedule_key(table: TaskTable, config: JobConfig) -> dict[str, Any]:
     key: dict[str, Any] = {name: getattr(config, name) for name in SCHEDULE_FIELDS}
     key["resume"] = resume_key(config.resume)
@@ -134,7 +149,7 @@ def _consumer_state(name: str, c: ConsumerState) -> dict[str, Any]:
     return out
 
 
-def dump_state(d: Dispatcher) -> dict[str, Any]:
+def dump_state(d: Dispatched) -> dict[str, Any]:
     return {
         "format": STATE_FORMAT,
         "schedule": schedule_key(d.table, d.config),
@@ -206,7 +221,7 @@ def _lease(table: TaskTable, config: JobConfig, s: DispatcherState, x: dict[str,
     return replace(lease, taken=True) if x.get("taken", False) else lease
 
 
-def progress(d: Dispatcher, since_epoch: int = 0) -> Progress:
+def progress(d: Dispatched, since_epoch: int = 0) -> Progress:
     closed = (
         d.state.closed
         if since_epoch <= 0
@@ -237,7 +252,7 @@ def progress(d: Dispatcher, since_epoch: int = 0) -> Progress:
 
 
 def whereabouts(
-    d: Dispatcher, consumer: str, epoch: int, units: Sequence[int], now: float | None = None
+    d: Dispatched, consumer: str, epoch: int, units: Sequence[int], now: float | None = None
 ) -> list[str]:
     """See :meth:`Dispatcher.whereabouts`."""
     ep = d.state.open.get(epoch)
@@ -263,7 +278,7 @@ def whereabouts(
     return out
 
 
-def left_records(d: Dispatcher, epoch: int) -> list[int] | None:
+def left_records(d: Dispatched, epoch: int) -> list[int] | None:
     """Records of each queue of ``epoch`` not done yet (to do or leased); None before the
     epoch starts (all of each queue's records), zeros once it finished."""
     ep = d.state.open.get(epoch)
@@ -274,7 +289,7 @@ def left_records(d: Dispatcher, epoch: int) -> list[int] | None:
     return [0] * (d.config.world_size or 1)
 
 
-def _in_hand(d: Dispatcher, lease: Lease, now: float | None) -> bool:
+def _in_hand(d: Dispatched, lease: Lease, now: float | None) -> bool:
     """Taken, and renewed within ``lease_timeout``. A taken lease not renewed for longer may
     be its trainer's (stalled or dead) to the end of its hold, up to ``consumer_timeout``
     (``JobConfig.hold``): "other", which trainers wait for at the end of a pass, as for a
@@ -286,7 +301,7 @@ def _in_hand(d: Dispatcher, lease: Lease, now: float | None) -> bool:
     return now - renewed_at <= d.config.lease_timeout
 
 
-def _closed_size(d: Dispatcher, epoch: int) -> int:
+def _closed_size(d: Dispatched, epoch: int) -> int:
     for done in d.state.closed:
         if done.epoch == epoch:
             return done.total_units

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from .process import ReaderConfig
+    from .config import ReaderConfig
 
 
 _DYNAMIC_CODE = "<dynamic-code>"  # cloudpickle's file name for code it sends by value

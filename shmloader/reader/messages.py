@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..sources.base import SkippedRecord
+from ..sources.skipped import SkippedRecord
 from .failure import Link
 
 

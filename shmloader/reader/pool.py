@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import ConfigError, ShmloaderError
 from .by_value import pickle_config
+from .config import ReaderConfig
 from .messages import (
     RETIRE,
     STOP,
@@ -34,7 +35,6 @@ from .messages import (
     Started,
     Unusable,
 )
-from .process import ReaderConfig
 
 STOP_SECONDS = 5.0  # how long readers get to stop on their own before they are killed
 BLAS_THREADS = "OPENBLAS_NUM_THREADS"  # numpy's wheels bundle OpenBLAS

@@ -17,8 +17,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -28,13 +27,14 @@ from ..errors import ConfigError, DataError, LeaseError, MasterError, StoreClose
 # At the top, not where the client is made: a reader imports it (grpc, slow to import) while
 # it waits for its configuration, which the trainer sends only once its master is up.
 from ..master.client import MasterClient
-from ..master.credentials import Credentials
 from ..shm import hints
 from ..shm.names import new_segment_name
 from ..shm.store import SegmentInfo
 from ..sources._tensor_types import schema_forms
-from ..sources.base import ReadResult, Shard, SkippedRecord, Source
+from ..sources.base import ReadResult, Shard
+from ..sources.skipped import SkippedRecord
 from .by_value import unpickle_config
+from .config import ReaderConfig
 from .failure import as_ours, describe_error, pack_exception, retry_may_help
 from .heap import keep_freed_memory
 from .messages import (
@@ -50,34 +50,11 @@ from .messages import (
     lease_clock,
     task_key,
 )
-from .unchanged import FileIdentity, check_unchanged
+from .unchanged import check_unchanged
 
 PR_SET_PDEATHSIG = 1
 AHEAD_POLL = 0.005  # seconds between looks while the trainer holds enough ready tasks
 SWEEP_EVERY = 100  # of those looks
-
-
-@dataclass(frozen=True)
-class ReaderConfig:
-    """Everything a reader needs; pickled once to the new process (by_value.py)."""
-
-    index: int
-    master_address: str
-    consumer: str
-    source: Source
-    store: Any  # shmloader.shm.store.StoreHandle
-    allowed_paths: frozenset[str]
-    lease_timeout: float
-    # The trainer's token and TLS CA (master/credentials.py), as its own client uses them.
-    credentials: Credentials = field(default_factory=Credentials)
-    rank: int | None = None  # the consumer's (DDP), to register it again if the master forgot it
-    idle_poll: float = 0.05
-    lease_ahead: int = 4  # tasks asked for per lease call
-    # (epoch, seq) consumed before a resume: announced empty, not read again
-    skip_tasks: frozenset[tuple[int, int]] = frozenset()
-    seed: int = 0  # the dataset's: with epoch and task, the seed of task_rng() (augment.py)
-    # Each local file's identity when the dataset started: a file replaced since is refused.
-    files: Mapping[str, FileIdentity] = field(default_factory=dict)
 
 
 def _die_with_parent(parent: int) -> None:

@@ -18,7 +18,6 @@ if TYPE_CHECKING:  # the names for type checkers (``as``: re-exported)
     from .base import BaseSource as BaseSource
     from .base import ReadResult as ReadResult
     from .base import Shard as Shard
-    from .base import SkippedRecord as SkippedRecord
     from .base import Source as Source
     from .columns import BatchBuilder as BatchBuilder
     from .columns import FixedColumns as FixedColumns
@@ -33,6 +32,7 @@ if TYPE_CHECKING:  # the names for type checkers (``as``: re-exported)
     from .jsonl import JSONLSource as JSONLSource
     from .parquet import ParquetSource as ParquetSource
     from .records import RecordFileSource as RecordFileSource
+    from .skipped import SkippedRecord as SkippedRecord
     from .streamed import StreamedColumns as StreamedColumns
     from .webdataset import WebDatasetSource as WebDatasetSource
 
@@ -42,7 +42,6 @@ _EXPORTS: dict[str, str] = {
     "BaseSource": ".base",
     "ReadResult": ".base",
     "Shard": ".base",
-    "SkippedRecord": ".base",
     "Source": ".base",
     "BatchBuilder": ".columns",
     "FixedColumns": ".columns",
@@ -57,6 +56,7 @@ _EXPORTS: dict[str, str] = {
     "JSONLSource": ".jsonl",
     "ParquetSource": ".parquet",
     "RecordFileSource": ".records",
+    "SkippedRecord": ".skipped",
     "StreamedColumns": ".streamed",
     "WebDatasetSource": ".webdataset",
 }

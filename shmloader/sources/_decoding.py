@@ -24,8 +24,8 @@ import pyarrow as pa
 
 from ..augment import outside_task
 from ..errors import ConfigError, DataError, DecodeError, OnError
-from .base import SkippedRecord
 from .columns import BatchBuilder, FixedColumns
+from .skipped import SkippedRecord
 
 INFER_ATTEMPTS = 1000  # records that may fail to decode while inferring a schema
 

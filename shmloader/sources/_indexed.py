@@ -36,12 +36,12 @@ from .base import (
     BaseSource,
     ReadResult,
     Shard,
-    SkippedRecord,
     check_held,
     check_on_error,
     check_range,
 )
 from .columns import BatchBuilder, infer_schema
+from .skipped import SkippedRecord
 
 Decode = Callable[[dict[str, Any]], Mapping[str, Any]]
 Parse = Callable[[Any], Any]

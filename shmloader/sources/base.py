@@ -10,17 +10,16 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
 from .._fs import give_filesystem, given_roots, serve_roots
 from ..errors import ON_ERROR_CHOICES, ConfigError, DataError, OnError
+from .columns import FixedColumns
+from .skipped import SkippedRecord as SkippedRecord  # part of the protocol: named here too
 from .streamed import StreamedColumns
-
-if TYPE_CHECKING:
-    from .columns import FixedColumns
 
 
 @dataclass(frozen=True)
@@ -32,16 +31,6 @@ class Shard:
 
     path: str
     num_records: int
-
-
-@dataclass(frozen=True)
-class SkippedRecord:
-    """A record left out under ``on_error="skip"``; counted and reported, never silent."""
-
-    path: str
-    index: int
-    offset: int | None
-    error: str
 
 
 class ReadResult:
@@ -102,8 +91,6 @@ class ReadResult:
 def _refuse_content(batch: object) -> None:
     """TypeError unless ``batch`` is FixedColumns: a source of the user's own handing a Table
     or a dict failed later, in the reader, with an AttributeError about ``builder``."""
-    from .columns import FixedColumns  # imported here: columns imports this module
-
     if not isinstance(batch, FixedColumns):
         raise TypeError(
             f"ReadResult takes one pyarrow.RecordBatch, got {type(batch).__module__}."

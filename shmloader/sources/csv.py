@@ -34,7 +34,8 @@ from ..errors import ConfigError, DataError, DecodeError, OnError
 from ._indexed import At, Decode, IndexedSource
 from ._lines import read_span, scan_lines
 from ._tabular import check_options, to_batch
-from .base import ReadResult, Shard, SkippedRecord
+from .base import ReadResult, Shard
+from .skipped import SkippedRecord
 
 _QUOTE = ord('"')
 _INFER_BYTES = 1 << 20

@@ -39,8 +39,9 @@ from ..errors import ConfigError, DecodeError, OnError
 from ._indexed import At, Decode, IndexedSource
 from ._lines import read_span, scan_lines
 from ._tabular import check_options, to_batch
-from .base import ReadResult, Shard, SkippedRecord
+from .base import ReadResult, Shard
 from .columns import as_tensor_column
+from .skipped import SkippedRecord
 
 _BLANK = b" \t\r"
 

@@ -36,8 +36,9 @@ from ._decoding import (
     infer_schema_from,
     record_failure,
 )
-from .base import BaseSource, ReadResult, Shard, SkippedRecord, check_held, check_on_error
+from .base import BaseSource, ReadResult, Shard, check_held, check_on_error
 from .columns import BatchBuilder, infer_schema, infer_schema_from_columns
+from .skipped import SkippedRecord
 from .streamed import Chunk, StreamedColumns
 
 # Payloads are bytes, or memoryviews with ``views=True``.

@@ -16,15 +16,13 @@ and writes that the ordinary way.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TypeAlias
 
 import numpy as np
 import pyarrow as pa
 
 from .columns import BatchBuilder, FixedColumns
-
-if TYPE_CHECKING:
-    from .base import SkippedRecord
+from .skipped import SkippedRecord
 
 Chunk: TypeAlias = (
     FixedColumns | pa.RecordBatch

@@ -34,7 +34,8 @@ from ..errors import DataError, IndexMismatchError, OnError
 from ._indexed import At, Decode, IndexedSource
 from ._lines import read_span
 from ._tar import samples, walk
-from .base import ReadResult, Shard, SkippedRecord
+from .base import ReadResult, Shard
+from .skipped import SkippedRecord
 
 _READ_BLOCK = 1 << 20
 

@@ -4,13 +4,19 @@ Each rule looks at a few figures and, when they point one way, says what they sh
 them) and what to try. The thresholds below are where the rule starts to speak; a rule never
 guesses from figures that are not there (a plain DataLoader hides its loop: then the loop's
 rules keep quiet and one line says how to see it).
+
+The figures the rules read are named below (:class:`Figures`, :class:`ReaderFigures`,
+:class:`ProcessFigures`): a :class:`~.stats.Stats` has them all, and so do figures made up
+to try a rule. The rules know nothing else of a snapshot, and ``Stats.advice()`` asks them.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
+from typing import Protocol
 
-from .stats import MIB, ProcessStats, Stats
+MIB = 1 << 20
 
 # The loop waits for data in more than this share of its time: feeding is the bottleneck;
 # in less, with readers idle or waiting for room, the loop is. (Without workers the wait
@@ -36,7 +42,84 @@ GROWTH_BYTES = 32 * MIB
 MIN_EPOCHS = 3
 
 
-def advice(stats: Stats) -> list[str]:
+class ReaderFigures(Protocol):
+    """What the rules read of one reader slot (a :class:`~.stats.ReaderStats`)."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def restarts(self) -> int: ...
+
+    @property
+    def busy_share(self) -> float: ...
+
+    @property
+    def room_wait_share(self) -> float: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+
+class ProcessFigures(Protocol):
+    """What the rules read of one process (a :class:`~.stats.ProcessStats`): ``memory`` only
+    as measured or not (None)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def memory(self) -> object | None: ...
+
+    @property
+    def pss_by_epoch(self) -> Sequence[tuple[int, int]]: ...
+
+
+class Figures(Protocol):
+    """What the rules read of a snapshot (a :class:`~.stats.Stats`, whose docstring says what
+    each figure counts)."""
+
+    @property
+    def readers(self) -> Sequence[ReaderFigures]: ...
+
+    @property
+    def processes(self) -> Sequence[ProcessFigures]: ...
+
+    @property
+    def records_consumed(self) -> int: ...
+
+    @property
+    def batches_delivered(self) -> int: ...
+
+    @property
+    def loop_wait_share(self) -> float | None: ...
+
+    @property
+    def reader_wait_share(self) -> float | None: ...
+
+    @property
+    def shm_budget(self) -> int: ...
+
+    @property
+    def shm_peak(self) -> int: ...
+
+    @property
+    def cpu_cores(self) -> int: ...
+
+    @property
+    def cpu_busy_share(self) -> float: ...
+
+    @property
+    def regranted_tasks(self) -> int: ...
+
+    @property
+    def regranted_records(self) -> int: ...
+
+
+def advice(stats: Figures) -> list[str]:
     """The advice for ``stats``, most important first; empty when nothing stands out."""
     lines = _feeding(stats)
     lines += [_growth(p) for p in stats.processes if _grows(p)]
@@ -44,7 +127,7 @@ def advice(stats: Stats) -> list[str]:
     return lines
 
 
-def _feeding(stats: Stats) -> list[str]:
+def _feeding(stats: Figures) -> list[str]:
     """Who is the bottleneck: the readers, the budget, gathering, or the loop."""
     share, on_readers = stats.loop_wait_share, stats.reader_wait_share
     if share is None or on_readers is None:
@@ -122,7 +205,7 @@ def _feeding(stats: Stats) -> list[str]:
     return []
 
 
-def _grows(p: ProcessStats) -> bool:
+def _grows(p: ProcessFigures) -> bool:
     epochs = p.pss_by_epoch[1:]  # the first epoch warms up (imports, caches, mappings)
     if len(epochs) < MIN_EPOCHS - 1 or p.memory is None:
         return False
@@ -131,7 +214,7 @@ def _grows(p: ProcessStats) -> bool:
     return rising and last - first > max(GROWTH_BYTES, GROWTH_SHARE * first)
 
 
-def _growth(p: ProcessStats) -> str:
+def _growth(p: ProcessFigures) -> str:
     (e0, first), (e1, last) = p.pss_by_epoch[1], p.pss_by_epoch[-1]
     return (
         f"The {p.role} pid {p.pid} grew from {_mib(first)} (PSS) in epoch {e0} to "
@@ -141,7 +224,7 @@ def _growth(p: ProcessStats) -> str:
     )
 
 
-def _health(stats: Stats) -> list[str]:
+def _health(stats: Figures) -> list[str]:
     """Readers that die, tasks that fail, rows that may have come twice."""
     lines = []
     for r in stats.readers:

@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..master.figures import TrainerFigures
+from . import advice as rules
 from .probe import Memory
 
-MIB = 1 << 20
+MIB = rules.MIB  # one definition, in the rules (which cannot import this module)
 
 
 @dataclass(frozen=True)
@@ -189,9 +190,7 @@ class Stats:
     def advice(self) -> list[str]:
         """What to change, in plain words, each backed by the figures it quotes; empty when
         nothing stands out. See ``shmloader/stats/advice.py`` for the rules."""
-        from .advice import advice
-
-        return advice(self)
+        return rules.advice(self)
 
     def __str__(self) -> str:
         lines = [

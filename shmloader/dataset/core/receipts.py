@@ -1,0 +1,64 @@
+"""How a batch's rows come to count as consumed: values the batch of indices itself carries.
+
+The batch sampler chooses one :class:`Receipt` per pass (``order/delivery.py`` says how it is
+chosen) and marks each batch of indices with it, so that whichever process gathers the batch
+knows whether to write the gather ledger, without asking the trainer. The marks are numpy
+subclasses (pickled to DataLoader workers as such), defined here, below the gather that reads
+them and the sampler that sets them, with no torch import.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+
+class ConsumedWhen(enum.Enum):
+    """When a loader's rows count as consumed, fixed when its batcher is made: it decides who
+    reports them (the book itself has no mode)."""
+
+    #: A plain DataLoader: as a worker (through the ledger) or the training process gathers
+    #: them. The dataset cannot see what the loop then receives.
+    GATHERED = "gathered"
+    #: ``shmloader.DataLoader``: as its loop receives each batch.
+    DELIVERED = "delivered"
+
+
+class Receipt(enum.Enum):
+    """Who tells the trainer that a gathered batch's rows reached the loop."""
+
+    #: Nobody: the rows count as consumed once gathered.
+    GATHER = "gather"
+    #: torch's requests (:class:`Requests`): the gather marks the rows gathered only.
+    REQUESTS = "requests"
+    #: ``shmloader.DataLoader``'s loop, as it hands each batch over: the gather reports nothing.
+    LOOP = "loop"
+
+
+class TrackedBatch(np.ndarray):
+    """A batch of sample indices whose rows count as consumed when the loop receives the batch
+    (told by torch's requests, :class:`Requests`), not when a worker gathers it. A plain int64
+    array otherwise; pickled to workers as this class."""
+
+
+class LoopBatch(np.ndarray):
+    """A batch of sample indices of ``shmloader.DataLoader``'s own pass, whose loop reports it
+    gathered and consumed as it hands it over. A plain int64 array otherwise."""
+
+
+def tracked(batch: np.ndarray) -> TrackedBatch:
+    return batch.view(TrackedBatch)
+
+
+def of_the_loop(batch: np.ndarray) -> LoopBatch:
+    return batch.view(LoopBatch)
+
+
+def receipt_of(indices: object) -> Receipt:
+    """How the rows of ``indices`` (a batch handed to ``__getitems__``) are told consumed."""
+    if isinstance(indices, TrackedBatch):
+        return Receipt.REQUESTS
+    if isinstance(indices, LoopBatch):
+        return Receipt.LOOP
+    return Receipt.GATHER

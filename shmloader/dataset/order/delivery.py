@@ -1,0 +1,138 @@
+"""How the trainer learns that a batch reached the training loop, carried by the batch itself.
+
+The dataset never sees a batch reach the training loop of a plain DataLoader: workers gather
+batches ahead (``prefetch_factor`` each) and torch hands them over in the main process. Counting
+rows as consumed when a worker gathers them loses the prefetched batches when the loop stops
+early (``break``) or saves a checkpoint. Three ways of telling are used, one per pass, and each
+batch of indices carries its way (:func:`receipt_of`) to whichever process gathers it:
+
+- :class:`LoopBatch`: ``shmloader.DataLoader``'s own pass. Its loop reports each batch as it
+  hands it over (after the transform), so the gather reports nothing (no ledger).
+- :class:`TrackedBatch`: a plain DataLoader's pass whose deliveries torch's requests tell.
+  torch's multiprocessing iterator asks its batch sampler for the next batch at fixed moments:
+  ``prefetch_factor * num_workers`` times when it starts, then once each time it returns a
+  batch to the loop, just before returning it, also after the sampler is exhausted. So the
+  ``n``-th request (from 0) says that batch ``n - prefetch_factor * num_workers`` reaches the
+  loop now: :class:`Requests` counts them. That holds for a map-style dataset with
+  ``in_order=True`` (the default); the loader is found on the call stack when torch asks for
+  the sampler's iterator (:func:`prefetch_depth`). The workers' ledger says "gathered", not
+  "consumed" (ledger.py), and a row counts as consumed once it was both gathered and received.
+- a plain int64 array: a plain DataLoader's pass whose deliveries cannot be told (no workers:
+  the loop gets each batch as it is gathered, in its own thread; or a loader that could not be
+  identified, which :class:`~shmloader.dataset.order.sampler.TaskBatchSampler` says once):
+  the gather counts its rows consumed.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import NamedTuple
+
+import numpy as np
+import torch.utils.data
+
+# Frames searched above ``iter(batch_sampler)`` for the DataLoader that asks: torch creates the
+# iterator two or three calls below ``DataLoader.__iter__``.
+_FRAMES = 8
+
+
+class Prefetch(NamedTuple):
+    """How many batches the DataLoader asking for a batch sampler's iterator requests ahead of
+    the one its loop receives: ``prefetch_factor * num_workers``, 0 without workers (the loop
+    receives each batch as it is gathered, in the same process); None when that cannot be
+    told, and ``why``."""
+
+    depth: int | None
+    why: str = ""
+
+
+NOT_FOUND = "the DataLoader iterating it could not be found"
+
+
+def loader_of(sampler: object) -> torch.utils.data.DataLoader[object] | None:
+    """The DataLoader asking for ``sampler``'s iterator, as its ``sampler`` (torch's
+    BatchSampler then draws from it), found as :func:`prefetch_depth` finds one."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_FRAMES):
+        if frame is None:
+            break
+        for name in ("loader", "self"):
+            loader = frame.f_locals.get(name)
+            if isinstance(loader, torch.utils.data.DataLoader) and loader.sampler is sampler:
+                return loader
+        frame = frame.f_back
+    return None
+
+
+def prefetch_depth(batch_sampler: object) -> Prefetch:
+    """:class:`Prefetch` of the DataLoader that is asking for ``batch_sampler``'s iterator:
+    found on the call stack, where torch creates the iterator two or three calls below
+    ``DataLoader.__iter__`` (also under a subclass, accelerate's ``prepare`` or torchdata's
+    ``StatefulDataLoader``, whose iterators torch's own code makes)."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_FRAMES):
+        if frame is None:
+            break
+        for name in ("loader", "self"):
+            loader = frame.f_locals.get(name)
+            if (
+                isinstance(loader, torch.utils.data.DataLoader)
+                and loader.batch_sampler is batch_sampler
+            ):
+                return _depth(loader)
+        frame = frame.f_back
+    return Prefetch(None, NOT_FOUND)
+
+
+def depth_of(loader: torch.utils.data.DataLoader[object]) -> Prefetch:
+    """:class:`Prefetch` of ``loader``."""
+    return _depth(loader)
+
+
+def _depth(loader: torch.utils.data.DataLoader[object]) -> Prefetch:
+    if isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        return Prefetch(None, "its dataset is iterable-style")
+    if not getattr(loader, "in_order", True):
+        return Prefetch(None, "it was given in_order=False (batches come as workers finish)")
+    if loader.num_workers == 0:
+        return Prefetch(0)
+    return Prefetch(int(loader.prefetch_factor or 2) * loader.num_workers)
+
+
+class Requests:
+    """The iterator a plain DataLoader gets from a batch sampler (``TaskBatchSampler``): its
+    batches, and for each request from ``depth`` on, the batch issued ``depth`` requests
+    earlier handed to ``received`` (torch returns it to the loop now). Requests after the
+    batches ran out still count: torch makes one per batch it returns."""
+
+    def __init__(
+        self,
+        batches: Iterator[np.ndarray],
+        depth: int,
+        issued: deque[np.ndarray],
+        received: Callable[[np.ndarray], None],
+    ) -> None:
+        self._batches = batches
+        self._depth = depth
+        self._issued = issued  # the batcher appends each batch it issues
+        self._received = received
+        self._requests = 0
+        self._done = False
+
+    def __iter__(self) -> Requests:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        n, self._requests = self._requests, self._requests + 1
+        if n >= self._depth and self._issued:
+            self._received(self._issued.popleft())
+        if self._done:
+            raise StopIteration
+        try:
+            return next(self._batches)
+        except StopIteration:
+            self._done = True
+            raise

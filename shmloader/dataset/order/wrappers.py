@@ -1,0 +1,78 @@
+"""Loaders around the loader: what a wrapper that iterates a batch sampler's DataLoader adds.
+
+torch's requests tell which batches torch handed to whoever iterates its DataLoader
+(delivery.py). A wrapper between torch and the training loop can hold batches back:
+accelerate's prepared DataLoader (``Accelerator.prepare``: a ``DataLoaderShard``) takes the
+next batch from torch before it yields the current one, to know which batch is the last. The
+loop then has one batch fewer than torch handed over, and a ``break`` or a checkpoint would
+count the one held back. :func:`wrapper_of` finds such a wrapper where it says so itself
+(accelerate's ``GradientState.active_dataloader`` is the prepared loader being iterated), so
+that the batch sampler counts receipts one batch later, and the last one once the wrapper says
+it reached its end (``end_of_dataloader``).
+
+Wrappers that would hand batches out and drop them are refused, with the fix: accelerate's
+sharding across processes (``BatchSamplerShard``: every process keeps one batch in
+``num_processes``, but a dataset under DDP already reads only its rank's share) and
+``skip_first_batches`` (the dataset resumes from its own state, without drawing batches).
+Nothing is imported: accelerate is looked for only where the script imported it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Protocol
+
+from ...errors import ConfigError
+
+RESHARDED = (
+    "accelerate's prepare() shards this DataLoader's batches across its {n} processes "
+    "(every process keeps one batch in {n} and draws the others for nothing), but "
+    "SharedTaskDataset already gives each process its own share (rank= and world_size=, or "
+    "master='torchrun'): prepare the model and optimizer only, and iterate the "
+    "shmloader.DataLoader itself (move batches with transform=lambda b: "
+    "accelerate.utils.send_to_device(b, accelerator.device))"
+)
+SKIPPED = (
+    "accelerate's skip_first_batches() would draw {n} batches of this dataset and drop "
+    "them; SharedTaskDataset resumes where its state says, without skipping: register it "
+    "(accelerator.register_for_checkpointing(ds)) and iterate the loader as it is"
+)
+
+
+class EndOfLoader(Protocol):
+    """A wrapper that says when its iteration reached the last batch."""
+
+    @property
+    def end_of_dataloader(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """A wrapper iterating a batch sampler's DataLoader: it holds ``ahead`` batches back from
+    the loop, and ``ends`` says once it yields the last one (its iteration ended)."""
+
+    ahead: int
+    ends: EndOfLoader
+
+
+def wrapper_of(batch_sampler: object) -> Wrapper | None:
+    """The wrapper iterating ``batch_sampler``'s DataLoader now, if it is one that holds
+    batches back (None: none, or torch's DataLoader is iterated directly); ConfigError for
+    one that would hand batches out and drop them."""
+    state = sys.modules.get("accelerate.state")
+    if state is None:
+        return None
+    loader = state.GradientState().active_dataloader
+    base = getattr(loader, "base_dataloader", None)  # the torch DataLoader it iterates
+    if loader is None or base is None:
+        return None
+    drawn = getattr(base, "batch_sampler", None)
+    if drawn is batch_sampler:
+        return Wrapper(ahead=1, ends=loader)
+    if getattr(drawn, "batch_sampler", None) is batch_sampler:
+        kind = type(drawn).__name__
+        if kind == "SkipBatchSampler":
+            raise ConfigError(SKIPPED.format(n=getattr(drawn, "skip_batches", "some")))
+        raise ConfigError(RESHARDED.format(n=getattr(drawn, "num_processes", "several")))
+    return None

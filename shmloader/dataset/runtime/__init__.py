@@ -1,0 +1,1 @@
+"""A started dataset: its master, readers, store, maintenance, auto scaling and close."""

@@ -1,0 +1,237 @@
+"""``master="torchrun"``: rank 0 hosts the master, the other ranks find it in the launcher's store.
+
+Under torchrun (or any launcher that sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+``MASTER_PORT`` and serves a ``torch.distributed.TCPStore`` there) nobody has to start a
+standalone master or pass its address around: rank 0's dataset starts an embedded master with
+``world_size`` = the job's and writes its address under a key of the store, and every other
+rank reads it from there when its dataset starts. The key names the dataset's number in its
+process (the k-th dataset made with ``master="torchrun"``), so a train and a validation dataset
+each get their own master; every rank must make them in the same order, as one script does.
+
+The store outlives a restarted round of torchrun, and restart counts differ between machines
+(only the agent whose worker failed counts one), so neither can tell a round's key apart: an
+address is taken only once something listens there. With it goes a nonce of that master's, under
+which each rank marks that it closed its dataset; rank 0 keeps its master up until every other
+rank did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from ...errors import ConfigError, MasterError
+
+if TYPE_CHECKING:
+    from torch.distributed import Store
+
+log = logging.getLogger(__name__)
+
+TORCHRUN = "torchrun"
+# Rank 0 starts its master with its dataset (at the first batch), which may come a while after
+# the other ranks' datasets start, e.g. after loading a large model: wait as long as torch's
+# own collectives do by default. Rank 0's close waits as long for the others to close theirs.
+LOOKUP_SECONDS = 600.0
+CLOSE_SECONDS = 600.0
+CONNECT_SECONDS = 60.0
+RETRY_SECONDS = 0.2  # between looks at the store while the address found does not answer
+LOG_EVERY = 30.0
+WILDCARD_HOSTS = ("0.0.0.0", "::")  # every interface: reached at another address
+_numbers = itertools.count()  # datasets made with master="torchrun" in this process
+
+
+@dataclass
+class Rendezvous:
+    """Where this rank stands in the launched job, and where the master's address is kept."""
+
+    rank: int
+    world_size: int
+    store_host: str
+    store_port: int
+    key: str
+    bind_host: str  # where rank 0's master listens
+    advertise_host: str  # how the other ranks reach it
+    nonce: str | None = field(default=None, compare=False)  # the master's, once known
+
+    @property
+    def hosts_master(self) -> bool:
+        return self.rank == 0
+
+    def publish(self, port: int) -> str:
+        """Rank 0: tell the other ranks where its master listens; returns that address."""
+        host = self.advertise_host
+        address = (
+            f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+        )
+        if self.world_size > 1:
+            self.nonce = uuid.uuid4().hex
+            with self._store_errors():
+                self._store().set(self.key, f"{self.nonce} {address}")
+        return address
+
+    def lookup(self, timeout: float = LOOKUP_SECONDS) -> str:
+        """Ranks but 0: the address rank 0 published, once something listens there (an address
+        left by an earlier round's master does not answer), waiting up to ``timeout``."""
+        store = self._store()
+        deadline = time.monotonic() + timeout
+        found = ""
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise RuntimeError("timed out")
+                store.wait([self.key], timedelta(seconds=left))
+            except RuntimeError as exc:  # torch's DistStoreError: the wait timed out
+                seen = f"; the address found there, {found}, did not answer" if found else ""
+                raise MasterError(
+                    f"rank {self.rank}: rank 0 did not publish its master's address within "
+                    f"{timeout:.0f} s (key {self.key!r} of the launcher's store at "
+                    f"{self.store_host}:{self.store_port}{seen}). Rank 0 starts its master with "
+                    "its dataset's first batch (or SharedTaskDataset.start()); did it get there?"
+                ) from exc
+            with self._store_errors():
+                nonce, _, found = bytes(store.get(self.key)).decode().partition(" ")
+            if _answers(found):
+                self.nonce = nonce
+                return found
+            time.sleep(RETRY_SECONDS)
+
+    def mark_closed(self) -> None:
+        """Ranks but 0, closing a dataset that used rank 0's master: rank 0 may stop it."""
+        if self.nonce is not None and not self.hosts_master:
+            with self._store_errors():
+                self._store().set(self._closed_key(self.rank), "1")
+
+    def wait_for_ranks(self, timeout: float | None = None) -> list[int]:
+        """Rank 0, closing: wait until every other rank closed its dataset; returns those that
+        had not after ``timeout`` (default ``CLOSE_SECONDS``; then the master stops anyway).
+        Removes the key."""
+        if self.nonce is None or self.world_size == 1:
+            return []
+        with self._store_errors():
+            return self._wait_for_ranks(
+                self._store(), CLOSE_SECONDS if timeout is None else timeout
+            )
+
+    def _wait_for_ranks(self, store: Store, timeout: float) -> list[int]:
+        keys = [self._closed_key(r) for r in range(1, self.world_size)]
+        deadline = time.monotonic() + timeout
+        next_log = time.monotonic() + LOG_EVERY
+        while not store.check(keys):
+            now = time.monotonic()
+            if now >= deadline or now >= next_log:
+                waiting = [r for r, k in enumerate(keys, 1) if not store.check([k])]
+                if now >= deadline:
+                    store.delete_key(self.key)
+                    return waiting
+                log.info("rank 0 keeps its master up until ranks %s close their datasets", waiting)
+                next_log = now + LOG_EVERY
+            time.sleep(0.05)
+        store.delete_key(self.key)
+        return []
+
+    @contextlib.contextmanager
+    def _store_errors(self) -> Iterator[None]:
+        """torch's store errors (RuntimeError) as MasterError, naming the store."""
+        try:
+            yield
+        except RuntimeError as exc:
+            raise MasterError(
+                f"rank {self.rank}: the launcher's store at {self.store_host}:{self.store_port} "
+                f"failed: {exc}"
+            ) from exc
+
+    def _closed_key(self, rank: int) -> str:
+        return f"{self.key}/{self.nonce}/closed/{rank}"
+
+    def _store(self) -> Store:
+        from torch.distributed import TCPStore
+
+        try:
+            return TCPStore(
+                self.store_host,
+                self.store_port,
+                is_master=False,
+                timeout=timedelta(seconds=CONNECT_SECONDS),
+            )
+        except RuntimeError as exc:
+            raise MasterError(
+                f"rank {self.rank}: cannot reach the launcher's store at "
+                f"{self.store_host}:{self.store_port} (MASTER_ADDR, MASTER_PORT): {exc}. "
+                "torchrun serves one there; with another launcher, call "
+                "torch.distributed.init_process_group first"
+            ) from exc
+
+
+def _answers(address: str) -> bool:
+    """Whether something accepts connections at ``host:port``."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=2.0):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def rendezvous_from_env(
+    *,
+    rank: int | None,
+    world_size: int | None,
+    master_host: str | None,
+    environ: Mapping[str, str] = os.environ,
+) -> Rendezvous:
+    """The rendezvous of this rank, from the variables the launcher set; ConfigError names
+    what is missing or contradicts them."""
+    needed = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    missing = [name for name in needed if not environ.get(name)]
+    if missing:
+        raise ConfigError(
+            f"master='{TORCHRUN}' needs the variables torchrun sets ({', '.join(needed)}); "
+            f"missing: {', '.join(missing)}. Launch with torchrun, or give rank=, "
+            "world_size= and master='host:port' of a standalone master"
+        )
+    try:
+        env_rank, env_world = int(environ["RANK"]), int(environ["WORLD_SIZE"])
+        store_port = int(environ["MASTER_PORT"])
+        local_world = int(environ.get("LOCAL_WORLD_SIZE") or env_world)
+    except ValueError as exc:
+        raise ConfigError(
+            f"master='{TORCHRUN}': a launcher variable is not a number: {exc}"
+        ) from exc
+    for name, given, env in (("rank", rank, env_rank), ("world_size", world_size, env_world)):
+        if given is not None and given != env:
+            raise ConfigError(
+                f"{name}={given} contradicts the launcher's {name.upper()}={env}; with "
+                f"master='{TORCHRUN}' leave {name} out (it comes from the launcher)"
+            )
+    if master_host is None:
+        if local_world < env_world:
+            raise ConfigError(
+                f"the job's ranks run on several machines (WORLD_SIZE={env_world}, "
+                f"LOCAL_WORLD_SIZE={local_world}): rank 0's master must listen where the "
+                "others reach it. Give master_host='0.0.0.0' (every interface) or that "
+                "machine's address, on a private network (it serves no TLS: a token= would "
+                "cross the network in clear and is refused); or run a standalone master with "
+                "TLS and a token (docs/how-to/security.md) and give every rank master='host:port'"
+            )
+        master_host = "127.0.0.1"
+    store_host = environ["MASTER_ADDR"]
+    advertise = store_host if master_host in WILDCARD_HOSTS else master_host
+    return Rendezvous(
+        rank=env_rank,
+        world_size=env_world,
+        store_host=store_host,
+        store_port=store_port,
+        key=f"shmloader/dataset-{next(_numbers)}/master",
+        bind_host=master_host,
+        advertise_host=advertise,
+    )

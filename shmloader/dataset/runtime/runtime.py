@@ -1,0 +1,537 @@
+"""The trainer-side machinery of a dataset: store, master, client, reader pool, data plane.
+
+Started lazily (on first iteration, or ``SharedTaskDataset.start()``) so that constructing a
+dataset is cheap and ``load_state_dict`` can still choose where the master starts. Here: the
+start-up (where the master is, where this trainer begins), the readers' messages, and the close
+(also at SIGTERM). One maintenance thread (maintenance.py) applies the gather ledger (releasing
+segments, completing tasks) and keeps the leases of announced tasks alive; runtimes left open
+are closed at the interpreter's exit (at_exit.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import threading
+import uuid
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ...errors import MasterError
+from ...master import forked
+from ...master.config import JobConfig
+from ...master.credentials import Credentials
+from ...reader.config import ReaderConfig
+from ...reader.messages import Failed, MasterLost, Message, Ready
+from ...reader.pool import STOP_SECONDS, ReaderInfo, ReaderPool, ReaderProcess
+from ...reader.unchanged import identities
+from ...shm import hints, lifecycle
+from ...shm.budget import reap_dead_writers
+from ...shm.store import SegmentStore
+from ...sources.base import SkippedRecord, Source
+from ..accounting.plane import DataPlane
+from ..gather.ledger import LedgerReader, ledger_dir
+from ..resume.checkpoint import FRESH_START, LoopState, ResumePoint
+from . import at_exit
+from .collect import StatsCollector
+from .column_forms import FormCheck
+from .launcher import WILDCARD_HOSTS, Rendezvous
+from .maintenance import Maintenance, first_unfinished
+from .master_ops import MasterOps
+from .plan_check import check_same_plan
+from .rejoin import check_whole_share
+from .task_errors import TaskErrors
+
+if TYPE_CHECKING:
+    from ...master.client import ConsumerInfo, MasterClient
+    from ...master.figures import TrainerFigures
+    from ...master.server import Master
+    from .autoscale import Autoscaler
+
+log = logging.getLogger(__name__)
+SKIPPED_KEPT = 10_000  # reports of skipped records kept for a look (Runtime.skipped)
+SIGTERM_LEAVE_SECONDS = 3.0  # how long SIGTERM waits for the master to hear we leave
+# Of those, how long the whole leave (completions, hand-back) may wait for the plane's locks
+# before the consumer just leaves: the interrupted main thread may hold them till it dies.
+SIGTERM_LOCKED_SECONDS = 2.0
+TORCHRUN_TOKEN_FIX = (
+    "Rank 0's embedded master serves no TLS: on a private network leave token= out (it warns), "
+    "or run a standalone master with TLS and a token (docs/how-to/security.md) and give every "
+    "rank master='host:port', tls_ca=, rank= and world_size="
+)
+LOST_STOP_SECONDS = 1.0  # readers' time to stop once the master is lost: they hold nothing
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    source: Source
+    num_readers: int  # how many start
+    # num_readers="auto": the fewest and most readers (autoscale.py); None: a fixed count.
+    reader_bounds: tuple[int, int] | None
+    job: JobConfig  # as the embedded master runs it
+    # Chosen by the user, not the default: a standalone master's must then be the same.
+    records_per_task_given: bool
+    master: str | None
+    master_host: str | None
+    metrics_port: int | None  # an embedded master's /metrics (None: not served)
+    rendezvous: Rendezvous | None
+    credentials: Credentials  # the token, and the CA of a standalone master serving TLS
+    rank: int | None
+    # Where a loaded state leaves the job (checkpoint.py); the default: a fresh start.
+    resume: ResumePoint = FRESH_START
+    # Readers lease no new task while this many are ready and not taken up by the sampler
+    # (unless it waits for one): see shm/hints.py.
+    ready_ahead: int = 16
+    # columns= of the batches: only their forms must agree between tasks (column_forms.py).
+    columns: tuple[str, ...] | None = None
+
+
+def _nothing() -> None:
+    """What a SIGTERM hook of a runtime already collected does."""
+
+
+class Runtime:
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        store: SegmentStore,
+        launched: Sequence[ReaderProcess] = (),
+    ) -> None:
+        from ...master.client import MasterClient
+
+        forked.check("this dataset")  # before any reader starts: gRPC would hang here
+        self.config = config
+        # What readers reported skipping, latest last, for a look at where (Stats counts the
+        # skips of consumed tasks: see DataPlane.skipped_records).
+        self.skipped: deque[SkippedRecord] = deque(maxlen=SKIPPED_KEPT)
+        self.failures: list[Failed] = []
+        self.task_errors = TaskErrors()
+        self._largest_segment = 0
+        self._forms = FormCheck(config.columns)
+        self._closed = False
+        self._left = False  # the consumer's Leave was sent (by close() or the SIGTERM hook)
+        self._maintenance: Maintenance | None = None
+        self._stats_collector: StatsCollector | None = None
+        self._ahead = False  # the store's ``ahead`` hint as last set
+        self._ahead_lock = threading.Lock()
+        self.store = store  # owned (and closed) by the dataset
+        self._pid = os.getpid()
+        at_exit.close_at_exit(self)
+        self.embedded: Master | None = None
+        self.client: MasterClient | None = None
+        self.pool: ReaderPool | None = None
+        try:
+            # Readers start first (or were started with the dataset: ``launched``): their
+            # imports (a few tenths of a second) overlap the master's start and the
+            # registration; they get their configuration below.
+            self.pool = ReaderPool(
+                self._reader_config,
+                config.num_readers,
+                self._on_message,
+                on_reader_death=self._on_reader_death,
+                on_error=self._readers_failed,
+                launched=launched,
+            ).launch()
+            address = self._master_address()
+            self.address = address
+            self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            # The embedded master's own calls skip gRPC (master/local.py); readers use it.
+            local = self.embedded.local_stub() if self.embedded is not None else None
+            if config.rendezvous is not None and local is None:  # rank 0's, on another machine?
+                config.credentials.check_transport(address, fix=TORCHRUN_TOKEN_FIX)
+            self.client = MasterClient(
+                address,
+                token=config.credentials.token,
+                root_certificates=config.credentials.tls_ca,
+                local=local,
+            )
+            info = self.client.register(self.consumer, config.rank)
+            if self.embedded is None:  # another process planned the tasks: the same plan?
+                chosen = config.job.records_per_task if config.records_per_task_given else None
+                check_same_plan(config.source.plan(), chosen, info, address)
+            self.lease_timeout = float(info.lease_timeout)
+            self._elastic = info.world_size is None  # trainers share the master's epochs
+            # Each beat carries this trainer's figures, for the master's /metrics.
+            self.client.start_heartbeat(self.consumer, figures=self._figures)
+            self.handle = handle = self.store.handle()
+            ops = MasterOps(self.client, self.consumer, info.epochs)  # caches epoch sizes
+            if self.embedded is None and config.resume.by_position:
+                self.config = config = self._unless_resumed(config, info, ops)
+            resume = config.resume
+            if resume.handover is not None and self.embedded is None:
+                resume.handover.take_over(self.client)  # before the readers lease anything
+            start = resume.epoch
+            if self.embedded is None:  # a running master may be past this trainer's start
+                start = max(start, self._first_unfinished_epoch())
+                # Before the readers lease anything (rejoin.py): a DDP rank on a whole share.
+                check_whole_share(
+                    self.client,
+                    self.consumer,
+                    info,
+                    start,
+                    rank=config.rank,
+                    under_torchrun=config.rendezvous is not None,
+                    loaded=config.resume.loaded,
+                )
+            self.plane = DataPlane(
+                master=ops,
+                segments=handle,
+                ledger=LedgerReader(ledger_dir(handle.path)),
+                starved=self._starved,
+                blocked=lambda: hints.writer_blocked(handle.path),
+                start_epoch=start,
+                resume=resume,
+                taken_over=(
+                    resume.handover.consumed_of()
+                    if resume.handover is not None and self._elastic and self.embedded is None
+                    else None
+                ),
+                consumer=self.consumer,
+                lease_timeout=self.lease_timeout if self._elastic else None,
+            )
+            # The source's own plan, not the master's word: readers open only these files.
+            self._allowed = frozenset(shard.path for shard in config.source.plan())
+            self._files = identities(self._allowed)  # readers refuse a file changed since
+            self.pool.configure()
+            self._maintenance = Maintenance(
+                autoscaler=self._autoscaler(),
+                plane=self.plane,
+                client=self.client,
+                pool=self.pool,
+                store_path=self.store.path,
+                lease_timeout=self.lease_timeout,
+                hold_readers_back=self._hold_readers_back,
+                task_errors=self.task_errors,
+                elastic=self._elastic,
+            )
+            self._maintenance.start()
+            if self.embedded is None:  # a standalone master outlives us: tell it on SIGTERM
+                ref = weakref.WeakMethod(self._on_sigterm)
+                self._sigterm = lifecycle.on_sigterm(lambda: (ref() or _nothing)())
+        except BaseException:
+            self.close(wait_for_ranks=False)
+            raise
+
+    def _on_sigterm(self) -> None:
+        """SIGTERM (a preempted trainer) that will kill the process: leave the master as
+        close() would, so that what the loop consumed is not delivered again, from a thread
+        joined for at most ``SIGTERM_LEAVE_SECONDS`` (a second SIGTERM ends the wait): the
+        interrupted main thread may hold the plane's locks. Then, after
+        ``SIGTERM_LOCKED_SECONDS``, the consumer just leaves, without its completions and
+        hand-back: its leases go back at once, not after ``consumer_timeout`` (in a tight
+        training loop the main thread often holds those locks when SIGTERM comes, and the
+        readers would keep leasing meanwhile). What the loop consumed of those tasks may then
+        come again, as it would after the timeout. Not called where the application handles
+        SIGTERM itself (shm/lifecycle.py): its exit path calls close().
+
+        Also during close() until it leaves: it stops the readers first (up to 5 s), and a
+        SIGTERM then (at the end of a run, or torchrun's once another rank ended) would kill
+        the process with the consumer and its leases still at the master."""
+        # A forked DataLoader worker inherits the hook (torch may SIGTERM its workers): the
+        # trainer's plane and client are not its own to use.
+        if self._left or self.client is None or os.getpid() != self._pid:
+            return
+        self.client.stop_retrying()  # the process is going down: one try per call
+        leaving = threading.Thread(target=self._leave_master, name="shmloader-sigterm")
+        leaving.daemon = True
+        leaving.start()
+        leaving.join(SIGTERM_LOCKED_SECONDS)
+        if leaving.is_alive() and self.embedded is None:  # stuck on a lock the main thread holds
+            just = threading.Thread(target=self._just_leave, name="shmloader-sigterm-leave")
+            just.daemon = True
+            just.start()
+            just.join(SIGTERM_LEAVE_SECONDS - SIGTERM_LOCKED_SECONDS)
+
+    def _just_leave(self, handed: dict[int, list[tuple[int, int]]] | None = None) -> None:
+        """Leave (handing back ``handed``); first tell the readers, which may still run (they
+        die with us), not to register this consumer again (shm/hints.py "left")."""
+        self._left = True
+        handle = getattr(self, "handle", None)
+        if handle is not None:
+            with contextlib.suppress(FileNotFoundError):  # the store is gone: so are they
+                hints.set_left(handle.path)
+        with contextlib.suppress(MasterError):
+            self.master_client.leave(self.consumer, handed)
+
+    def _leave_master(self) -> None:
+        """Complete what the loop consumed since the last tick, then (standalone master)
+        leave: elastic mode hands back the records consumed of partly consumed tasks, which
+        the next trainer to lease them skips (master/handback.py)."""
+        plane = getattr(self, "plane", None)
+        if plane is not None:
+            try:
+                plane.poll()
+            except MasterError:
+                self.master_client.stop_retrying()  # gone: leave and the rest get one try each
+        if self.embedded is None:  # an embedded master stops next: nobody to tell
+            elastic = getattr(self, "_elastic", False)
+            self._just_leave(plane.hand_back() if plane is not None and elastic else None)
+
+    def _unless_resumed(
+        self, config: RuntimeConfig, info: ConsumerInfo, ops: MasterOps
+    ) -> RuntimeConfig:
+        """A loaded state's positions, unless the standalone master was started from that
+        state (``--resume``): its schedule then already leaves the consumed records out, and
+        the positions, in the old schedule, would name other tasks (their rows were lost).
+        Told by the epoch's size; under DDP a rank's share is its own, and is left as is."""
+        if info.world_size is not None:
+            return config
+        whole = sum(shard.num_records for shard in config.source.plan())
+        if ops.epoch_records(config.resume.epoch) >= whole:
+            return config
+        return dataclasses.replace(config, resume=config.resume.without_positions())
+
+    @property
+    def master_client(self) -> MasterClient:
+        """The client of the job's master (set once the runtime started)."""
+        if self.client is None:
+            raise MasterError("this dataset's runtime has no master client (it did not start)")
+        return self.client
+
+    def _autoscaler(self) -> Autoscaler | None:
+        """What adds and retires readers under ``num_readers="auto"`` (None otherwise)."""
+        bounds = self.config.reader_bounds
+        if bounds is None or self.pool is None:
+            return None
+        from .autoscale import Autoscaler
+        from .reader_scaling import ReaderScaling
+
+        return Autoscaler(self.pool, self.plane, ReaderScaling(*bounds))
+
+    def _figures(self) -> TrainerFigures | None:
+        """What the heartbeat carries: ``stats()``'s figures (None until the data plane runs)."""
+        if self._maintenance is None or self._closed:
+            return None
+        return self.stats_collector().collect(self, for_heartbeat=True).figures()
+
+    def stats_collector(self) -> StatsCollector:
+        """What makes this dataset's ``stats()`` (made on first use: it keeps the last figures
+        of each process, so a call every step measures each at most once a second)."""
+        if self._stats_collector is None:
+            self._stats_collector = StatsCollector(self.store.handle().path)
+        return self._stats_collector
+
+    def loop_state(self, also: np.ndarray | None = None, *, closing: bool = False) -> LoopState:
+        """Where the loop stands (``DataPlane.loop_state``), with the leases an elastic
+        trainer's checkpoint hands over to the trainer resumed from it (handover.py); none
+        when ``closing`` (the leases then go back to the master with what was consumed of
+        them), and none unless it shares a standalone master's epochs."""
+        hands_over = not closing and self.embedded is None and self._elastic
+        return self.plane.loop_state(also, handing_over_as=self.consumer if hands_over else None)
+
+    def _first_unfinished_epoch(self) -> int:
+        """The oldest epoch the master has not finished (the next to start if none is open):
+        a trainer that joins or restarts later begins there, not with passes over epochs
+        every task of which is done."""
+        return first_unfinished(self.master_client.progress())
+
+    def _reader_config(self, index: int) -> ReaderConfig:
+        """What reader ``index`` needs (asked for once the master is up, and at restarts)."""
+        config = self.config
+        return ReaderConfig(
+            index=index,
+            master_address=self._readers_address(),
+            consumer=self.consumer,
+            source=config.source,
+            store=self.handle,
+            allowed_paths=self._allowed,
+            lease_timeout=self.lease_timeout,
+            credentials=config.credentials,
+            rank=config.rank,
+            skip_tasks=config.resume.skip_tasks(),
+            seed=config.job.seed,
+            files=self._files,
+        )
+
+    def _readers_address(self) -> str:
+        """Where the readers reach the master: an embedded master listening on every
+        interface over loopback (the address it gives other machines may be a name that
+        resolves beyond this one, where a token may not go in clear), else ``address``."""
+        embedded = self.embedded
+        if embedded is not None and embedded.host in WILDCARD_HOSTS:
+            return f"{'127.0.0.1' if embedded.host == '0.0.0.0' else '[::1]'}:{embedded.port}"
+        return self.address
+
+    def _readers_failed(self, exc: BaseException) -> None:
+        self.plane.ready.fail(exc)
+
+    def _master_address(self) -> str:
+        """``master=``; or the embedded master's, started here; or, under torchrun, rank 0's
+        (published by rank 0, looked up by the others: launcher.py)."""
+        rendezvous = self.config.rendezvous
+        if rendezvous is None:
+            return self.config.master or self._start_embedded(self.config.master_host)
+        if not rendezvous.hosts_master:
+            return rendezvous.lookup()
+        self._start_embedded(rendezvous.bind_host)
+        assert self.embedded is not None
+        return rendezvous.publish(self.embedded.port)
+
+    def _start_embedded(self, host: str | None) -> str:
+        from ...master.server import LOOPBACK_HOSTS, Master, ServerOptions
+
+        c = self.config
+        options = ServerOptions(
+            host=host or ServerOptions.host,
+            token=c.credentials.token,
+            metrics_port=c.metrics_port,
+        )
+        self.embedded = Master.for_job(c.source, c.resume.job(c.job), options).start()
+        if host is not None and host not in LOOPBACK_HOSTS and c.credentials.token is None:
+            log.warning(
+                "the embedded master listens on %s without a token: anyone who reaches it can "
+                "lease and complete this job's tasks",
+                self.embedded.address,
+            )
+        return str(self.embedded.address)
+
+    # -- reader messages (pool thread) ---------------------------------------------------
+    def _on_message(self, info: ReaderInfo, message: Message) -> None:
+        if isinstance(message, Ready):
+            mismatch = self._forms.check(message)
+            if mismatch is not None:  # raised in the loop; none of the task's rows goes out
+                self.plane.ready.fail(mismatch)
+                return
+            if message.nbytes > self._largest_segment:
+                self._largest_segment = message.nbytes
+                with contextlib.suppress(FileNotFoundError):  # the store is closing
+                    hints.set_largest(self.store.path, message.nbytes)
+            self.skipped.extend(message.skipped)
+            self.plane.announce(
+                epoch=message.epoch,
+                seq=message.seq,
+                task_id=message.task_id,
+                lease_id=message.lease_id,
+                segment=message.segment,
+                num_rows=message.num_rows,
+                start=message.start,
+                stop=message.stop,
+                skipped=tuple(s.index for s in message.skipped),
+                consumed=message.consumed,
+                path=message.path,
+                confirmed=message.confirmed,
+                nbytes=message.nbytes,
+            )
+            self._hold_readers_back()
+        elif isinstance(message, Failed):
+            self.failures.append(message)
+            self.task_errors.reader_failed(message, info.index, self.plane.ready)
+            if not message.retry:
+                return  # raised in the loop now; a warning would only say it twice
+            if self._maintenance is not None:
+                self._maintenance.look_at_the_master()  # was it the last try?
+            log.warning(
+                "reader %d failed task %d (epoch %d, %s): %s; the master tries it again, up "
+                "to max_retries times in an epoch (then the loop raises)",
+                info.index,
+                message.task_id,
+                message.epoch,
+                message.path,
+                message.error,
+            )
+            self.task_errors.fail_if_quarantined(self.master_client.progress(), self.plane.ready)
+        elif isinstance(message, MasterLost):
+            self.plane.ready.fail(MasterError(f"reader {info.index}: {message.error}"))
+
+    def _on_reader_death(self, info: ReaderInfo, code: int) -> None:
+        # A reader killed mid-write leaves its reservation (tmp-<pid>-...): remove it now, or
+        # it would hold budget until some writer happened to wait long enough to reap it.
+        reap_dead_writers(self.store.path)
+        # Killed after sealing but before announcing: nobody will ever read that segment (its
+        # task comes back through lease expiry and is read again), so release it.
+        if info.sealing is not None:
+            self.handle.release(info.sealing, missing_ok=True)
+            info.sealing = None
+
+    def _hold_readers_back(self) -> bool:
+        """Raise or lower the store's ``ahead`` hint: readers lease no new task while
+        ``ready_ahead`` tasks are ready and not taken (shm/hints.py). Raised as soon as a
+        reader's announcement fills the count, not at the next tick: a reader of small tasks
+        would lease more within one tick. Returns whether readers are held back."""
+        with self._ahead_lock:
+            ahead = len(self.plane.ready) >= self.config.ready_ahead
+            if ahead != self._ahead:
+                self._ahead = ahead
+                self.handle.set_ahead(ahead)
+            return ahead
+
+    def _starved(self) -> bool:
+        if self._largest_segment == 0:
+            return False
+        # Readers of tasks the sampler is not waiting for leave room for one more segment
+        # (shm budget.reserve), so they are stuck once less than two segments' room is left.
+        return self.handle.in_use() + 2 * self._largest_segment > self.handle.budget
+
+    # -- shutdown ------------------------------------------------------------------------
+    def _wait_for_other_ranks(self) -> None:
+        """Rank 0 under torchrun: the other ranks use this master until their datasets close
+        (their last completions, then ``leave``), also those that have not started yet, and
+        stopping it first would fail their steps. Waits until each marked its close."""
+        rendezvous = self.config.rendezvous
+        if rendezvous is None:
+            return
+        try:
+            waiting = rendezvous.wait_for_ranks()
+        except MasterError as exc:  # the launcher's store is gone, and with it the job
+            log.warning("stopping the master without waiting for the other ranks: %s", exc)
+            return
+        if waiting:
+            log.warning("stopping the master while ranks %s have not closed", waiting)
+
+    def _master_lost(self) -> bool:
+        """Whether a call to the master already gave up on it, here or in a reader."""
+        if self.client is None:
+            return False
+        readers = self.pool.readers if self.pool is not None else []
+        return self.client.gave_up_at is not None or any(r.master_lost for r in readers)
+
+    def close(self, *, wait_for_ranks: bool = True, hurry: bool = False) -> None:
+        """Stop everything; ``wait_for_ranks``: rank 0 under torchrun first lets the other
+        ranks finish with its master (not when closing because the loop failed: the job is
+        going down, and they would only wait for rank 0 at their next collective).
+
+        With ``hurry`` (Ctrl-C: the user wants out), and once the master is lost, each call
+        to it is tried once: ``retry_for`` per call only delayed the exit (a minute with the
+        master gone). Not on any error: a master restarting meanwhile must still hear what
+        the loop consumed, or other trainers deliver it again."""
+        if self._closed or os.getpid() != self._pid:  # a forked child owns none of this
+            return
+        self._closed = True
+        at_exit.forget(self)
+        maintenance = self._maintenance
+        if maintenance is not None:
+            maintenance.stop()
+        lost = self._master_lost()
+        if (lost or hurry) and self.client is not None:
+            self.client.stop_retrying()
+        plane = getattr(self, "plane", None)
+        if plane is not None:
+            plane.ready.close()
+        if maintenance is not None:
+            maintenance.join(5.0)
+        if self.pool is not None:
+            # Readers retrying a lost master hear "stop" only after their call gives up.
+            self.pool.stop(LOST_STOP_SECONDS if lost else STOP_SECONDS)
+        lifecycle.forget_sigterm(getattr(self, "_sigterm", -1))
+        if self.client is not None:
+            # What the loop consumed since the last tick must reach the master before we
+            # leave: a standalone master would hand those tasks out again (duplicates).
+            self._leave_master()
+            if self.embedded is None and self.config.rendezvous is not None:
+                try:
+                    self.config.rendezvous.mark_closed()
+                except MasterError as exc:  # rank 0 then waits for us until its timeout
+                    log.warning("could not tell rank 0 this dataset closed: %s", exc)
+            self.client.close()
+        if self.embedded is not None:
+            if wait_for_ranks:
+                self._wait_for_other_ranks()
+            self.embedded.stop()
