@@ -386,9 +386,8 @@ class DataPlane:
     def position(self, also: np.ndarray | None = None) -> Position:
         """What checkpoints store, for the first epoch not wholly consumed
         (``ConsumptionBook.position``); ``also``: sample indices to count as consumed."""
-        groups = group_by_segment(also) if also is not None and len(also) else []
         with self._lock:
-            return self._book.position(self._master.epoch_tasks, groups)
+            return self._book.position(self._master.epoch_tasks, _grouped(also))
 
     def loop_state(
         self, also: np.ndarray | None = None, *, handing_over_as: str | None = None
@@ -396,8 +395,8 @@ class DataPlane:
         """Where the loop stands, in one step under the lock (``saved_state`` is made of it):
         the epoch it iterates, its position (None when it shares its epochs, and the master
         holds the position) and, given this trainer's consumer id (elastic mode), the leases
-        it hands over (:meth:`held_for_handover`). ``also``: as for :meth:`position`."""
-        groups = group_by_segment(also) if also is not None and len(also) else []
+        it hands over (:meth:`_held_for_handover`). ``also``: as for :meth:`position`."""
+        groups = _grouped(also)
         with self._lock:
             shared = self._book.shares_epochs
             epoch = self._book.epoch_to_iterate()
@@ -414,16 +413,12 @@ class DataPlane:
             parts = self._book.partly_consumed()
         return {state.task.lease_id: state.records_of(rows) for state, rows in parts}
 
-    def held_for_handover(self) -> tuple[HeldLease, ...]:
+    def _held_for_handover(self) -> tuple[HeldLease, ...]:
         """The leases this trainer holds whose tasks the loop consumed part of, or all of while
         the master may not know it yet (the completion is queued), with the records consumed:
         what an elastic trainer's checkpoint names, for the trainer resumed from it to hand
-        back (handover.py)."""
-        with self._lock:
-            return self._held_for_handover()
-
-    def _held_for_handover(self) -> tuple[HeldLease, ...]:
-        # Under the lock, both lists at once: a slot completing meanwhile is in one or the other.
+        back (handover.py). Under the lock, both lists at once: a slot completing meanwhile is
+        in one or the other."""
         parts = self._book.partly_consumed()
         held = [(s.task, s.records_of(rows)) for s, rows in parts]
         held += [(s.task, [s.task.records()]) for s in self.outbox.unconfirmed()]
@@ -447,3 +442,8 @@ class DataPlane:
     def announced_kept(self) -> set[tuple[int, int]]:
         with self._lock:
             return self._book.announced_kept()
+
+
+def _grouped(also: np.ndarray | None) -> list[SegmentRows]:
+    """Sample indices to count as consumed in a position (``also``), grouped by segment."""
+    return group_by_segment(also) if also is not None and len(also) else []
