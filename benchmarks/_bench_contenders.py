@@ -190,7 +190,7 @@ def run_gather(spec: Spec) -> dict[str, Any]:
     from shmloader.dataset.core.receipts import Receipt
     from shmloader.dataset.gather.gather import gather
     from shmloader.dataset.gather.gatherer import Gatherer
-    from shmloader.dataset.order.sampler import block_permutation
+    from shmloader.dataset.order.blocks import block_permutation
     from shmloader.shm.store import SegmentStore
     from shmloader.sources.records import RecordFileSource
 

@@ -56,10 +56,10 @@ def test_every_record_once_per_epoch_and_segments_released(tmp_path):
             _, seen = run_epoch(d, store, plane, sampler, order_seed=epoch)
             assert sorted(seen) == list(range(TOTAL))
         # (the dispatcher opens epoch 1 while epoch 0 is read, so check at the end)
-        assert plane.live_segments() == []
+        assert plane.kept().segments == ()
         assert store.handle().in_use() == 0
         assert d.finished
-        assert plane.consumed_records == 2 * TOTAL
+        assert plane.figures().consumed_records == 2 * TOTAL
 
 
 def test_epochs_the_master_finished_are_forgotten(tmp_path):
@@ -72,8 +72,8 @@ def test_epochs_the_master_finished_are_forgotten(tmp_path):
             _, seen = run_epoch(d, store, plane, sampler, order_seed=epoch)
             assert sorted(seen) == list(range(TOTAL))
             plane.forget_finished(epoch + 1)  # the master finished it (d.finished below)
-            assert min(plane.epochs_kept(), default=epoch + 1) == epoch + 1
-            assert all(e > epoch for e, _ in plane.announced_kept())
+            assert min(plane.kept().epochs, default=epoch + 1) == epoch + 1
+            assert all(e > epoch for e, _ in plane.kept().announced)
         assert d.finished
         assert plane.position().epoch == 3  # the position is unchanged: past the last epoch
         plane.forget_finished(0)  # nothing the master has not finished goes
@@ -82,7 +82,7 @@ def test_epochs_the_master_finished_are_forgotten(tmp_path):
         # is a duplicate: dropped, not left ready for ever holding its segment.
         info = store.handle().write(pa.record_batch({"id": np.arange(4), "x": np.zeros(4)}))
         plane.announce(epoch=0, seq=0, task_id=0, lease_id=99999, segment=info.name, num_rows=4)
-        assert plane.duplicates == 1 and plane.ready.pending() == []
+        assert plane.figures().duplicates == 1 and plane.ready.pending() == []
         assert store.handle().in_use() == 0
 
 
@@ -139,7 +139,7 @@ def test_duplicate_announcement_is_dropped(tmp_path):
                 segment=info.name,
                 num_rows=info.num_rows,
             )
-        assert plane.duplicates == 1
+        assert plane.figures().duplicates == 1
         assert len(handle.segments()) == 1
 
 

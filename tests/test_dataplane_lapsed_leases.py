@@ -65,7 +65,7 @@ def test_a_lapsed_lease_is_logged_once_outside_the_lock_and_forgotten_when_done(
         try:
             with caplog.at_level("INFO", logger="shmloader.dataset"):
                 for _ in range(3):  # three renew cycles, each told the same
-                    plane.lapsed(d.mark_taken(held, later))
+                    plane.outbox.lapsed(d.mark_taken(held, later))
         finally:
             logging.getLogger("shmloader.dataset").removeHandler(spy)
         infos = [r for r in caplog.records if r.levelname == "INFO"]
@@ -84,7 +84,7 @@ def test_a_lapsed_lease_is_logged_once_outside_the_lock_and_forgotten_when_done(
 def test_what_is_kept_goes_with_a_forgotten_epoch(tmp_path):
     with ready_at_a(tmp_path) as (d, _, plane, _, leases):  # ready, never taken
         _, later = stall(d)
-        plane.lapsed(d.mark_taken(plane.held_leases(), later))
+        plane.outbox.lapsed(d.mark_taken(plane.held_leases(), later))
         assert len(plane.lapsed_leases._epoch) == len(leases)
         plane.finish_epoch(0)
         plane.forget_finished(1)  # the master finished epoch 0 (b delivered it)
@@ -102,5 +102,5 @@ def test_a_late_answer_about_a_lease_completed_here_is_not_kept(tmp_path):
         plane.poll()  # ... and completes them
         assert kept(plane) == 0
         for _ in range(3):  # the cycle's answers come after: "lease N is not active: it was
-            plane.lapsed(d.mark_taken(held, time.time()))  # completed at ..."
+            plane.outbox.lapsed(d.mark_taken(held, time.time()))  # completed at ..."
         assert kept(plane) == 0

@@ -28,11 +28,11 @@ def test_a_task_taken_while_an_answer_is_routed_is_warned_about_once(tmp_path, c
 
         outbox._held = listing
         with caplog.at_level("WARNING", logger="shmloader.dataset"):
-            plane.lapsed(d.mark_taken(plane.held_leases(), later))
+            plane.outbox.lapsed(d.mark_taken(plane.held_leases(), later))
             warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
             assert len(warned) == plane.lapsed_leases.tasks == 1  # by admit: the lease was noted
             assert f"this trainer's lease {leases[0].lease_id} lapsed" in warned[0]
-            plane.lapsed(d.mark_taken(plane.held_leases(), later))  # the next renew cycle
+            plane.outbox.lapsed(d.mark_taken(plane.held_leases(), later))  # the next renew cycle
         assert own_lock_held == [False, False]
         warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
         assert len(warned) == plane.lapsed_leases.tasks == 1  # not again

@@ -85,7 +85,7 @@ def test_two_trainers_split_every_epoch_exactly_once(tmp_path):
             assert got_a and got_b
             assert sorted(got_a + got_b) == list(range(TOTAL))
         assert d.finished
-        assert a[1].shares_epochs and b[1].shares_epochs
+        assert a[1].figures().shares_epochs and b[1].figures().shares_epochs
         assert a[0].handle().in_use() == b[0].handle().in_use() == 0
 
 
@@ -284,7 +284,7 @@ def test_a_stalled_trainer_whose_tasks_went_to_another_warns_and_counts(tmp_path
         mine = d.lease("a", 1, later)  # one goes back to a's own readers
         to_b = d.lease("b", 20, later)
         announce(store, plane, mine[0])  # a second copy: dropped
-        assert plane.duplicates == 1
+        assert plane.figures().duplicates == 1
         with caplog.at_level("WARNING", logger="shmloader.dataset"):
             rest = Gatherer(store.handle(), ["id"]).gather(list(it))
             plane.poll()

@@ -82,10 +82,12 @@ def test_two_trainers_share_every_epoch_exactly_once(tmp_path, source, kinds):
             assert not any(t.is_alive() for t in threads)
             for epoch in range(2):
                 assert sorted(got[0][epoch] + got[1][epoch]) == list(range(RECORDS))
-            assert any(ds.runtime.plane.shares_epochs for ds in datasets)
+            assert any(ds.runtime.plane.figures().shares_epochs for ds in datasets)
             checked = 0
             for ds, loader in zip(datasets, loaders, strict=True):
-                if ds.runtime.plane.shares_epochs and isinstance(loader, shmloader.DataLoader):
+                if ds.runtime.plane.figures().shares_epochs and isinstance(
+                    loader, shmloader.DataLoader
+                ):
                     check_master_held_state(loader.state_dict(), source, master, tmp_path)
                     checked += 1
             assert checked or "torch" in kinds
@@ -281,7 +283,7 @@ def test_a_trainer_restarted_against_the_master_goes_on_with_the_epoch(
             rest = [r for batch in loader for r in ids(batch)]
             # It found tasks done before it started; with the state, those are the tasks the
             # state consumed, not another trainer's: its own states still hold the rows.
-            assert ds.runtime.plane.shares_epochs is not with_state
+            assert ds.runtime.plane.figures().shares_epochs is not with_state
             assert ("position" in loader.state_dict()) is not with_state
         assert master.progress().finished
     counts = Counter(first + rest)

@@ -297,7 +297,8 @@ def test_rows_kept_for_the_next_batch_are_let_go_when_they_fill_the_budget(
 def test_under_ddp_rows_kept_for_the_next_batch_are_not_let_go() -> None:
     import numpy as np
 
-    from shmloader.dataset.order.sampler import LET_GO, TaskBatchSampler
+    from shmloader.dataset.order.batch_sampler import TaskBatchSampler
+    from shmloader.dataset.order.sampler import LET_GO
 
     class Blocks:  # the sampler's side: one block of 40 rows, then only LET_GO
         def chunks(self, stuck: Any = None, **options: Any) -> Any:

@@ -101,9 +101,14 @@ def test_a_clean_package_passes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["shmloader.dataset.accounting.book", "shmloader.dataset.core.indices"],
+    [
+        "shmloader.dataset.accounting.book",
+        "shmloader.dataset.core.indices",
+        "shmloader.dataset.order.blocks",
+        "shmloader.dataset.waiting.room",
+    ],
 )
-def test_the_book_and_the_values_load_without_torch(module: str) -> None:
+def test_the_book_the_order_and_the_values_load_without_torch(module: str) -> None:
     code = f"import sys, {module}\nprint('torch' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT

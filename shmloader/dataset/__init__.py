@@ -17,14 +17,15 @@ _EXPORTS = {
     "SharedTaskDataset": ".dataset",
     "collate": ".dataset",
     "DataLoader": ".loader",
-    "TaskBatchSampler": ".order.sampler",
+    "TaskBatchSampler": ".order.batch_sampler",
     "TaskSampler": ".order.sampler",
 }
 
 if TYPE_CHECKING:
     from .dataset import SharedTaskDataset, collate
     from .loader import DataLoader
-    from .order.sampler import TaskBatchSampler, TaskSampler
+    from .order.batch_sampler import TaskBatchSampler
+    from .order.sampler import TaskSampler
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 

@@ -31,8 +31,11 @@ from .gather import ring
 from .gather.gather import gather, segment_views
 from .gather.gatherer import Gatherer
 from .gather.ring import RingBatch
+from .order.batch_sampler import TaskBatchSampler
+from .order.blocks import DEFAULT_SHUFFLE_WINDOW
+from .order.feed import FirstPass
 from .order.natural import SHUFFLED, Refused, RowStream, are_positions, in_sequence
-from .order.sampler import DEFAULT_SHUFFLE_WINDOW, FirstPass, TaskBatchSampler, TaskSampler
+from .order.sampler import TaskSampler
 from .resume.checkpoint import FRESH_START, DatasetFacts, identity, resume_point, saved_state
 from .runtime.launcher import TORCHRUN, Rendezvous, rendezvous_from_env
 from .runtime.reader_scaling import auto_bounds
@@ -383,7 +386,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             return  # the state of a batch sampler whose dataset had not started: nothing yet
         if self._runtime is not None:
             why = "the readers start from it"
-            if self._runtime.plane.consumed_rows == 0:
+            if self._runtime.plane.figures().consumed_rows == 0:
                 why = (
                     "here the dataset started before its loop got anything: a loader made "
                     "its iterator to take a first state, as accelerate's prepare() does with "
@@ -463,7 +466,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             on_drop=lambda rows: self._ensure_started().plane.reports.dropped(rows),
             on_received=lambda rows: self._ensure_started().plane.reports.received(rows),
             on_counted_early=lambda rows: self._ensure_started().plane.reports.counted_early(rows),
-            pinned=lambda held: self._ensure_started().plane.pinned(held),
+            pinned=lambda held: self._ensure_started().plane.room.pinned(held),
             let_go=self.world_size in (None, 1),  # DDP: a short batch would unbalance steps
             state_counting=self._batcher_state,
             load_state=self.load_state_dict,

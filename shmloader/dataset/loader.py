@@ -162,7 +162,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                 self._check_open(exc)
                 raise
             now = time.perf_counter()
-            plane.record_wait(now - began, now - step_began)  # ... to here
+            plane.loop_clock.record_wait(now - began, now - step_began)  # ... to here
             step_began = now
             indices = self._recorder.issued.popleft()
             handed = self._handed(batch)  # if the transform raises, the rows are not delivered

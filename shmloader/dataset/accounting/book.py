@@ -466,21 +466,69 @@ class ConsumptionBook:
         """Tasks taken and not completed that the loop consumed part of, with the rows."""
         return list(partly_consumed(self._slots.values()))
 
-    def slots(self) -> list[SlotState]:
-        return list(self._slots.values())
+    def consumed_of_held(self) -> list[tuple[ReadyTask, list[tuple[int, int]]]]:
+        """Tasks taken and not completed that the loop consumed part of, with the records
+        consumed (rows excluded at admit count as consumed): values, read now, for what a
+        trainer hands over or back with its leases."""
+        return [(s.task, s.records_of(rows)) for s, rows in self.partly_consumed()]
+
+    def held_tasks(self) -> list[HeldTask]:
+        """What the outbox needs of every admitted task: ids and flags, as they are now."""
+        return [state.held() for state in self._slots.values()]
+
+    def last_pass(self, epoch: int) -> int | None:
+        """The epoch whose pass's unconsumed rest makes a pass of its own before a pass over
+        ``epoch`` starts (the loop stopped in that pass's last batches, which workers had
+        gathered): the one before, so that the next pass is a whole epoch again. None at the
+        first epoch, and where trainers share epochs: there rows of older epochs (strays)
+        come first in the current pass instead (``unconsumed_in_order``)."""
+        return None if epoch == 0 or self.shares_epochs else epoch - 1
+
+    def figures(self) -> BookFigures:
+        """What the book counts, as one value (``ds.stats()`` reads it)."""
+        return BookFigures(
+            consumed_rows=self.consumed_rows,
+            consumed_bytes=int(self.consumed_bytes),
+            consumed_records=self.consumed_records,
+            skipped_records=self.skipped_records,
+            duplicates=self.duplicates,
+            shares_epochs=self.shares_epochs,
+        )
+
+    def kept(self) -> Kept:
+        """What the book still keeps: epochs, tasks announced, segments not released."""
+        return Kept(
+            epochs=tuple(sorted(self._epochs)),
+            announced=frozenset(self._announced),
+            segments=tuple(slot_name(s) for s, st in self._slots.items() if not st.released),
+        )
 
     def held_leases(self) -> list[int]:
         """Leases of admitted tasks not completed yet."""
         return [s.task.lease_id for s in self._slots.values() if not s.completed]
 
-    def live_segments(self) -> list[str]:
-        return [slot_name(s) for s, st in self._slots.items() if not st.released]
 
-    def epochs_kept(self) -> list[int]:
-        return sorted(self._epochs)
+@dataclass(frozen=True)
+class BookFigures:
+    """What the book counts since the trainer started."""
 
-    def announced_kept(self) -> set[tuple[int, int]]:
-        return set(self._announced)
+    consumed_rows: int  # rows consumed, counted as they are consumed
+    consumed_bytes: int  # shared memory the consumed rows took (each row its segment's share)
+    consumed_records: int  # rows of the tasks completed (a task counts once all are consumed)
+    skipped_records: int  # what sources left out of the tasks consumed (on_error="skip")
+    duplicates: int  # copies of tasks announced twice, dropped
+    # Some task of an epoch went to another consumer, or was done before this trainer started:
+    # then what this trainer consumed is not the epoch's position.
+    shares_epochs: bool
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What the book keeps at one moment (forgotten once the master finished the epoch)."""
+
+    epochs: tuple[int, ...]
+    announced: frozenset[tuple[int, int]]  # (epoch, task id) of tasks announced
+    segments: tuple[str, ...]  # segments of admitted tasks not released yet
 
 
 def partly_consumed(states: Iterable[SlotState | None]) -> Iterator[tuple[SlotState, np.ndarray]]:

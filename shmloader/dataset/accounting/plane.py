@@ -8,8 +8,9 @@ updates (updates.py); this class holds the lock around it, applies the updates, 
 the effects the book returns: tasks put on the ready board, segments renamed and released in the
 store, leases marked taken and completed through the outbox (outbox.py, sent outside the lock).
 Around the book it keeps the board of ready tasks (ready.py), the check that a ready task's
-lease is still this trainer's (lease_check.py), and the tasks the sampler waits for that are
-elsewhere (strays.py).
+lease is still this trainer's (lease_check.py), the tasks the sampler waits for that are
+elsewhere (strays.py), where room in the budget stands (room.py) and the loop's waits
+(loop_clock.py).
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from ..gather.ledger import LedgerReader
 from ..resume.checkpoint import FRESH_START, LoopState, Position, ResumePoint
 from ..resume.handover import Handover, HeldLease, RecordRanges
 from ..waiting.lease_check import LeaseCheck
+from ..waiting.loop_clock import LoopClock
 from ..waiting.ready import ReadyTasks
+from ..waiting.room import Room
 from ..waiting.strays import Strays
-from .book import ConsumptionBook
+from .book import BookFigures, ConsumptionBook, Kept
 from .outbox import Outbox
 from .reports import Reporter
 from .updates import (
@@ -80,8 +83,6 @@ class DataPlane:
         self.ready = ReadyTasks()
         self._master = master
         self._segments = segments
-        self._starved = starved or (lambda: False)
-        self._blocked = blocked or (lambda: False)
         self._book = ConsumptionBook(start_epoch=start_epoch, resume=resume, taken_over=taken_over)
         self._lock = threading.RLock()
         # Every report of rows gathered or consumed (ledger, gathers, the loop's receipts).
@@ -90,13 +91,10 @@ class DataPlane:
         self.outbox = Outbox(master, consumer, held=self._held_tasks, ready=self.ready.pending)
         self.lapsed_leases = self.outbox.lapsed_leases  # lapsed, handed to another trainer
         self.lease_check = LeaseCheck(master, lease_timeout, consumer)
-        # How long the training loop waited for its first batch (readers starting, the first
-        # task read), and for the others; how long its steps took, waits included.
-        self.first_batch_seconds: float | None = None
-        self._reader_wait_before = 0.0  # the sampler's wait for tasks until the first batch
-        self.wait_seconds = 0.0
-        self.loop_seconds = 0.0
-        self.batches_delivered = 0
+        # Where room in the budget stands, for the sampler's waits (room.py).
+        self.room = Room(starved=starved, blocked=blocked, unconsumed_rows=self.unconsumed_rows)
+        # How long the loop waited for its batches (shmloader.DataLoader times them).
+        self.loop_clock = LoopClock(self.ready)
         # Rows reported consumed after their slot settled (ConsumedAgain): zero unless a row
         # was delivered twice; the tests of exactly-once read it.
         self.consumed_again = 0
@@ -147,43 +145,16 @@ class DataPlane:
                 self.consumed_again += effect.rows
             # MakeReady: after the lock (_update); Issue: the indices go back to admit's caller.
 
-    # -- what the book counts --------------------------------------------------------------
-    @property
-    def reader_wait_seconds(self) -> float:
-        """How long the sampler waited for tasks that the readers had not made ready, after
-        the loop's first batch (as ``wait_seconds``)."""
-        return self.ready.waited_seconds - self._reader_wait_before
+    # -- what the book counts -------------------------------------------------------------
+    def figures(self) -> BookFigures:
+        """What the book counts, as one value read under the lock."""
+        with self._lock:
+            return self._book.figures()
 
-    @property
-    def consumed_rows(self) -> int:
-        """Rows consumed since the start, counted as they are consumed."""
-        return self._book.consumed_rows
-
-    @property
-    def consumed_bytes(self) -> int:
-        """Bytes of shared memory the consumed rows took (each row its segment's share)."""
-        return int(self._book.consumed_bytes)
-
-    @property
-    def consumed_records(self) -> int:
-        """Rows of the tasks completed (a task counts once all its rows were consumed)."""
-        return self._book.consumed_records
-
-    @property
-    def skipped_records(self) -> int:
-        """What sources left out of the tasks consumed (``on_error="skip"``)."""
-        return self._book.skipped_records
-
-    @property
-    def duplicates(self) -> int:
-        """Copies of tasks announced twice, dropped."""
-        return self._book.duplicates
-
-    @property
-    def shares_epochs(self) -> bool:
-        """Whether some task of an epoch went to another consumer, or was done before this
-        trainer started: then what this trainer consumed is not the epoch's position."""
-        return self._book.shares_epochs
+    def kept(self) -> Kept:
+        """What the book still keeps (epochs, tasks announced, live segments), read at once."""
+        with self._lock:
+            return self._book.kept()
 
     # -- readers' side -------------------------------------------------------------------
     def announce(
@@ -222,17 +193,9 @@ class DataPlane:
         )
         self._update(Announced(task, confirmed))
 
-    def flush_completions(self) -> None:
-        """Tell the master about taken and consumed tasks (outside the lock: outbox.py)."""
-        self.outbox.flush()
-
-    def lapsed(self, problems: dict[int, str], what: str = "renewing lease %d: %s") -> None:
-        """The master says these leases are not active (the renew cycle's answer): outbox.py."""
-        self.outbox.lapsed(problems, what)
-
     def _held_tasks(self) -> list[HeldTask]:
         with self._lock:
-            return [state.held() for state in self._book.slots()]
+            return self._book.held_tasks()
 
     # -- sampler's side (Feed) -----------------------------------------------------------
     def forget_finished(self, before: int) -> None:
@@ -329,15 +292,11 @@ class DataPlane:
     def rest_of_last_pass(self, epoch: int, *, poll: bool = True) -> np.ndarray:
         """Rows of the epoch before ``epoch`` that its pass handed out but the loop never
         consumed: it stopped in the pass's last batches, which workers had already gathered.
-        They are the rest of that epoch, a pass of their own, so the next pass is a whole
-        epoch again. Empty when trainers share epochs: there, rows of older epochs (strays)
-        come first in the current pass (``reclaim``)."""
-        if epoch == 0 or self.shares_epochs:
-            return np.empty(0, dtype=np.int64)
-        return self.reclaim(epoch - 1, poll=poll)
-
-    def starved(self) -> bool:
-        return self._starved()
+        They are the rest of that epoch, a pass of their own (``ConsumptionBook.last_pass``
+        says which epoch, if any)."""
+        with self._lock:
+            last = self._book.last_pass(epoch)
+        return np.empty(0, dtype=np.int64) if last is None else self.reclaim(last, poll=poll)
 
     def finish_epoch(self, epoch: int) -> None:
         self._update(EpochIterated(epoch))
@@ -348,34 +307,8 @@ class DataPlane:
         Returns how many rows the ledger had (none unless a plain DataLoader's workers
         gather)."""
         rows = self.reports.read_ledger()
-        self.flush_completions()
+        self.outbox.flush()  # outside the lock: outbox.py
         return rows
-
-    def record_wait(self, seconds: float, step: float) -> None:
-        """The loop waited ``seconds`` for its next batch, in a step of ``step`` seconds since
-        it got the one before (or since its pass began): ``shmloader.DataLoader`` only. The
-        first batch's wait is the start-up, kept apart from the steady figures."""
-        with self._lock:
-            self.batches_delivered += 1
-            if self.first_batch_seconds is None:
-                self.first_batch_seconds = seconds
-                self._reader_wait_before = self.ready.waited_seconds
-                return
-            self.wait_seconds += seconds
-            self.loop_seconds += step
-
-    def blocked(self) -> bool:
-        """Whether a reader of a task the sampler waits for has no room (shm/hints.py)."""
-        return self._blocked()
-
-    def pinned(self, held: int) -> bool:
-        """Blocked, and the ``held`` rows a batcher holds are all that is not consumed: only
-        letting those go can make room (TaskBatchSampler)."""
-        return self._blocked() and self.unconsumed_rows() == held
-
-    def dead_end(self) -> bool:
-        """Blocked, and no row handed out is left to consume that could make room."""
-        return self.pinned(0)
 
     def unconsumed_rows(self) -> int:
         """Rows the sampler handed out (admitted) and not consumed yet: in flight to the loop,
@@ -410,8 +343,7 @@ class DataPlane:
         of (rows excluded at admit count as consumed): what a trainer leaving an elastic job
         hands back with its leases (master/handback.py), so that nobody delivers them again."""
         with self._lock:
-            parts = self._book.partly_consumed()
-        return {state.task.lease_id: state.records_of(rows) for state, rows in parts}
+            return {task.lease_id: records for task, records in self._book.consumed_of_held()}
 
     def _held_for_handover(self) -> tuple[HeldLease, ...]:
         """The leases this trainer holds whose tasks the loop consumed part of, or all of while
@@ -419,8 +351,7 @@ class DataPlane:
         what an elastic trainer's checkpoint names, for the trainer resumed from it to hand
         back (handover.py). Under the lock, both lists at once: a slot completing meanwhile is
         in one or the other."""
-        parts = self._book.partly_consumed()
-        held = [(s.task, s.records_of(rows)) for s, rows in parts]
+        held = self._book.consumed_of_held()
         held += [(s.task, [s.task.records()]) for s in self.outbox.unconfirmed()]
         return tuple(HeldLease(t.lease_id, t.epoch, t.task_id, tuple(r)) for t, r in held if r)
 
@@ -429,19 +360,6 @@ class DataPlane:
         with self._lock:
             held = self._book.held_leases()
         return held + [t.lease_id for t in self.ready.pending()]
-
-    def live_segments(self) -> list[str]:
-        with self._lock:
-            return self._book.live_segments()
-
-    def epochs_kept(self) -> list[int]:
-        """Epochs the book still keeps (finished ones are forgotten: ``forget_finished``)."""
-        with self._lock:
-            return self._book.epochs_kept()
-
-    def announced_kept(self) -> set[tuple[int, int]]:
-        with self._lock:
-            return self._book.announced_kept()
 
 
 def _grouped(also: np.ndarray | None) -> list[SegmentRows]:

@@ -19,7 +19,7 @@ batch of indices carries its way (:func:`receipt_of`) to whichever process gathe
   "consumed" (ledger.py), and a row counts as consumed once it was both gathered and received.
 - a plain int64 array: a plain DataLoader's pass whose deliveries cannot be told (no workers:
   the loop gets each batch as it is gathered, in its own thread; or a loader that could not be
-  identified, which :class:`~shmloader.dataset.order.sampler.TaskBatchSampler` says once):
+  identified, which :class:`~shmloader.dataset.order.batch_sampler.TaskBatchSampler` says once):
   the gather counts its rows consumed.
 """
 

@@ -30,7 +30,7 @@ from torch._utils import ExceptionWrapper
 from ...errors import ConfigError, ShmloaderError
 from ..core.batch import Batch
 from ..core.indices import ROW_BITS
-from .sampler import TaskBatchSampler
+from .batch_sampler import TaskBatchSampler
 
 WITH_WORKERS = (
     "a torch DataLoader with workers and its own sampler (no sampler= or batch_sampler= "

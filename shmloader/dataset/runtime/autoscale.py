@@ -80,7 +80,7 @@ class Autoscaler:
         return _Mark(
             at=now,
             sampler_wait=self.plane.ready.waited_seconds,
-            consumed=self.plane.consumed_rows,
+            consumed=self.plane.figures().consumed_rows,
             busy={r.index: r.busy_seconds for r in readers},
             room={r.index: r.room_wait_seconds for r in readers},
             cpu=(sum(cpu), cpu.idle + getattr(cpu, "iowait", 0.0)),

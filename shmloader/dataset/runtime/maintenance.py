@@ -120,7 +120,7 @@ class Maintenance:
                             self.client.renew([lease_id])
                             renewed.append(lease_id)
                         except LeaseError as exc:  # RenewError: maybe handed to another trainer
-                            plane.lapsed(getattr(exc, "not_active", {}))
+                            plane.outbox.lapsed(getattr(exc, "not_active", {}))
                     plane.lease_check.confirmed(renewed, asked_at, plane.ready.pending())
                     self._look_now.clear()
                     self._check_master()

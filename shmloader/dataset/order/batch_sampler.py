@@ -1,0 +1,312 @@
+"""Batches of the sampler's walk for a DataLoader's ``batch_sampler=``: how a pass's rows are
+cut into batches, how each batch's receipt is told (core/receipts.py, delivery.py), and what is
+done when the rows a batcher holds fill the budget."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch.utils.data
+
+from ...errors import ConfigError, ShmSpaceError
+from ..core.receipts import ConsumedWhen, Receipt, of_the_loop, tracked
+from .delivery import Requests, prefetch_depth
+from .sampler import FLUSH, LET_GO, TaskSampler
+from .wrappers import Wrapper, wrapper_of
+
+log = logging.getLogger(__name__)
+
+
+class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
+    """Batches of a :class:`TaskSampler` for a DataLoader's ``batch_sampler=``.
+
+    Each batch is handed over as a *sorted* int64 array, not a list: the dataset gathers it
+    without converting a list or sorting it by segment, and reads each segment's rows in
+    address order (the batch holds the same samples; only their order inside it changes).
+
+    ``drop_last`` drops the short last batch of a pass *for its epoch*, as torch means it: its
+    rows are handed to ``on_drop``, which marks them consumed. torch's own ``drop_last`` (a
+    plain DataLoader given ``sampler=``) drops them without the dataset knowing, so they are
+    still owed to the epoch and come first in the next pass.
+
+    The rows left over from a block wait for the next block to fill a batch, and pin their
+    segments meanwhile; so do the batches a DataLoader's workers hold for the training process
+    (``_in_flight``), which it cannot receive while this batcher waits for the sampler. Should
+    those fill ``shm_budget`` (a budget below about a window of tasks), the task the sampler
+    waits for finds no room and the run would wait for ever. ``pinned(n)`` says when that is
+    so: a writer of a task the sampler waits for is blocked on room, and the ``n`` rows held
+    here are all that is not consumed. This batcher then hands the rows it keeps out as a short
+    batch, with a warning (torch receives the batches in flight meanwhile). Under DDP
+    (``let_go=False``) a short batch would give ranks unequal steps, and with no rows kept
+    nothing could be handed out: then it raises ``ShmSpaceError``.
+    """
+
+    def __init__(
+        self,
+        sampler: TaskSampler,
+        batch_size: int,
+        drop_last: bool,
+        on_drop: Callable[[np.ndarray], None],
+        pinned: Callable[[int], bool] | None = None,
+        let_go: bool = True,
+        on_received: Callable[[np.ndarray], None] | None = None,
+        on_counted_early: Callable[[np.ndarray], None] | None = None,
+        state_counting: Callable[[np.ndarray | None], dict[str, Any]] | None = None,
+        load_state: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.drop_last = bool(drop_last)
+        self.on_drop = on_drop
+        self.pinned = pinned
+        self.let_go = let_go
+        self.on_received = on_received
+        self.on_counted_early = on_counted_early
+        self._state_counting = state_counting
+        self._load_state = load_state
+        # Batches issued and not received by the loop yet, oldest first: shmloader.DataLoader
+        # reports each as its loop receives it, and a plain DataLoader's requests tell
+        # (delivery.py). Their rows are in flight: consumed only once received.
+        self.issued: deque[np.ndarray] = deque()
+        # How this pass's deliveries are told (delivery.py), chosen as it starts: by
+        # shmloader.DataLoader's loop when it claimed the pass (``claimed``), else by torch's
+        # requests where the loader asking can be found, else by the gather.
+        self._receipt = Receipt.GATHER
+        self._claimed = False
+        # A wrapper between torch's DataLoader and the loop that holds batches back
+        # (wrappers.py): receipts come that many batches later, the last at its end.
+        self._wrapper: Wrapper | None = None
+        self._warned_early = False  # see _count_in_flight
+        self._warned_untold = False  # see _warn_untold
+        self._held = 0  # rows kept back for the next batch
+        self._warned = False
+
+    @property
+    def receipt(self) -> Receipt:
+        """How the current (or last) pass's deliveries are told."""
+        return self._receipt
+
+    @contextlib.contextmanager
+    def claimed(self) -> Iterator[None]:
+        """The passes begun inside are ``shmloader.DataLoader``'s own loop, which reports each
+        batch as it hands it over (``issued``): it starts torch's iterator inside, which asks
+        for this batcher's iterator once or twice (torch makes one, then its first ``_reset``
+        another). Any other iteration (a wrapper's DataLoader rebuilt from the loader's parts,
+        as accelerate's ``prepare`` does) is a plain DataLoader's."""
+        self._claimed = True
+        try:
+            yield
+        finally:
+            self._claimed = False
+
+    def _stuck(self) -> bool:
+        held = self._held + self._in_flight()
+        return held > 0 and self.pinned is not None and self.pinned(held)
+
+    def _in_flight(self) -> int:
+        """Rows of batches issued that only this thread could receive (none where a plain
+        DataLoader's workers report rows consumed as they gather them)."""
+        return sum(len(batch) for batch in self.issued)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        """The pass's batches. Under a plain DataLoader with workers whose deliveries its
+        requests tell (delivery.py), an iterator that reports each batch as the loop receives
+        it; so rows its workers prefetched for a pass left early come again."""
+        self.settle()  # the last pass's end, as a wrapper told it
+        self._wrapper = None
+        if self._claimed:
+            return self._start(Receipt.LOOP)
+        if self.on_received is None:
+            return self._start(Receipt.GATHER)
+        wrapper = wrapper_of(self)  # ConfigError for one that would drop batches
+        prefetch = prefetch_depth(self)
+        depth = prefetch.depth
+        if depth is not None and wrapper is not None:
+            depth += wrapper.ahead
+            self._wrapper = wrapper
+        if depth:
+            batches = self._start(Receipt.REQUESTS)
+            return Requests(batches, depth, self.issued, self.on_received)
+        if depth is None:
+            self._warn_untold(prefetch.why)
+        return self._start(Receipt.GATHER)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The dataset's state as it will be once the loop has every batch this batcher handed
+        out so far, for a loader that saves its batch sampler's state with each batch as it
+        hands the batch out (torchdata's ``StatefulDataLoader``, also under accelerate's
+        ``use_stateful_dataloader``): it takes the state as it asks for a batch, and gives back
+        the one taken with the last batch the loop got. ``ds.state_dict()`` counts only what
+        the loop has."""
+        if self._state_counting is None:
+            raise ConfigError("this batch sampler has no dataset: take it from ds.batch_sampler()")
+        issued = [batch for batch in self.issued if len(batch)]
+        return self._state_counting(np.concatenate(issued) if issued else None)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (the dataset's, as :meth:`state_dict` gave it): before the
+        first iteration, as ``SharedTaskDataset.load_state_dict``."""
+        if self._load_state is None:
+            raise ConfigError("this batch sampler has no dataset: take it from ds.batch_sampler()")
+        self._load_state(state)
+
+    def settle(self) -> None:
+        """Receive what a wrapper that holds batches back has handed to the loop by now
+        without torch's requests saying so: its last batch, which it yields once torch's
+        iterator has ended. Called as a pass begins, and before a state is taken or the
+        dataset closes."""
+        wrapper = self._wrapper
+        if wrapper is None or not wrapper.ends.end_of_dataloader or self.on_received is None:
+            return
+        while self.issued:
+            self.on_received(self.issued.popleft())
+
+    def in_process(self) -> Iterator[np.ndarray]:
+        """A pass gathered in this process by a loop that gets each batch as it is gathered (a
+        plain DataLoader without workers, driven by the dataset: ``SharedTaskDataset``'s
+        natural form): counted as gathered."""
+        return self._start(Receipt.GATHER)
+
+    def _start(self, receipt: Receipt) -> Iterator[np.ndarray]:
+        self.issued.clear()
+        self._receipt = receipt
+        return self._batches()
+
+    def _warn_untold(self, why: str) -> None:
+        """Say (once) that a plain DataLoader's deliveries cannot be told, what that risks and
+        the fix: its rows count as gathered, which its workers do ahead of the loop."""
+        if self._warned_untold:
+            return
+        self._warned_untold = True
+        log.warning(
+            "batches of ds.batch_sampler(%d) are drawn by a DataLoader whose deliveries the "
+            "dataset cannot tell (%s), so rows count as consumed when they are gathered: "
+            "should it use workers, a break or a state_dict() in the middle of a pass counts "
+            "the batches they prefetched (up to num_workers * prefetch_factor) as delivered. "
+            "shmloader.DataLoader(ds, batch_size=%d, ...) counts exactly what its loop gets "
+            "(said once)",
+            self.batch_size,
+            why,
+            self.batch_size,
+        )
+
+    def _batches(self) -> Iterator[np.ndarray]:
+        size = self.batch_size
+        carry = np.empty(0, dtype=np.int64)
+        self._held = 0
+        # arrays: no work per sample
+        delivered = self._receipt is not Receipt.GATHER
+        chunks = self.sampler.chunks(
+            stuck=self._stuck,
+            rest_alone=True,
+            flush=True,
+            consumed_when=ConsumedWhen.DELIVERED if delivered else ConsumedWhen.GATHERED,
+            passes_again=self._receipt is Receipt.LOOP,
+        )
+        for chunk in chunks:
+            if chunk is FLUSH:
+                if len(carry):
+                    yield from self._end_of_pass(carry)
+                carry = np.empty(0, dtype=np.int64)
+                self._held = 0
+                if self._receipt is Receipt.REQUESTS:
+                    # The pass is to wait for tasks other trainers hold, which it may only with
+                    # nothing of its own in flight (TaskSampler._strays); the loop receives
+                    # these batches only once it goes on, so they count now, as gathered.
+                    self._count_in_flight(warn=False)
+                continue
+            if chunk is LET_GO:
+                tracked = self._receipt is Receipt.REQUESTS
+                if not len(carry) and tracked and self._in_flight():
+                    self._count_in_flight()  # their rows hold the room: count them now
+                    continue
+                self._let_go(len(carry))
+                yield self._issue(np.sort(carry))
+                carry = np.empty(0, dtype=np.int64)
+                self._held = 0
+                continue
+            if len(carry):
+                chunk = np.concatenate((carry, chunk))
+            full = len(chunk) - len(chunk) % size
+            carry = chunk[full:]
+            self._held = len(carry)
+            for i in range(0, full, size):
+                yield self._issue(np.sort(chunk[i : i + size]))
+        self._held = 0
+        yield from self._end_of_pass(carry)
+
+    def _end_of_pass(self, carry: np.ndarray) -> Iterator[np.ndarray]:
+        """The rows kept for a batch the pass does not fill: a short batch, or dropped.
+        Only a pass that ran to its end drops: one left early (``break``) resumes with them."""
+        if len(carry) and self.drop_last:
+            self.on_drop(carry)
+        elif len(carry):
+            yield self._issue(np.sort(carry))
+
+    def _count_in_flight(self, *, warn: bool = True) -> None:
+        """A plain DataLoader whose deliveries its requests tell, stuck: the batches it has in
+        flight hold the budget, and their rows count as consumed only once the loop receives
+        them, which it cannot while this batcher waits. They are counted consumed now (their
+        segments go once gathered), with a warning: a ``break`` before the loop receives them
+        loses them, as under ``sampler=ds.sampler()``. Also at the end of the master's last
+        epoch (FLUSH), without one."""
+        rows = self._in_flight()
+        for i, batch in enumerate(self.issued):
+            if len(batch) and self.on_counted_early is not None:
+                self.on_counted_early(batch)
+            self.issued[i] = batch[:0]  # its request still comes: nothing left to report
+        if warn and not self._warned_early:
+            self._warned_early = True
+            log.warning(
+                "shm_budget is full with the segments of %d rows in batches the DataLoader's "
+                "workers prefetched, which count as consumed only once the loop receives them, "
+                "so the task the sampler waits for cannot be read: counting them consumed now "
+                "(a break before the loop gets them loses them; said once). To keep a break "
+                "exact, raise shm_budget to hold two shuffle windows of tasks (or lower "
+                "num_workers or prefetch_factor)",
+                rows,
+            )
+
+    def _let_go(self, rows: int) -> None:
+        why = (
+            f"shm_budget is full with the segments of rows not consumed yet ({rows} kept for "
+            f"the next batch of {self.batch_size}, the rest in batches in flight), so the task "
+            "the sampler waits for cannot be read"
+        )
+        fix = (
+            "raise shm_budget to hold two shuffle windows of tasks (or lower records_per_task, "
+            "shuffle_window, num_workers or prefetch_factor)"
+        )
+        if not rows:
+            raise ShmSpaceError(f"{why}; {fix}")
+        if not self.let_go:
+            raise ShmSpaceError(
+                f"{why}; under DDP a short batch would give this rank a step more than the "
+                f"others: {fix}"
+            )
+        if not self._warned:  # once: with such a budget it happens at most blocks
+            self._warned = True
+            log.warning(
+                "%s: handing them out as a short batch (and so on, whenever it "
+                "happens again); to keep every batch full, %s",
+                why,
+                fix,
+            )
+
+    def _issue(self, batch: np.ndarray) -> np.ndarray:
+        if self._receipt is Receipt.GATHER:
+            return batch
+        batch = tracked(batch) if self._receipt is Receipt.REQUESTS else of_the_loop(batch)
+        self.issued.append(batch)
+        return batch
+
+    def __len__(self) -> int:
+        n = self.sampler.pass_rows(rest_alone=True)  # as __iter__ will walk it
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
