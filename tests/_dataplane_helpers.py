@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from shmloader.dataset.accounting.plane import DataPlane
+from shmloader.dataset.accounting.sampler_feed import SamplerFeed
 from shmloader.dataset.gather.ledger import LedgerReader, ledger_dir
 from shmloader.dataset.order.sampler import TaskSampler
 from shmloader.errors import LeaseError, NotActive
@@ -100,7 +101,8 @@ def trainer(
         lease_timeout=lease_timeout,
         taken_over=taken_over,
     )
-    sampler = TaskSampler(lambda: plane, shuffle=shuffle, seed=seed, window=window)
+    feed = SamplerFeed(plane, DispatcherOps(d, consumer))
+    sampler = TaskSampler(lambda: feed, shuffle=shuffle, seed=seed, window=window)
     return store, plane, sampler
 
 

@@ -66,7 +66,7 @@ def main(config_path: str) -> int:
     def info() -> None:
         pool = ds.runtime.pool
         assert pool is not None
-        emit(info={"store": ds._store.path, "readers": pool.pids(), "pid": os.getpid()})
+        emit(info={"store": ds.store_path, "readers": pool.pids(), "pid": os.getpid()})
 
     # torchdata's StatefulDataLoader gives the dataset a state it loaded only as iteration
     # begins, which must find the dataset not started yet.

@@ -25,6 +25,7 @@ from shmloader.dataset.accounting.updates import (
     Release,
     Rename,
     Reported,
+    Undelivered,
 )
 from shmloader.dataset.core.indices import group_by_segment, slot_name, split_indices
 from shmloader.dataset.core.tasks import ReadyTask
@@ -188,7 +189,7 @@ def test_a_ready_copy_not_delivered_lets_a_new_copy_in() -> None:
     book = ConsumptionBook()
     t = task(0)
     assert book.apply(Announced(t)) == [MakeReady(t)]
-    assert book.apply(NotDelivered(t)) == [Release(t.segment)]
+    assert book.apply(NotDelivered(t)) == [Undelivered(t), Release(t.segment)]
     again = task(0, segment="r0-0-again", lease=9)
     assert book.apply(Announced(again)) == [MakeReady(again)]
     assert book.duplicates == 0

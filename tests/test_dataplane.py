@@ -120,7 +120,7 @@ def test_abandoned_pass_is_finished_by_the_next_one(tmp_path):
         got += gatherer.gather(rest)["id"].tolist()
         plane.poll()
         assert sorted(got) == list(range(TOTAL))
-        assert plane.epoch_to_iterate() == 1
+        assert sampler.feed.epoch_to_iterate() == 1
 
 
 def test_duplicate_announcement_is_dropped(tmp_path):

@@ -82,11 +82,11 @@ def test_a_lapsed_lease_is_logged_once_outside_the_lock_and_forgotten_when_done(
 
 
 def test_what_is_kept_goes_with_a_forgotten_epoch(tmp_path):
-    with ready_at_a(tmp_path) as (d, _, plane, _, leases):  # ready, never taken
+    with ready_at_a(tmp_path) as (d, _, plane, sampler, leases):  # ready, never taken
         _, later = stall(d)
         plane.outbox.lapsed(d.mark_taken(plane.held_leases(), later))
         assert len(plane.lapsed_leases._epoch) == len(leases)
-        plane.finish_epoch(0)
+        sampler.feed.finish_epoch(0)
         plane.forget_finished(1)  # the master finished epoch 0 (b delivered it)
         assert kept(plane) == 0
 

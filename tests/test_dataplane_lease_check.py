@@ -23,7 +23,7 @@ LEASE = 10.0
 def test_after_a_stall_only_ready_tasks_still_leased_here_are_delivered(tmp_path):
     config = JobConfig(records_per_task=8, epochs=1, seed=3, lease_timeout=LEASE)
     d = Dispatcher(SHARDS, config)
-    store, plane, _ = trainer(d, "a", tmp_path / "a", lease_timeout=LEASE)
+    store, plane, sampler = trainer(d, "a", tmp_path / "a", lease_timeout=LEASE)
     d.register("b", time.time())
     with store:
         now = time.time()
@@ -46,7 +46,7 @@ def test_after_a_stall_only_ready_tasks_still_leased_here_are_delivered(tmp_path
 
         def admit(lease) -> int:
             (task,) = plane.ready.take_ready([(0, lease.unit)])
-            return len(plane.admit(task))
+            return len(sampler.feed.admit(task))
 
         # Fresh: taken without asking the master (marked later, by poll).
         assert admit(fresh) == fresh.task.num_records

@@ -10,7 +10,7 @@ from test_dataplane_lapsed_leases import ready_at_a, stall
 
 
 def test_a_task_taken_while_an_answer_is_routed_is_warned_about_once(tmp_path, caplog):
-    with ready_at_a(tmp_path) as (d, _, plane, _, leases):
+    with ready_at_a(tmp_path) as (d, _, plane, sampler, leases):
         to_b, later = stall(d)
         assert {(x.epoch, x.unit) for x in leases} <= {(x.epoch, x.unit) for x in to_b}
         outbox = plane.outbox
@@ -23,7 +23,7 @@ def test_a_task_taken_while_an_answer_is_routed_is_warned_about_once(tmp_path, c
             states = held_tasks()
             if len(own_lock_held) == 1:  # the sampler takes a task just after the listing
                 (task,) = plane.ready.take_ready([(0, leases[0].unit)])
-                assert len(plane.admit(task)) == task.num_rows
+                assert len(sampler.feed.admit(task)) == task.num_rows
             return states
 
         outbox._held = listing

@@ -233,7 +233,7 @@ def test_len_before_the_first_batch_starts_nothing(
         if state is not None:
             dl.load_state_dict(state)
         rows, batches = len(ds), len(dl)
-        assert ds._runtime is None  # nothing started
+        assert not ds.started  # nothing started
         length, got = whole_pass(dl)
         assert (rows, batches) == (len(got), length)
         if how == "fresh":

@@ -99,7 +99,7 @@ def test_our_loader_hands_sorted_arrays_and_the_trainer_skips_the_ledger(tmp_pat
 
         ds.gather = spy  # what shmloader.DataLoader calls without workers
         rows = [r for batch in shmloader.DataLoader(ds, batch_size=64) for r in batch["record"]]
-        ledger = os.path.join(ds._store.path, "ledger")
+        ledger = os.path.join(ds.store_path, "ledger")
         assert not os.path.exists(ledger) or os.listdir(ledger) == []  # reported directly
         assert ds.stats().shm_in_use == 0
     assert sorted(int.from_bytes(r, "little") for r in rows) == list(range(300))

@@ -44,7 +44,7 @@ def test_readers_started_with_the_dataset_are_the_ones_that_read(
     with dataset(directory, tmp_path / "shm", num_readers=2) as ds:
         started = _children() - before
         assert len(started) == 2
-        assert ds._runtime is None  # not used yet: no master, no pool thread
+        assert not ds.started  # not used yet: no master, no pool thread
         assert _read_all(ds) == expected
         readers = ds.stats().readers
         assert {r.pid for r in readers} == started

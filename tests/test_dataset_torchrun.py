@@ -355,7 +355,8 @@ def test_rank_0_waits_for_the_others_only_when_its_loop_ended(
         dataset(directory, tmp_path / "shm", master="torchrun") as ds,
     ):
         ds.start()  # rank 0: its master starts and its address is published
-        key = ds._rendezvous.key
+        assert ds.options.rendezvous is not None
+        key = ds.options.rendezvous.key
         other = rendezvous_from_env(
             rank=None, world_size=None, master_host=None, environ={**env, "RANK": "1"}
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from _master_helpers import Recorder
 
@@ -279,8 +280,16 @@ def test_ddp_queue_of_a_dead_rank_waits_for_the_rank() -> None:
 
 
 def test_config_and_plan_are_checked() -> None:
-    with pytest.raises(ConfigError, match="epochs must be an int >= 1 or None"):
+    with pytest.raises(ConfigError, match="epochs must be at least 1, got 0"):
         JobConfig(records_per_task=1, epochs=0)
+    with pytest.raises(ConfigError, match=r"seed must be a whole number .* got 1\.0 \(float\)"):
+        JobConfig(records_per_task=1, seed=1.0)
+    with pytest.raises(ConfigError, match=r"max_retries must be a whole number .* \(bool\)"):
+        JobConfig(records_per_task=1, max_retries=True)
+    # A numpy integer is a count: kept as a plain int, so the journal's JSON takes it.
+    counted = JobConfig(records_per_task=np.int64(8), epochs=np.int32(2))
+    assert counted.to_dict()["records_per_task"] == 8 and type(counted.epochs) is int
+    json.dumps(counted.to_dict())
     with pytest.raises(ConfigError, match="ddp_policy must be one of"):
         JobConfig(records_per_task=1, ddp_policy="repeat")
     with pytest.raises(ConfigError, match="lease_timeout must be a positive number"):

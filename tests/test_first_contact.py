@@ -3,8 +3,10 @@ arguments of the wrong kind, torch DataLoader options that shmloader.DataLoader 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _dataset_helpers import dataset, write_dataset
 
@@ -49,6 +51,19 @@ def test_arguments_of_the_wrong_kind_are_a_config_error(
     write_dataset(tmp_path / "data", [10])
     with pytest.raises(shmloader.ConfigError, match=says):
         dataset(tmp_path / "data", tmp_path / "shm", **{option: value})
+
+
+def test_numpy_integers_are_counts_for_every_option(tmp_path: Path) -> None:
+    """Counts are checked once (``JobConfig``, ``DatasetOptions``): the dataset's own check
+    took ``np.int64`` and the job's refused it, so ``records_per_task=np.int64(10)`` failed
+    with "must be an int >= 1, got np.int64(10)"."""
+    write_dataset(tmp_path / "data", [30, 20])
+    counts = {"records_per_task": np.int64(10), "epochs": np.int64(1), "seed": np.int32(3)}
+    with dataset(tmp_path / "data", tmp_path / "shm", num_readers=np.int64(1), **counts) as ds:
+        assert ds.records_per_task == 10 and type(ds.records_per_task) is int
+        got = sorted(int(i) for b in shmloader.DataLoader(ds, batch_size=16) for i in b["id"])
+        assert got == list(range(50))
+        json.dumps(ds.state_dict())  # a checkpoint of the job is JSON, counts included
 
 
 @pytest.mark.parametrize(

@@ -106,6 +106,7 @@ def test_a_clean_package_passes(tmp_path: Path) -> None:
         "shmloader.dataset.core.indices",
         "shmloader.dataset.order.blocks",
         "shmloader.dataset.waiting.room",
+        "shmloader.dataset.runtime.options",
     ],
 )
 def test_the_book_the_order_and_the_values_load_without_torch(module: str) -> None:

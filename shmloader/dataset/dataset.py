@@ -11,20 +11,17 @@ import os
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch.utils.data
 
 from ..errors import ConfigError, DataError, ShmloaderError
-from ..master.config import DEFAULT_RECORDS_PER_TASK, JobConfig
-from ..master.credentials import Credentials
+from ..master.config import JobConfig
 from ..reader.pool import ReaderProcess, launch_readers, stop_readers
-from ..shm.sizes import parse_size
 from ..shm.store import SegmentStore
-from ..sources.arrow import ArrowSource
 from ..sources.base import Source
-from ..sources.hf import HFDataset, is_hf_dataset, refuse_other_hf
+from ..sources.hf import HFDataset
 from .core.indices import ROW_BITS, encode_indices
 from .core.receipts import Receipt, receipt_of
 from .gather import ring
@@ -37,14 +34,13 @@ from .order.feed import FirstPass
 from .order.natural import SHUFFLED, Refused, RowStream, are_positions, in_sequence
 from .order.sampler import TaskSampler
 from .resume.checkpoint import FRESH_START, DatasetFacts, identity, resume_point, saved_state
-from .runtime.launcher import TORCHRUN, Rendezvous, rendezvous_from_env
-from .runtime.reader_scaling import auto_bounds
+from .runtime.options import DatasetOptions
 
 if TYPE_CHECKING:
     from ..master.tasks import DdpPolicy
     from ..stats.stats import Stats
     from .resume.checkpoint import ResumePoint
-    from .runtime.runtime import Runtime, RuntimeConfig
+    from .runtime.runtime import Runtime
 
 
 # Readers never configured hold nothing (no lease, no segment): they are asked to stop but
@@ -83,55 +79,6 @@ def read_record(source: Source, index: int, columns: Sequence[str] | None) -> di
     return gather(lambda slot: views, encode_indices(0, np.zeros(1, np.int64)), names)
 
 
-def _as_source(source: Source | HFDataset) -> Source:
-    """``source`` checked to be one (a ``datasets.Dataset`` becomes an :class:`ArrowSource`
-    over its Arrow files, sources/hf.py)."""
-    refuse_other_hf(source)
-    if is_hf_dataset(source):
-        return ArrowSource(source)
-    lacks = [m for m in ("plan", "read_result") if not callable(getattr(source, m, None))]
-    if lacks:
-        raise ConfigError(
-            f"source must be a shmloader source, got {type(source).__name__}, which has no "
-            f"{' and no '.join(f'{m}()' for m in lacks)} (the protocol: docs/sources.md)"
-        )
-    return cast(Source, source)  # it has the protocol's methods
-
-
-def _check_count(name: str, value: object, least: int, example: str) -> None:
-    """ConfigError unless ``value`` is an int of at least ``least``: ``num_readers="auto"``
-    or ``records_per_task=4096.0`` would fail later with a TypeError about a comparison."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(
-            f"{name} must be a whole number (at least {least}): {example}; got "
-            f"{value!r} ({type(value).__name__})"
-        )
-    if value < least:
-        raise ConfigError(f"{name} must be at least {least}, got {value}")
-
-
-def _credentials(
-    master: str | None, token: str | None, tls_ca: str | os.PathLike[str] | None
-) -> Credentials:
-    """What the trainer's client and its readers show the master and check it by.
-
-    A standalone master's (``master="host:port"``) come from the arguments, else
-    ``$SHMLOADER_TOKEN`` and ``$SHMLOADER_TLS_CA``, and are checked here, before anything
-    starts: a token never goes in clear beyond this machine. An embedded master (also rank
-    0's under torchrun) serves no TLS and requires only the token given here."""
-    if master is not None and master != TORCHRUN:
-        credentials = Credentials.resolve(token, tls_ca)
-        credentials.check_transport(master)
-        return credentials
-    if tls_ca is not None:
-        raise ConfigError(
-            "tls_ca= checks the certificate of a standalone master (master='host:port', "
-            "started with shmloader master --tls-cert FILE --tls-key FILE); the embedded "
-            "master serves no TLS. Leave tls_ca out, or run a standalone master"
-        )
-    return Credentials(token=token)
-
-
 class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     """Rows of ``source``, read by ``num_readers`` processes into shared memory
     (``"auto"``: as many as keep the loop fed, between 1 and the cores this process may use).
@@ -147,6 +94,9 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     ``token`` and ``tls_ca`` (a CA certificate file) are what a standalone master serving a
     token and TLS asks for (else ``$SHMLOADER_TOKEN``, ``$SHMLOADER_TLS_CA``); a token is
     never sent in clear beyond this machine (docs/how-to/security.md).
+
+    Every argument is checked as the dataset is made, before anything starts; ``ds.options``
+    holds them as checked (``DatasetOptions``), and the attributes of the same names read it.
     """
 
     collate = staticmethod(collate)
@@ -175,76 +125,29 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         shm_dir: str | None = None,
         columns: Sequence[str] | None = None,
     ) -> None:
-        checked = _as_source(source)
-        if num_readers == "auto":
-            # Start small; the maintenance thread adds and retires readers (autoscale.py).
-            self._reader_bounds: tuple[int, int] | None = auto_bounds()
-            first_readers = self._reader_bounds[0]
-        else:
-            _check_count(
-                "num_readers", num_readers, 1, 'reader processes, e.g. 2 (the default) or "auto"'
-            )
-            self._reader_bounds = None
-            first_readers = int(num_readers)
-        self._first_readers = first_readers  # how many readers start
-        if records_per_task is not None:
-            _check_count("records_per_task", records_per_task, 1, "records per task, e.g. 4096")
-        _check_count("shuffle_window", shuffle_window, 1, "tasks shuffled together, e.g. 8")
-        _check_count("max_retries", max_retries, 0, "retries of a failed task, e.g. 3")
-        if epochs is not None:
-            _check_count("epochs", epochs, 1, "epochs, or None for no end")
-        if master_host is not None and not master_host.strip():
-            raise ConfigError("master_host must name an interface ('0.0.0.0': all of them)")
-        self._rendezvous: Rendezvous | None = None
-        if master == TORCHRUN:  # rank 0 hosts the master; rank and world size from torchrun
-            self._rendezvous = rendezvous_from_env(
-                rank=rank, world_size=world_size, master_host=master_host
-            )
-            rank, world_size = self._rendezvous.rank, self._rendezvous.world_size
-        if metrics_port is not None and master is not None and master != TORCHRUN:
-            raise ConfigError(
-                "metrics_port= is where an embedded master serves its /metrics; with "
-                "master='host:port' the standalone master serves them: start it with "
-                "shmloader master ... --metrics-port PORT"
-            )
-        if master is not None and master != TORCHRUN and master_host is not None:
-            raise ConfigError(
-                "master_host= is where the embedded master listens; with master='host:port' "
-                "there is none"
-            )
-        if (rank is None) != (world_size is None):
-            raise ConfigError("give both rank and world_size (DDP), or neither")
-        self._credentials = _credentials(master, token, tls_ca)
-        self.source = checked
-        self.num_readers = num_readers
-        # Left out: the embedded master's default; a standalone master's own (runtime.py).
-        self._records_per_task_given = records_per_task is not None
-        # The job, as the embedded master runs it (checked here, not at the first batch); a
-        # standalone master's own settings are checked against it at registration.
-        self.job = JobConfig(
-            records_per_task=(
-                DEFAULT_RECORDS_PER_TASK if records_per_task is None else records_per_task
-            ),
-            epochs=epochs,
+        # Every option checked here, once, before anything starts (runtime/options.py).
+        self.options = DatasetOptions.checked(
+            source,
+            num_readers=num_readers,
+            records_per_task=records_per_task,
             shuffle=shuffle,
             seed=seed,
-            lease_timeout=lease_timeout,
-            # An embedded master's consumers are this job's own trainers: a dead one's taken
-            # tasks come back as soon as its untaken ones.
-            consumer_timeout=max(lease_timeout, 10.0),
-            max_retries=max_retries,
+            shm_budget=shm_budget,
+            epochs=epochs,
+            shuffle_window=shuffle_window,
+            master=master,
+            master_host=master_host,
+            metrics_port=metrics_port,
+            token=token,
+            tls_ca=tls_ca,
+            rank=rank,
             world_size=world_size,
             ddp_policy=ddp_policy,
+            lease_timeout=lease_timeout,
+            max_retries=max_retries,
+            shm_dir=shm_dir,
+            columns=columns,
         )
-        self.shm_budget = parse_size(shm_budget, what="shm_budget")
-        self.shuffle_window = shuffle_window
-        self.master = master
-        self.master_host = master_host
-        self.metrics_port = metrics_port
-        self.token = self._credentials.token
-        self.rank = rank
-        self.shm_dir = shm_dir
-        self._columns = list(columns) if columns is not None else None
         self._columns_checked = False  # columns= against the data, at the first gather
         self._resume = FRESH_START  # where a loaded state leaves the job (checkpoint.py)
         self._loaded: dict[str, Any] = {}  # the state loaded last, as given
@@ -261,7 +164,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         # forked before the first batch already know where segments will be; the master starts
         # on first use, and the readers are configured then.
         self._store: SegmentStore | None = SegmentStore.create(self.shm_budget, base_dir=shm_dir)
-        self._gatherer: Gatherer | None = Gatherer(self._store.handle(), self._columns or [])
+        self._gatherer: Gatherer | None = Gatherer(self._store.handle(), self.columns or [])
         # The reader processes start now and wait for their configuration until first use, so
         # that their imports (a few tenths of a second) overlap whatever the script does before
         # its first batch, as building its model. Only from the main thread: a reader dies with
@@ -270,43 +173,112 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._launched: list[ReaderProcess] = []
         if threading.current_thread() is threading.main_thread():
             try:
-                self._launched = launch_readers(first_readers)
+                self._launched = launch_readers(self.options.first_readers)
             except BaseException:
                 self._close(wait_for_ranks=False)
                 raise
 
-    # The job's parameters, as given (``job`` holds them).
+    # The options, as checked (``options`` holds them; ``job``, the job's own parameters).
+    @property
+    def source(self) -> Source:
+        """The source read (a ``datasets.Dataset`` given: the ``ArrowSource`` over its files)."""
+        return self.options.source
+
+    @property
+    def job(self) -> JobConfig:
+        """The job's own parameters, as the embedded master runs them (``JobConfig``)."""
+        return self.options.job
+
+    @property
+    def num_readers(self) -> int | Literal["auto"]:
+        """``num_readers=`` as given (``"auto"``: ``stats()`` says how many run)."""
+        return self.options.num_readers
+
     @property
     def records_per_task(self) -> int:
+        """Records per task (4096 unless given)."""
         return self.job.records_per_task
 
     @property
     def shuffle(self) -> bool:
+        """Whether each epoch's order is shuffled."""
         return self.job.shuffle
 
     @property
     def seed(self) -> int:
+        """The seed of the order: the same seed, the same order each epoch."""
         return self.job.seed
 
     @property
     def epochs(self) -> int | None:
+        """Epochs the embedded master plans (None: no end)."""
         return self.job.epochs
 
     @property
+    def shm_budget(self) -> int:
+        """Bytes of shared memory the readers may fill."""
+        return self.options.shm_budget
+
+    @property
+    def shuffle_window(self) -> int:
+        """Tasks whose rows are shuffled together."""
+        return self.options.shuffle_window
+
+    @property
+    def master(self) -> str | None:
+        """``master=`` as given: ``"host:port"``, ``"torchrun"`` or None (an embedded one)."""
+        return self.options.master
+
+    @property
+    def master_host(self) -> str | None:
+        """Where an embedded master listens (None: loopback)."""
+        return self.options.master_host
+
+    @property
+    def metrics_port(self) -> int | None:
+        """Where the embedded master serves Prometheus metrics (None: not served)."""
+        return self.options.metrics_port
+
+    @property
+    def token(self) -> str | None:
+        """The token shown to the master (None: none)."""
+        return self.options.credentials.token
+
+    @property
+    def rank(self) -> int | None:
+        """This trainer's DDP rank (None: not DDP)."""
+        return self.options.rank
+
+    @property
     def world_size(self) -> int | None:
+        """DDP ranks (None: elastic trainers, or one)."""
         return self.job.world_size
 
     @property
     def ddp_policy(self) -> DdpPolicy:
+        """How DDP ranks get equal shares: ``"pad"`` or ``"drop"``."""
         return self.job.ddp_policy
 
     @property
     def lease_timeout(self) -> float:
+        """Seconds a lease lasts without renewal."""
         return self.job.lease_timeout
 
     @property
     def max_retries(self) -> int:
+        """Retries of a failed task before it is quarantined."""
         return self.job.max_retries
+
+    @property
+    def shm_dir(self) -> str | None:
+        """Where the shared memory goes (None: ``$SHMLOADER_SHM_DIR``, else ``/dev/shm``)."""
+        return self.options.shm_dir
+
+    @property
+    def columns(self) -> list[str] | None:
+        """``columns=`` (None: every column of the data)."""
+        columns = self.options.columns
+        return None if columns is None else list(columns)
 
     # -- trainer side --------------------------------------------------------------------
     def start(self) -> SharedTaskDataset:
@@ -331,7 +303,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
                 launched, self._launched = self._launched, []
                 try:
-                    runtime = Runtime(self._runtime_config(), self._store, launched)
+                    runtime = Runtime(self.options, self._resume, self._store, launched)
                 except BaseException:
                     stop_readers(launched, _UNCONFIGURED_STOP)  # no-op once a pool stopped them
                     raise
@@ -416,35 +388,14 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             records_per_task=self.records_per_task,
             epochs=self.epochs,
             master_given=self.master is not None,
-            standalone_master=self.master is not None and self._rendezvous is None,
-        )
-
-    def _runtime_config(self) -> RuntimeConfig:
-        from .runtime.runtime import RuntimeConfig
-
-        return RuntimeConfig(
-            source=self.source,
-            num_readers=self._first_readers,
-            reader_bounds=self._reader_bounds,
-            job=self.job,
-            records_per_task_given=self._records_per_task_given,
-            master=None if self._rendezvous is not None else self.master,
-            master_host=self.master_host,
-            metrics_port=self.metrics_port,
-            rendezvous=self._rendezvous,
-            credentials=self._credentials,
-            rank=self.rank,
-            resume=self._resume,
-            # Two windows: the block the sampler takes next and the one after it.
-            ready_ahead=2 * self.shuffle_window,
-            columns=None if self._columns is None else tuple(self._columns),
+            standalone_master=self.options.standalone_master is not None,
         )
 
     def sampler(self) -> TaskSampler:
         """The sampler to give the DataLoader (one per dataset: it owns the epoch's order)."""
         if self._sampler is None:
             self._sampler = TaskSampler(
-                lambda: self._ensure_started().plane,
+                lambda: self._ensure_started().feed,
                 shuffle=self.shuffle,
                 seed=self.seed,
                 window=self.shuffle_window,
@@ -494,7 +445,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     def _rows_before_start(self) -> FirstPass | None:
         """The first pass's rows while nothing has started, for an embedded master (None: the
         runtime has started, or a standalone master keeps its own epochs: ask it)."""
-        if self._runtime is not None or (self.master is not None and self._rendezvous is None):
+        if self._runtime is not None or self.options.standalone_master is not None:
             return None
         resume = self._resume
         known = self._rows_known
@@ -524,7 +475,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             batch = self._gather([index], ring=False)
             assert isinstance(batch, dict)
             return _one_row(batch)
-        return _one_row(read_record(self.source, index, self._columns))
+        return _one_row(read_record(self.source, index, self.columns))
 
     def __getitems__(self, indices: Sequence[int] | np.ndarray) -> dict[str, Any] | RingBatch:
         """The batch: a dict of tensors; in a worker of ``shmloader.DataLoader``, a
@@ -579,7 +530,15 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` ran."""
         return self._closed
+
+    @property
+    def started(self) -> bool:
+        """Whether the job has started: its master, the readers' configuration, the data
+        plane (on the first batch, ``len(ds)`` with a standalone master, ``stats()`` or
+        :meth:`start`). Before, the readers wait, already imported, and nothing is leased."""
+        return self._runtime is not None
 
     @property
     def store_path(self) -> str | None:
@@ -620,8 +579,9 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     def master_address(self) -> str | None:
         """The master's ``host:port``: ``master=``, or the embedded master's once the dataset
         started (None before). ``shmloader stats`` / ``top`` watch the job through it."""
-        if self.master is not None and self._rendezvous is None:
-            return self.master
+        standalone = self.options.standalone_master
+        if standalone is not None:
+            return standalone
         return None if self._runtime is None else str(self._runtime.address)
 
     @property

@@ -166,7 +166,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
             step_began = now
             indices = self._recorder.issued.popleft()
             handed = self._handed(batch)  # if the transform raises, the rows are not delivered
-            # Workers of this loader write no ledger: rows are reported gathered here.
+            # Workers of this loader write no ledger: rows are reported gathered here (NOTE
+            # [exactly once on the trainer side], 2, in accounting/book.py).
             plane.reports.delivered(indices)
             yield handed
             began = time.perf_counter()

@@ -9,6 +9,7 @@ master; the defaults of those faces are read from here.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -58,20 +59,26 @@ class JobConfig:
     resume: dict[int, list[tuple[int, int]]] | None = None
 
     def __post_init__(self) -> None:
-        _check_int("records_per_task", self.records_per_task, 1)
-        _check_int("first_epoch", self.first_epoch, 0)
+        # Each count checked here, once, for every face (SharedTaskDataset, Master, the CLI, a
+        # journal), and kept as a plain int: a numpy integer is a count too, and JSON takes it.
+        counts = [
+            ("records_per_task", 1, "records per task, e.g. 4096"),
+            ("first_epoch", 0, "epochs already done, e.g. 0"),
+            ("seed", 0, "e.g. 0"),
+            ("max_retries", 0, "retries of a failed task, e.g. 3"),
+        ]
+        if self.epochs is not None:
+            counts.append(("epochs", 1, "epochs, or None for no end"))
+        if self.world_size is not None:
+            counts.append(("world_size", 1, "ranks, or None for elastic trainers"))
+        for name, least, example in counts:
+            object.__setattr__(self, name, check_count(name, getattr(self, name), least, example))
         if self.resume is not None:
             object.__setattr__(self, "resume", _normalize_resume(self.resume))
-        if self.epochs is not None:
-            _check_int("epochs", self.epochs, 1, "or None for unbounded")
         if self.epochs is not None and self.first_epoch >= self.epochs:
             raise ConfigError(
                 f"first_epoch {self.first_epoch} is past the last epoch (epochs={self.epochs})"
             )
-        _check_int("seed", self.seed, 0)
-        _check_int("max_retries", self.max_retries, 0)
-        if self.world_size is not None:
-            _check_int("world_size", self.world_size, 1, "or None for elastic mode")
         for name in ("lease_timeout", "consumer_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -134,7 +141,19 @@ def resume_key(resume: dict[int, list[tuple[int, int]]] | None) -> list[list[int
     return [[t, a, b] for t, ranges in sorted(resume.items()) for a, b in ranges]
 
 
-def _check_int(name: str, value: object, minimum: int, alt: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        extra = f" {alt}" if alt else ""
-        raise ConfigError(f"{name} must be an int >= {minimum}{extra}, got {value!r}")
+def check_count(name: str, value: object, least: int, example: str) -> int:
+    """``value`` as an int, or a ConfigError naming ``name``: a count must be a whole number
+    (an int or a numpy integer, not a bool or a float such as ``4096.0``, which would fail
+    later with a TypeError about a comparison) of at least ``least``."""
+    try:
+        count = None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        count = None
+    if count is None:
+        raise ConfigError(
+            f"{name} must be a whole number (at least {least}): {example}; got "
+            f"{value!r} ({type(value).__name__})"
+        )
+    if count < least:
+        raise ConfigError(f"{name} must be at least {least}, got {count}")
+    return count

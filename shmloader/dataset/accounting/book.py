@@ -17,10 +17,41 @@ Per row of an admitted task it keeps two flags:
   every row to deliver is consumed, checkpoints store the consumed rows, and a pass left early
   gives back the rest (``unconsumed_in_order``).
 
-Who reports what differs by loader, not by a mode of the book: ``shmloader.DataLoader`` reports
-a batch gathered and consumed when its loop receives it; a plain DataLoader's gather (in its
-workers, through the ledger, or in the training process) reports both when the rows are copied
-out, the moment a plain loader's rows count as delivered.
+Who reports what differs by loader, not by a mode of the book: each batch carries its
+``Receipt`` (order/delivery.py), and the one ``Reporter`` (reports.py) turns every report into a
+``Reported`` update.
+
+NOTE [exactly once on the trainer side]
+---------------------------------------
+Each invariant below is kept in one place; the other places that touch it point here.
+
+1. *A row goes out once.* A task announced twice (its lease lapsed, another reader read it
+   again) is made ready once and the second copy dropped (``_announce``); an admitted task's
+   rows are issued once, under one new slot (``_admit``); a row reported consumed after its
+   task settled was delivered twice, and the book says so (``ConsumedAgain``) instead of
+   ignoring it.
+2. *A row counts once the loop has it, not before.* What "has it" means is the batch's
+   ``Receipt``, chosen as each pass begins (order/delivery.py): ``shmloader.DataLoader``
+   reports after its transform returned (loader.py), torch's requests tell for a plain
+   DataLoader with workers, a gather in the loop's own thread tells itself. The one early
+   count, rows a batch sampler must count before they arrive because the budget cannot hold
+   the batches in flight, is a report like the others (``Reporter.counted_early``), warned once
+   (order/batch_sampler.py). The book alone turns reports into consumption (``_report``).
+3. *A task completes once, when every row to deliver is consumed; its segment goes when no
+   batch reads it any more* (``_settle``: gathered and consumed). Completions leave through the
+   outbox, outside the plane's lock (outbox.py); the master settles a late one without
+   counting it twice (``Dispatcher``).
+4. *What others consumed is left out.* A loaded state's rows (``ResumePoint``, at ``_admit``),
+   rows a leaving trainer handed back (``task.consumed``, at ``_admit``), and the records a
+   crashed trainer's loop consumed of a task this one took over (``taken_over``, at
+   ``_announce``).
+5. *A ready copy whose lease lapsed is not delivered here* (another trainer may deliver it):
+   the lease check asks the master (waiting/lease_check.py), the book applies ``NotDelivered``
+   under the plane's lock.
+6. *A pass left early gives its rest back, in order*: ``unconsumed_in_order``; which epoch's rest
+   makes a pass of its own is ``last_pass``.
+7. *A checkpoint is one snapshot*: the position and the leases handed over are read in one hold
+   of the plane's lock (``DataPlane.loop_state``), with the rows counted as the book has them.
 """
 
 from __future__ import annotations
@@ -56,6 +87,7 @@ from .updates import (
     Release,
     Rename,
     Reported,
+    Undelivered,
     Update,
 )
 
@@ -231,7 +263,7 @@ class ConsumptionBook:
         """A ready copy is not delivered here (its lease lapsed before the sampler took it): a
         new copy of the task is welcome."""
         self._announced.discard((task.epoch, task.seq))
-        return [Release(task.segment)] if task.segment else []
+        return [Undelivered(task), *([Release(task.segment)] if task.segment else [])]
 
     # -- the sampler's side --------------------------------------------------------------
     def _admit(self, task: ReadyTask) -> list[Effect]:

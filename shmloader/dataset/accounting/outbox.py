@@ -1,11 +1,11 @@
 """What the trainer tells the master about its leases, sent outside the data plane's lock.
 
-The plane decides under its lock that the sampler took a task (``DataPlane.admit``: its lease
+The plane decides under its lock that the sampler took a task (``SamplerFeed.admit``: its lease
 is marked taken, so other trainers stop waiting for it and the master keeps it), that a task was
 consumed (its lease is completed), or that a copy came twice (its lease is completed too). A
 round trip to the master must not hold the lock the sampler and the training loop need, so the
 plane queues the lease here and ``flush`` sends the queues, one call each, from the maintenance
-thread or a poll.
+thread or a poll (NOTE [exactly once on the trainer side], 3, in book.py).
 
 The master may answer that some leases are not active any more: they lapsed (this trainer was
 too slow) and may have gone to another trainer. The renew cycle gets the same answers. ``lapsed``

@@ -10,7 +10,9 @@ store, leases marked taken and completed through the outbox (outbox.py, sent out
 Around the book it keeps the board of ready tasks (ready.py), the check that a ready task's
 lease is still this trainer's (lease_check.py), the tasks the sampler waits for that are
 elsewhere (strays.py), where room in the budget stands (room.py) and the loop's waits
-(loop_clock.py).
+(loop_clock.py). The sampler's questions and requests go through ``SamplerFeed``
+(sampler_feed.py), written against this class's two seams: :meth:`DataPlane.update` and
+:meth:`DataPlane.read`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -36,33 +39,30 @@ from .book import BookFigures, ConsumptionBook, Kept
 from .outbox import Outbox
 from .reports import Reporter
 from .updates import (
-    Admitted,
     Announced,
     Complete,
     ConsumedAgain,
     Effect,
-    Elsewhere,
-    EpochIterated,
     Finished,
     Forgotten,
-    HandedOut,
     HeldTask,
-    Issue,
     MakeReady,
     MarkTaken,
-    NotDelivered,
     Release,
     Rename,
+    Undelivered,
     Update,
 )
 
 __all__ = ["DataPlane", "SegmentOps", "slot_name"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class DataPlane:
-    """Implements the sampler's ``Feed``; all methods are thread-safe."""
+    """The lock around the consumption book: updates applied, effects carried out. All methods
+    are thread-safe."""
 
     def __init__(
         self,
@@ -81,12 +81,12 @@ class DataPlane:
         lease_timeout: float | None = None,  # the master's: check ready tasks' leases
     ) -> None:
         self.ready = ReadyTasks()
-        self._master = master
+        self._master = master  # the positions of a checkpoint ask for the epochs' task counts
         self._segments = segments
         self._book = ConsumptionBook(start_epoch=start_epoch, resume=resume, taken_over=taken_over)
         self._lock = threading.RLock()
         # Every report of rows gathered or consumed (ledger, gathers, the loop's receipts).
-        self.reports = Reporter(ledger, self._update, self._all_gathered)
+        self.reports = Reporter(ledger, self.update, self._all_gathered)
         self.strays = Strays(master, segments, self.ready)
         self.outbox = Outbox(master, consumer, held=self._held_tasks, ready=self.ready.pending)
         self.lapsed_leases = self.outbox.lapsed_leases  # lapsed, handed to another trainer
@@ -99,7 +99,7 @@ class DataPlane:
         # was delivered twice; the tests of exactly-once read it.
         self.consumed_again = 0
 
-    def _update(self, update: Update) -> list[Effect]:
+    def update(self, update: Update) -> list[Effect]:
         """Apply ``update`` to the book and carry out its effects, under the lock; but for
         :class:`MakeReady`, carried out after it: a wait on the ready board asks the plane
         (its pressure probe) while holding the board's condition, so the plane never takes
@@ -114,6 +114,12 @@ class DataPlane:
                 self.lease_check.announced(effect.task, effect.confirmed)
                 self.ready.put(effect.task)
         return effects
+
+    def read(self, question: Callable[[ConsumptionBook], T]) -> T:
+        """The book's answer to ``question``, asked under the lock (a question changes
+        nothing: changes are updates)."""
+        with self._lock:
+            return question(self._book)
 
     def _all_gathered(self, groups: Sequence[SegmentRows]) -> bool:
         with self._lock:
@@ -131,6 +137,10 @@ class DataPlane:
                 self._segments.rename(effect.segment, effect.to)
             elif isinstance(effect, MarkTaken):
                 self.outbox.taken(effect.held)
+                self.strays.admitted(effect.held.task)
+            elif isinstance(effect, Undelivered):
+                self.strays.dropped(effect.task)
+                self.outbox.dropped(effect.task.lease_id)
             elif isinstance(effect, Complete):
                 self.outbox.complete(effect.lease_id, effect.held)
             elif isinstance(effect, ConsumedAgain):
@@ -143,7 +153,7 @@ class DataPlane:
                         effect.slot,
                     )
                 self.consumed_again += effect.rows
-            # MakeReady: after the lock (_update); Issue: the indices go back to admit's caller.
+            # MakeReady: after the lock (update); Issue: the indices go back to admit's caller.
 
     # -- what the book counts -------------------------------------------------------------
     def figures(self) -> BookFigures:
@@ -191,115 +201,16 @@ class DataPlane:
             path,
             nbytes,
         )
-        self._update(Announced(task, confirmed))
+        self.update(Announced(task, confirmed))
 
     def _held_tasks(self) -> list[HeldTask]:
         with self._lock:
             return self._book.held_tasks()
 
-    # -- sampler's side (Feed) -----------------------------------------------------------
     def forget_finished(self, before: int) -> None:
         """Drop what is kept of epochs before ``before``, which the master finished (every
         task completed) and the sampler is past (``ConsumptionBook.forget_finished``)."""
-        self._update(Finished(before))
-
-    def epoch_to_iterate(self) -> int:
-        with self._lock:
-            return self._book.epoch_to_iterate()
-
-    def epochs_over(self, epoch: int) -> int | None:
-        return self._master.epochs_over(epoch)
-
-    def ledger_rows(self) -> int:
-        """Rows a plain DataLoader's workers reported consumed so far (the ledger, as last
-        read): they count as delivered, whether or not the loop received them."""
-        return self.reports.ledger_rows
-
-    def epoch_rows(self, epoch: int) -> int:
-        """Rows ``epoch`` schedules for this consumer (its rank's queue; elastic: all of it)."""
-        return self._master.epoch_records(epoch)
-
-    def pass_rows(self, epoch: int) -> int:
-        """Rows a pass over ``epoch`` delivers here: those admitted and not consumed (as
-        ``reclaim`` gives them back), and the records of its tasks not admitted yet, less those
-        a loaded state consumed. An upper bound where records the source skips, or tasks other
-        trainers take (shared epochs), are not known yet (docs/dataset.md, "Length")."""
-        self.poll()  # what workers gathered for an abandoned pass is consumed
-        total = self._master.epoch_records(epoch)
-        with self._lock:
-            return self._book.rows_left(epoch, total)
-
-    def remaining_seqs(self, epoch: int) -> list[int]:
-        total = self._master.epoch_tasks(epoch)
-        with self._lock:
-            return self._book.not_admitted(epoch, total)
-
-    def elsewhere(self, epoch: int, seqs: list[int]) -> set[int]:
-        """Those of ``seqs`` (tasks the sampler waits for) that the master says will not come
-        here (strays.py): then this trainer shares epochs."""
-        gone = self.strays.elsewhere(epoch, seqs)
-        self._update(Elsewhere(epoch, tuple(sorted(gone))))
-        return gone
-
-    def admit(self, task: ReadyTask) -> np.ndarray:
-        """Number the task's segment with the next slot and start tracking its rows.
-
-        Slots are given here, in the sampler's (seeded, timing-free) order, not on arrival:
-        a batch lists its rows grouped by slot, so batches are the same from run to run.
-        """
-        if not self.lease_check.still_ours(task):  # lapsed while ready: not delivered here
-            with self._lock:
-                self._update(NotDelivered(task))
-                self.strays.dropped(task)
-                self.outbox.dropped(task.lease_id)
-            return np.empty(0, dtype=np.int64)
-        with self._lock:
-            effects = self._update(Admitted(task))
-            self.strays.admitted(task)
-        return next(e.indices for e in effects if isinstance(e, Issue))
-
-    def handed_out(self, indices: np.ndarray) -> None:
-        """The sampler hands ``indices`` (admitted rows) out in this order (their ranks: a pass
-        continued after a ``break`` goes on as the uninterrupted one would have)."""
-        self._update(HandedOut(indices))
-
-    def reclaim(self, epoch: int, *, poll: bool = True) -> np.ndarray:
-        """Rows of admitted tasks that were never consumed (an earlier pass was abandoned), in
-        the order the sampler handed them out.
-
-        Rows that workers gathered for an abandoned iterator of ``shmloader.DataLoader`` but
-        the loop never received are issued again (their segment is kept until then).
-        ``poll``: apply the ledger first.
-        """
-        if poll:
-            self.poll()
-        with self._lock:
-            rows, older = self._book.unconsumed_in_order(epoch)
-            shared = self._book.shares_epochs
-        if older and not shared:
-            # One trainer has no strays: its last pass ran to the end without these rows.
-            log.warning(
-                "%d rows of an earlier epoch, whose pass ran to its end, never reached the "
-                "loop; they come first in this pass. Either the loop stopped in that pass's "
-                "last batches (fine), or a plain DataLoader with drop_last=True dropped them: "
-                "to drop them for their epoch, pass "
-                "batch_sampler=ds.batch_sampler(batch_size, drop_last=True) instead, or use "
-                "shmloader.DataLoader",
-                older,
-            )
-        return rows
-
-    def rest_of_last_pass(self, epoch: int, *, poll: bool = True) -> np.ndarray:
-        """Rows of the epoch before ``epoch`` that its pass handed out but the loop never
-        consumed: it stopped in the pass's last batches, which workers had already gathered.
-        They are the rest of that epoch, a pass of their own (``ConsumptionBook.last_pass``
-        says which epoch, if any)."""
-        with self._lock:
-            last = self._book.last_pass(epoch)
-        return np.empty(0, dtype=np.int64) if last is None else self.reclaim(last, poll=poll)
-
-    def finish_epoch(self, epoch: int) -> None:
-        self._update(EpochIterated(epoch))
+        self.update(Finished(before))
 
     # -- consumption ---------------------------------------------------------------------
     def poll(self) -> int:
@@ -328,7 +239,8 @@ class DataPlane:
         """Where the loop stands, in one step under the lock (``saved_state`` is made of it):
         the epoch it iterates, its position (None when it shares its epochs, and the master
         holds the position) and, given this trainer's consumer id (elastic mode), the leases
-        it hands over (:meth:`_held_for_handover`). ``also``: as for :meth:`position`."""
+        it hands over (:meth:`_held_for_handover`). ``also``: as for :meth:`position`. (NOTE
+        [exactly once on the trainer side], 7, in book.py.)"""
         groups = _grouped(also)
         with self._lock:
             shared = self._book.shares_epochs

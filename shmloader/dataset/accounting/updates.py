@@ -158,6 +158,14 @@ class MarkTaken:
 
 
 @dataclass(frozen=True)
+class Undelivered:
+    """``task``'s ready copy is not delivered here (its lease lapsed): the sampler waits for the
+    task as for one elsewhere (a stray), and its lease is nothing more to warn about."""
+
+    task: ReadyTask
+
+
+@dataclass(frozen=True)
 class Complete:
     """Complete ``lease_id`` at the master: its task was consumed (``held``: the task as it
     settled), or its copy came twice (``held`` None)."""
@@ -184,4 +192,14 @@ class Forgotten:
     live_leases: tuple[int, ...]
 
 
-Effect = MakeReady | Issue | Release | Rename | MarkTaken | Complete | ConsumedAgain | Forgotten
+Effect = (
+    MakeReady
+    | Issue
+    | Release
+    | Rename
+    | MarkTaken
+    | Undelivered
+    | Complete
+    | ConsumedAgain
+    | Forgotten
+)

@@ -256,7 +256,8 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         them, which it cannot while this batcher waits. They are counted consumed now (their
         segments go once gathered), with a warning: a ``break`` before the loop receives them
         loses them, as under ``sampler=ds.sampler()``. Also at the end of the master's last
-        epoch (FLUSH), without one."""
+        epoch (FLUSH), without one. (NOTE [exactly once on the trainer side], 2, in
+        accounting/book.py.)"""
         rows = self._in_flight()
         for i, batch in enumerate(self.issued):
             if len(batch) and self.on_counted_early is not None:

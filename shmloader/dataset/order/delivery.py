@@ -21,6 +21,9 @@ batch of indices carries its way (:func:`receipt_of`) to whichever process gathe
   the loop gets each batch as it is gathered, in its own thread; or a loader that could not be
   identified, which :class:`~shmloader.dataset.order.batch_sampler.TaskBatchSampler` says once):
   the gather counts its rows consumed.
+
+What a report means is the book's to decide (NOTE [exactly once on the trainer side], 2, in
+accounting/book.py).
 """
 
 from __future__ import annotations

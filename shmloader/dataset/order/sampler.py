@@ -93,6 +93,11 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         # trainers' hands that it could not wait for (see _strays): the next pass finishes it.
         self.left_open: int | None = None
 
+    @property
+    def feed(self) -> Feed:
+        """What the sampler draws from: the dataset's data plane, started on first use."""
+        return self._get_feed()
+
     def __len__(self) -> int:
         return self.pass_rows(rest_alone=False)
 

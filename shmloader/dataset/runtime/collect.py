@@ -62,7 +62,7 @@ class StatsCollector:
         plane = runtime.plane
         if not for_heartbeat:
             plane.poll()  # count what workers gathered up to now, not up to the last tick
-        epoch = plane.epoch_to_iterate()
+        epoch = plane.read(lambda book: book.epoch_to_iterate())
         pool = runtime.pool
         reader_infos = pool.readers if pool is not None else []
         reader_pids = {r.pid for r in reader_infos}

@@ -11,7 +11,6 @@ are closed at the interpreter's exit (at_exit.py).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import socket
@@ -20,15 +19,12 @@ import uuid
 import weakref
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...errors import MasterError
 from ...master import forked
-from ...master.config import JobConfig
-from ...master.credentials import Credentials
 from ...reader.config import ReaderConfig
 from ...reader.messages import Failed, MasterLost, Message, Ready
 from ...reader.pool import STOP_SECONDS, ReaderInfo, ReaderPool, ReaderProcess
@@ -36,14 +32,15 @@ from ...reader.unchanged import identities
 from ...shm import hints, lifecycle
 from ...shm.budget import reap_dead_writers
 from ...shm.store import SegmentStore
-from ...sources.base import SkippedRecord, Source
+from ...sources.base import SkippedRecord
 from ..accounting.plane import DataPlane
+from ..accounting.sampler_feed import SamplerFeed
 from ..gather.ledger import LedgerReader, ledger_dir
-from ..resume.checkpoint import FRESH_START, LoopState, ResumePoint
+from ..resume.checkpoint import LoopState, ResumePoint
 from . import at_exit
 from .collect import StatsCollector
 from .column_forms import FormCheck
-from .launcher import WILDCARD_HOSTS, Rendezvous
+from .launcher import WILDCARD_HOSTS
 from .maintenance import Maintenance, first_unfinished
 from .master_ops import MasterOps
 from .plan_check import check_same_plan
@@ -55,6 +52,7 @@ if TYPE_CHECKING:
     from ...master.figures import TrainerFigures
     from ...master.server import Master
     from .autoscale import Autoscaler
+    from .options import DatasetOptions
 
 log = logging.getLogger(__name__)
 SKIPPED_KEPT = 10_000  # reports of skipped records kept for a look (Runtime.skipped)
@@ -70,30 +68,6 @@ TORCHRUN_TOKEN_FIX = (
 LOST_STOP_SECONDS = 1.0  # readers' time to stop once the master is lost: they hold nothing
 
 
-@dataclass(frozen=True)
-class RuntimeConfig:
-    source: Source
-    num_readers: int  # how many start
-    # num_readers="auto": the fewest and most readers (autoscale.py); None: a fixed count.
-    reader_bounds: tuple[int, int] | None
-    job: JobConfig  # as the embedded master runs it
-    # Chosen by the user, not the default: a standalone master's must then be the same.
-    records_per_task_given: bool
-    master: str | None
-    master_host: str | None
-    metrics_port: int | None  # an embedded master's /metrics (None: not served)
-    rendezvous: Rendezvous | None
-    credentials: Credentials  # the token, and the CA of a standalone master serving TLS
-    rank: int | None
-    # Where a loaded state leaves the job (checkpoint.py); the default: a fresh start.
-    resume: ResumePoint = FRESH_START
-    # Readers lease no new task while this many are ready and not taken up by the sampler
-    # (unless it waits for one): see shm/hints.py.
-    ready_ahead: int = 16
-    # columns= of the batches: only their forms must agree between tasks (column_forms.py).
-    columns: tuple[str, ...] | None = None
-
-
 def _nothing() -> None:
     """What a SIGTERM hook of a runtime already collected does."""
 
@@ -101,21 +75,24 @@ def _nothing() -> None:
 class Runtime:
     def __init__(
         self,
-        config: RuntimeConfig,
+        options: DatasetOptions,
+        resume: ResumePoint,
         store: SegmentStore,
         launched: Sequence[ReaderProcess] = (),
     ) -> None:
         from ...master.client import MasterClient
 
         forked.check("this dataset")  # before any reader starts: gRPC would hang here
-        self.config = config
+        self.options = options
+        # Where a loaded state leaves the job (checkpoint.py); FRESH_START: nothing loaded.
+        self.resume = resume
         # What readers reported skipping, latest last, for a look at where (Stats counts the
         # skips of consumed tasks: see DataPlane.skipped_records).
         self.skipped: deque[SkippedRecord] = deque(maxlen=SKIPPED_KEPT)
         self.failures: list[Failed] = []
         self.task_errors = TaskErrors()
         self._largest_segment = 0
-        self._forms = FormCheck(config.columns)
+        self._forms = FormCheck(options.columns)
         self._closed = False
         self._left = False  # the consumer's Leave was sent (by close() or the SIGTERM hook)
         self._maintenance: Maintenance | None = None
@@ -134,7 +111,7 @@ class Runtime:
             # registration; they get their configuration below.
             self.pool = ReaderPool(
                 self._reader_config,
-                config.num_readers,
+                options.first_readers,
                 self._on_message,
                 on_reader_death=self._on_reader_death,
                 on_error=self._readers_failed,
@@ -145,27 +122,27 @@ class Runtime:
             self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             # The embedded master's own calls skip gRPC (master/local.py); readers use it.
             local = self.embedded.local_stub() if self.embedded is not None else None
-            if config.rendezvous is not None and local is None:  # rank 0's, on another machine?
-                config.credentials.check_transport(address, fix=TORCHRUN_TOKEN_FIX)
+            if options.rendezvous is not None and local is None:  # rank 0's, on another machine?
+                options.credentials.check_transport(address, fix=TORCHRUN_TOKEN_FIX)
             self.client = MasterClient(
                 address,
-                token=config.credentials.token,
-                root_certificates=config.credentials.tls_ca,
+                token=options.credentials.token,
+                root_certificates=options.credentials.tls_ca,
                 local=local,
             )
-            info = self.client.register(self.consumer, config.rank)
+            info = self.client.register(self.consumer, options.rank)
             if self.embedded is None:  # another process planned the tasks: the same plan?
-                chosen = config.job.records_per_task if config.records_per_task_given else None
-                check_same_plan(config.source.plan(), chosen, info, address)
+                chosen = options.job.records_per_task if options.records_per_task_given else None
+                check_same_plan(options.source.plan(), chosen, info, address)
             self.lease_timeout = float(info.lease_timeout)
             self._elastic = info.world_size is None  # trainers share the master's epochs
             # Each beat carries this trainer's figures, for the master's /metrics.
             self.client.start_heartbeat(self.consumer, figures=self._figures)
             self.handle = handle = self.store.handle()
             ops = MasterOps(self.client, self.consumer, info.epochs)  # caches epoch sizes
-            if self.embedded is None and config.resume.by_position:
-                self.config = config = self._unless_resumed(config, info, ops)
-            resume = config.resume
+            if self.embedded is None and resume.by_position:
+                self.resume = self._unless_resumed(info, ops)
+            resume = self.resume
             if resume.handover is not None and self.embedded is None:
                 resume.handover.take_over(self.client)  # before the readers lease anything
             start = resume.epoch
@@ -177,9 +154,9 @@ class Runtime:
                     self.consumer,
                     info,
                     start,
-                    rank=config.rank,
-                    under_torchrun=config.rendezvous is not None,
-                    loaded=config.resume.loaded,
+                    rank=options.rank,
+                    under_torchrun=options.rendezvous is not None,
+                    loaded=resume.loaded,
                 )
             self.plane = DataPlane(
                 master=ops,
@@ -197,8 +174,9 @@ class Runtime:
                 consumer=self.consumer,
                 lease_timeout=self.lease_timeout if self._elastic else None,
             )
+            self.feed = SamplerFeed(self.plane, ops)  # what the sampler asks of the plane
             # The source's own plan, not the master's word: readers open only these files.
-            self._allowed = frozenset(shard.path for shard in config.source.plan())
+            self._allowed = frozenset(shard.path for shard in options.source.plan())
             self._files = identities(self._allowed)  # readers refuse a file changed since
             self.pool.configure()
             self._maintenance = Maintenance(
@@ -275,19 +253,17 @@ class Runtime:
             elastic = getattr(self, "_elastic", False)
             self._just_leave(plane.hand_back() if plane is not None and elastic else None)
 
-    def _unless_resumed(
-        self, config: RuntimeConfig, info: ConsumerInfo, ops: MasterOps
-    ) -> RuntimeConfig:
+    def _unless_resumed(self, info: ConsumerInfo, ops: MasterOps) -> ResumePoint:
         """A loaded state's positions, unless the standalone master was started from that
         state (``--resume``): its schedule then already leaves the consumed records out, and
         the positions, in the old schedule, would name other tasks (their rows were lost).
         Told by the epoch's size; under DDP a rank's share is its own, and is left as is."""
         if info.world_size is not None:
-            return config
-        whole = sum(shard.num_records for shard in config.source.plan())
-        if ops.epoch_records(config.resume.epoch) >= whole:
-            return config
-        return dataclasses.replace(config, resume=config.resume.without_positions())
+            return self.resume
+        whole = sum(shard.num_records for shard in self.options.source.plan())
+        if ops.epoch_records(self.resume.epoch) >= whole:
+            return self.resume
+        return self.resume.without_positions()
 
     @property
     def master_client(self) -> MasterClient:
@@ -298,7 +274,7 @@ class Runtime:
 
     def _autoscaler(self) -> Autoscaler | None:
         """What adds and retires readers under ``num_readers="auto"`` (None otherwise)."""
-        bounds = self.config.reader_bounds
+        bounds = self.options.reader_bounds
         if bounds is None or self.pool is None:
             return None
         from .autoscale import Autoscaler
@@ -335,19 +311,19 @@ class Runtime:
 
     def _reader_config(self, index: int) -> ReaderConfig:
         """What reader ``index`` needs (asked for once the master is up, and at restarts)."""
-        config = self.config
+        options = self.options
         return ReaderConfig(
             index=index,
             master_address=self._readers_address(),
             consumer=self.consumer,
-            source=config.source,
+            source=options.source,
             store=self.handle,
             allowed_paths=self._allowed,
             lease_timeout=self.lease_timeout,
-            credentials=config.credentials,
-            rank=config.rank,
-            skip_tasks=config.resume.skip_tasks(),
-            seed=config.job.seed,
+            credentials=options.credentials,
+            rank=options.rank,
+            skip_tasks=self.resume.skip_tasks(),
+            seed=options.job.seed,
             files=self._files,
         )
 
@@ -366,9 +342,10 @@ class Runtime:
     def _master_address(self) -> str:
         """``master=``; or the embedded master's, started here; or, under torchrun, rank 0's
         (published by rank 0, looked up by the others: launcher.py)."""
-        rendezvous = self.config.rendezvous
+        rendezvous = self.options.rendezvous
         if rendezvous is None:
-            return self.config.master or self._start_embedded(self.config.master_host)
+            standalone = self.options.standalone_master
+            return standalone or self._start_embedded(self.options.master_host)
         if not rendezvous.hosts_master:
             return rendezvous.lookup()
         self._start_embedded(rendezvous.bind_host)
@@ -378,13 +355,13 @@ class Runtime:
     def _start_embedded(self, host: str | None) -> str:
         from ...master.server import LOOPBACK_HOSTS, Master, ServerOptions
 
-        c = self.config
+        c = self.options
         options = ServerOptions(
             host=host or ServerOptions.host,
             token=c.credentials.token,
             metrics_port=c.metrics_port,
         )
-        self.embedded = Master.for_job(c.source, c.resume.job(c.job), options).start()
+        self.embedded = Master.for_job(c.source, self.resume.job(c.job), options).start()
         if host is not None and host not in LOOPBACK_HOSTS and c.credentials.token is None:
             log.warning(
                 "the embedded master listens on %s without a token: anyone who reaches it can "
@@ -457,7 +434,7 @@ class Runtime:
         reader's announcement fills the count, not at the next tick: a reader of small tasks
         would lease more within one tick. Returns whether readers are held back."""
         with self._ahead_lock:
-            ahead = len(self.plane.ready) >= self.config.ready_ahead
+            ahead = len(self.plane.ready) >= self.options.ready_ahead
             if ahead != self._ahead:
                 self._ahead = ahead
                 self.handle.set_ahead(ahead)
@@ -475,7 +452,7 @@ class Runtime:
         """Rank 0 under torchrun: the other ranks use this master until their datasets close
         (their last completions, then ``leave``), also those that have not started yet, and
         stopping it first would fail their steps. Waits until each marked its close."""
-        rendezvous = self.config.rendezvous
+        rendezvous = self.options.rendezvous
         if rendezvous is None:
             return
         try:
@@ -525,9 +502,9 @@ class Runtime:
             # What the loop consumed since the last tick must reach the master before we
             # leave: a standalone master would hand those tasks out again (duplicates).
             self._leave_master()
-            if self.embedded is None and self.config.rendezvous is not None:
+            if self.embedded is None and self.options.rendezvous is not None:
                 try:
-                    self.config.rendezvous.mark_closed()
+                    self.options.rendezvous.mark_closed()
                 except MasterError as exc:  # rank 0 then waits for us until its timeout
                     log.warning("could not tell rank 0 this dataset closed: %s", exc)
             self.client.close()

@@ -1,0 +1,195 @@
+"""``SharedTaskDataset``'s options as one value, each checked once, here, before anything starts.
+
+The dataset is a face over this value: it checks the arguments by building it
+(:meth:`DatasetOptions.checked`), answers its attributes from it, and starts its runtime from
+it. The job's own parameters (tasks, epochs, shuffle, seed, leases, DDP) are a
+:class:`~shmloader.master.config.JobConfig`, which checks them for every face alike; the rest
+(readers, memory, where the master is, credentials, columns) are checked here, together with
+the combinations that do not fit (``metrics_port=`` beside a standalone master, say).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, cast
+
+from ...errors import ConfigError
+from ...master.config import DEFAULT_RECORDS_PER_TASK, JobConfig, check_count
+from ...master.credentials import Credentials
+from ...master.tasks import DdpPolicy
+from ...shm.sizes import parse_size
+from ...sources.arrow import ArrowSource
+from ...sources.base import Source
+from ...sources.hf import HFDataset, is_hf_dataset, refuse_other_hf
+from .launcher import TORCHRUN, Rendezvous, rendezvous_from_env
+from .reader_scaling import auto_bounds
+
+
+@dataclass(frozen=True)
+class DatasetOptions:
+    """What a ``SharedTaskDataset`` was asked for, checked (docs/dataset.md has every option)."""
+
+    source: Source
+    num_readers: int | Literal["auto"]  # as given
+    first_readers: int  # how many readers start
+    # num_readers="auto": the fewest and most readers (autoscale.py); None: a fixed count.
+    reader_bounds: tuple[int, int] | None
+    job: JobConfig  # as the embedded master runs it
+    # records_per_task= chosen, not the default: a standalone master's must then be the same.
+    records_per_task_given: bool
+    shm_budget: int  # bytes
+    shuffle_window: int  # tasks shuffled together
+    master: str | None  # as given: "host:port", "torchrun" or None (embedded)
+    master_host: str | None  # where an embedded master listens (None: loopback)
+    metrics_port: int | None  # an embedded master's /metrics (None: not served)
+    rendezvous: Rendezvous | None  # master="torchrun": rank 0's master, found in torchrun's store
+    credentials: Credentials  # the token, and the CA of a standalone master serving TLS
+    rank: int | None
+    shm_dir: str | None
+    columns: tuple[str, ...] | None  # the batches' columns (None: all)
+
+    @property
+    def standalone_master(self) -> str | None:
+        """The address of a master this job did not start (``master="host:port"``), else None."""
+        return self.master if self.master is not None and self.rendezvous is None else None
+
+    @property
+    def ready_ahead(self) -> int:
+        """Ready tasks the readers lease no further than (shm/hints.py): two windows, the
+        block the sampler takes next and the one after it."""
+        return 2 * self.shuffle_window
+
+    @classmethod
+    def checked(
+        cls,
+        source: Source | HFDataset,
+        *,
+        num_readers: int | Literal["auto"],
+        records_per_task: int | None,
+        shuffle: bool,
+        seed: int,
+        shm_budget: int | str,
+        epochs: int | None,
+        shuffle_window: int,
+        master: str | None,
+        master_host: str | None,
+        metrics_port: int | None,
+        token: str | None,
+        tls_ca: str | os.PathLike[str] | None,
+        rank: int | None,
+        world_size: int | None,
+        ddp_policy: DdpPolicy,
+        lease_timeout: float,
+        max_retries: int,
+        shm_dir: str | None,
+        columns: Sequence[str] | None,
+    ) -> DatasetOptions:
+        """The options, or the ConfigError of the first that does not fit (the defaults are
+        ``SharedTaskDataset``'s signature's)."""
+        checked = _as_source(source)
+        if num_readers == "auto":
+            # Start small; the maintenance thread adds and retires readers (autoscale.py).
+            bounds = auto_bounds()
+            reader_bounds: tuple[int, int] | None = bounds
+            first_readers = bounds[0]
+        else:
+            example = 'reader processes, e.g. 2 (the default) or "auto"'
+            first_readers = check_count("num_readers", num_readers, 1, example)
+            reader_bounds = None
+        window = check_count("shuffle_window", shuffle_window, 1, "tasks shuffled together, e.g. 8")
+        if master_host is not None and not master_host.strip():
+            raise ConfigError("master_host must name an interface ('0.0.0.0': all of them)")
+        rendezvous = None
+        if master == TORCHRUN:  # rank 0 hosts the master; rank and world size from torchrun
+            rendezvous = rendezvous_from_env(
+                rank=rank, world_size=world_size, master_host=master_host
+            )
+            rank, world_size = rendezvous.rank, rendezvous.world_size
+        standalone = master is not None and rendezvous is None
+        if metrics_port is not None and standalone:
+            raise ConfigError(
+                "metrics_port= is where an embedded master serves its /metrics; with "
+                "master='host:port' the standalone master serves them: start it with "
+                "shmloader master ... --metrics-port PORT"
+            )
+        if standalone and master_host is not None:
+            raise ConfigError(
+                "master_host= is where the embedded master listens; with master='host:port' "
+                "there is none"
+            )
+        if (rank is None) != (world_size is None):
+            raise ConfigError("give both rank and world_size (DDP), or neither")
+        # The job, as the embedded master runs it (JobConfig checks its fields); a standalone
+        # master's own settings are checked against it at registration (plan_check.py).
+        job = JobConfig(
+            records_per_task=(
+                DEFAULT_RECORDS_PER_TASK if records_per_task is None else records_per_task
+            ),
+            epochs=epochs,
+            shuffle=shuffle,
+            seed=seed,
+            lease_timeout=lease_timeout,
+            # An embedded master's consumers are this job's own trainers: a dead one's taken
+            # tasks come back as soon as its untaken ones.
+            consumer_timeout=max(lease_timeout, 10.0),
+            max_retries=max_retries,
+            world_size=world_size,
+            ddp_policy=ddp_policy,
+        )
+        return cls(
+            source=checked,
+            num_readers=num_readers,
+            first_readers=first_readers,
+            reader_bounds=reader_bounds,
+            job=job,
+            records_per_task_given=records_per_task is not None,
+            shm_budget=parse_size(shm_budget, what="shm_budget"),
+            shuffle_window=window,
+            master=master,
+            master_host=master_host,
+            metrics_port=metrics_port,
+            rendezvous=rendezvous,
+            credentials=_credentials(master, token, tls_ca),
+            rank=rank,
+            shm_dir=shm_dir,
+            columns=None if columns is None else tuple(columns),
+        )
+
+
+def _as_source(source: Source | HFDataset) -> Source:
+    """``source`` checked to be one (a ``datasets.Dataset`` becomes an :class:`ArrowSource`
+    over its Arrow files, sources/hf.py)."""
+    refuse_other_hf(source)
+    if is_hf_dataset(source):
+        return ArrowSource(source)
+    lacks = [m for m in ("plan", "read_result") if not callable(getattr(source, m, None))]
+    if lacks:
+        raise ConfigError(
+            f"source must be a shmloader source, got {type(source).__name__}, which has no "
+            f"{' and no '.join(f'{m}()' for m in lacks)} (the protocol: docs/sources.md)"
+        )
+    return cast(Source, source)  # it has the protocol's methods
+
+
+def _credentials(
+    master: str | None, token: str | None, tls_ca: str | os.PathLike[str] | None
+) -> Credentials:
+    """What the trainer's client and its readers show the master and check it by.
+
+    A standalone master's (``master="host:port"``) come from the arguments, else
+    ``$SHMLOADER_TOKEN`` and ``$SHMLOADER_TLS_CA``, and are checked here, before anything
+    starts: a token never goes in clear beyond this machine. An embedded master (also rank
+    0's under torchrun) serves no TLS and requires only the token given here."""
+    if master is not None and master != TORCHRUN:
+        credentials = Credentials.resolve(token, tls_ca)
+        credentials.check_transport(master)
+        return credentials
+    if tls_ca is not None:
+        raise ConfigError(
+            "tls_ca= checks the certificate of a standalone master (master='host:port', "
+            "started with shmloader master --tls-cert FILE --tls-key FILE); the embedded "
+            "master serves no TLS. Leave tls_ca out, or run a standalone master"
+        )
+    return Credentials(token=token)
