@@ -140,3 +140,20 @@ def test_readers_run_with_one_blas_thread_unless_the_user_chose() -> None:
 def _cmdline(pid: int) -> bytes:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return f.read()
+
+
+def test_readers_import_the_trainers_shmloader_whatever_folder_they_run_in(
+    data: tuple[Path, list[int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``shmloader/`` in the working folder (a checkout, another version) is not what the
+    readers import: ``python -m`` put the working folder first on a reader's sys.path, so it
+    imported that one while the trainer ran its own."""
+    directory, ids = data
+    work = tmp_path / "work"
+    (work / "shmloader").mkdir(parents=True)
+    (work / "shmloader" / "__init__.py").write_text(
+        'raise ImportError("the shmloader of the working folder was imported")\n'
+    )
+    monkeypatch.chdir(work)
+    with dataset(directory, tmp_path / "shm") as ds:
+        assert _read_all(ds) == sorted(ids)

@@ -84,9 +84,19 @@ class ReaderProcess:
         self.conn = conn
 
 
+# A reader imports the shmloader the trainer imported, from the same folder: ``python -m``
+# would put the working folder first on its sys.path, and a ``shmloader/`` there (a checkout,
+# another version) would be the readers' while the trainer runs the installed one.
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+    "from shmloader.reader.process import main; sys.exit(main())"
+)
+
+
 def launch_reader() -> ReaderProcess:
-    """Start one ``python -m shmloader.reader``; it imports what it needs, then waits for its
-    configuration (or "stop") on the pipe.
+    """Start one reader process (``shmloader.reader.process.main``); it imports what it needs,
+    then waits for its configuration (or "stop") on the pipe.
 
     It asks Linux to kill it when its parent goes (the parent-death signal), and Linux means
     the parent *thread*: launch from a thread that lives as long as the readers should.
@@ -94,7 +104,7 @@ def launch_reader() -> ReaderProcess:
     ours, theirs = socket.socketpair()
     try:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "shmloader.reader", str(theirs.fileno()), str(os.getpid())],
+            [sys.executable, "-c", _BOOT, _PACKAGE_ROOT, str(theirs.fileno()), str(os.getpid())],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             env=reader_environment(os.environ),

@@ -1,6 +1,6 @@
 """The reader process loop: lease, read, decode, write a segment, announce; renew; report.
 
-A reader is started as ``python -m shmloader.reader`` rather than through
+A reader is a fresh interpreter running :func:`main` (pool.py), rather than one started through
 ``multiprocessing``'s spawn, which would re-import the training script (and torch) in every
 reader: here a reader imports only pyarrow, grpc and the source, and starts in a fraction of a
 second. Functions the training script defines reach it by value (by_value.py): the script
@@ -395,7 +395,8 @@ def _connection(fd: int) -> Iterator[Connection]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m shmloader.reader FD PARENT_PID``."""
+    """Entry point of a reader: ``FD PARENT_PID`` (pool.py starts it; ``python -m
+    shmloader.reader FD PARENT_PID`` runs it too)."""
     args = sys.argv[1:] if argv is None else argv
     fd, parent = int(args[0]), int(args[1])
     _die_with_parent(parent)
