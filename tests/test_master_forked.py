@@ -7,6 +7,7 @@ Now it gets a MasterError that says why; a process forked after they closed work
 from __future__ import annotations
 
 import ast
+import gc
 import json
 import os
 import select
@@ -115,6 +116,46 @@ def test_a_grandchild_is_told_which_child_it_came_through(data: Path) -> None:
     child, grandchild_kind, message = ast.literal_eval(result)  # the tuple's str
     assert grandchild_kind == "MasterError", message
     assert f", through process {child}, from process {os.getpid()} after" in message
+
+
+class _Finalized:
+    """In a reference cycle, so only the garbage collector frees it; says where it did."""
+
+    def __init__(self, where: list[int]) -> None:
+        self.where = where
+        self.cycle = self
+
+    def __del__(self) -> None:
+        self.where.append(os.getpid())
+
+
+def test_a_forked_child_does_not_finalize_the_parents_garbage(data: Path) -> None:
+    # A worker's garbage collector ran the destructors of the parent's unreachable gRPC
+    # objects, whose locks fork() had copied held: the worker aborted ("Mutex::Fer while
+    # waiting on Condition") or hung in the middle of a batch. What a child inherits is
+    # left to the parent now; what the child makes itself is still collected.
+    master = Master(source(data), records_per_task=10).start()  # the process has used gRPC
+    master.stop()
+    finalized_in: list[int] = []
+    gc.disable()  # keep the garbage until the fork, as a collector that has not run yet does
+    try:
+        _Finalized(finalized_in)
+
+        def collect() -> tuple[list[int], int]:
+            own: list[int] = []
+            _Finalized(own)
+            gc.collect()
+            return finalized_in, len(own)
+
+        kind, result = _in_child(collect)
+    finally:
+        gc.enable()
+    assert kind == "ok", (kind, result)
+    in_child, own_collected = ast.literal_eval(result)
+    assert in_child == [], "the child ran the destructor of an object the parent made"
+    assert own_collected == 1, "the child's own garbage was not collected"
+    gc.collect()
+    assert finalized_in == [os.getpid()]  # the parent's garbage is the parent's to free
 
 
 _FORK_FIRST = """

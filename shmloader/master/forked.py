@@ -17,10 +17,22 @@ So a :class:`Master` that starts serving and a :class:`MasterClient` that opens 
 mark the process (:func:`used`); a child forked after that (and without gRPC's fork
 support) raises :class:`MasterError` saying why, when it makes a master or a client. A child
 forked before the parent's first master or client works.
+
+Such a child also never finalizes what it copied. The parent's unreachable gRPC objects
+(a closed client's channel in a reference cycle, a finished call) were collected by the
+child's garbage collector, in a DataLoader worker in the middle of a batch; their
+destructors take gRPC's locks as ``fork()`` copied them, held or waited on by a thread the
+child does not have, and the worker hung or aborted ("Mutex::Fer while waiting on
+Condition"; a worker of ``tests/test_dataset_exactly_once.py`` died so, and a child that runs
+``gc.collect()`` beside a parent whose threads open channels hung in 2 of 60 forks).
+So the child freezes every object it inherited (:func:`gc.freeze`): the collector leaves
+them alone, and what the child makes itself is collected as usual. The frozen objects cost
+no memory of their own: their pages are the parent's until written.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 
 from ..errors import MasterError
@@ -57,8 +69,10 @@ def check(what: str) -> None:
 
 def _after_fork_in_child() -> None:
     global _forked_from, _forked_as
-    if _forked_from is None and _used and not _FORK_SUPPORT:
-        _forked_from, _forked_as = os.getppid(), os.getpid()
+    if _used and not _FORK_SUPPORT:
+        gc.freeze()  # the parent's objects are not this process's to finalize
+        if _forked_from is None:
+            _forked_from, _forked_as = os.getppid(), os.getpid()
 
 
 # gRPC reads the variable once, when it is imported (with grpc, here; _grpc_env.py sets
