@@ -19,15 +19,13 @@ support) raises :class:`MasterError` saying why, when it makes a master or a cli
 forked before the parent's first master or client works.
 
 Such a child also never finalizes what it copied. The parent's unreachable gRPC objects
-(a closed client's channel in a reference cycle, a finished call) were collected by the
+(a closed client's channel in a reference cycle, a finished call) would be collected by the
 child's garbage collector, in a DataLoader worker in the middle of a batch; their
 destructors take gRPC's locks as ``fork()`` copied them, held or waited on by a thread the
-child does not have, and the worker hung or aborted ("Mutex::Fer while waiting on
-Condition"; a worker of ``tests/test_dataset_exactly_once.py`` died so, and a child that runs
-``gc.collect()`` beside a parent whose threads open channels hung in 2 of 60 forks).
-So the child freezes every object it inherited (:func:`gc.freeze`): the collector leaves
-them alone, and what the child makes itself is collected as usual. The frozen objects cost
-no memory of their own: their pages are the parent's until written.
+child does not have, and the worker hangs or aborts ("Mutex::Fer while waiting on
+Condition"). So the child freezes every object it inherited (:func:`gc.freeze`): the
+collector leaves them alone, and what the child makes itself is collected as usual. The
+frozen objects cost no memory of their own: their pages are the parent's until written.
 """
 
 from __future__ import annotations
