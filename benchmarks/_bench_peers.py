@@ -289,7 +289,8 @@ def grain_loader(job: Job) -> Batches:
 
 
 # -- shmloader: the same TFRecord files, readers in shared memory, shmloader.DataLoader ----------
-def shmloader_loader(job: Job, batch_decode: bool) -> tuple[Batches, Any]:
+def shmloader_loader(job: Job, batch_decode: bool, cache: bool = False) -> tuple[Batches, Any]:
+    """shmloader over the TFRecord files; ``cache``: decoded tasks kept across epochs."""
     import shmloader
 
     name = job.layout.name
@@ -301,6 +302,7 @@ def shmloader_loader(job: Job, batch_decode: bool) -> tuple[Batches, Any]:
         records_per_task=RECORDS_PER_TASK,
         seed=job.seed,
         epochs=None,
+        cache=cache,
         **({"shm_budget": job.shm_budget} if job.shm_budget else {}),
     )
     loader = shmloader.DataLoader(dataset, batch_size=job.batch)
@@ -326,6 +328,8 @@ CONTENDERS = [
     Contender("Grain", write_array_record, "array_record", True),
     Contender("shmloader decode", write_tfrecord, "tfrecord", False),
     Contender("shmloader decode_batch", write_tfrecord, "tfrecord", False),
+    Contender("shmloader decode, cache", write_tfrecord, "tfrecord", False),
+    Contender("shmloader decode_batch, cache", write_tfrecord, "tfrecord", False),
 ]
 LOADERS: dict[str, Callable[[Job], Batches]] = {
     "torch per sample": torch_per_sample,

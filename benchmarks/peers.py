@@ -47,6 +47,7 @@ BATCH = {"tabular": 1024, "images": 128}
 WARMUP = 1.0  # seconds after the first batch before the window starts
 VECTORISED = ("torch vectorised", "torch vectorised, no workers")
 SHMLOADER = ("shmloader decode", "shmloader decode_batch")
+CACHED = ("shmloader decode, cache", "shmloader decode_batch, cache")
 # Imported before the clock starts: the first batch is timed from constructing the loader,
 # not from importing torch or the library (which a training script has done by then).
 IMPORTS = {
@@ -57,8 +58,17 @@ IMPORTS = {
     "Grain": ["grain.python", "_bench_grain"],
     "shmloader decode": ["shmloader"],
     "shmloader decode_batch": ["shmloader"],
+    "shmloader decode, cache": ["shmloader"],
+    "shmloader decode_batch, cache": ["shmloader"],
 }
-FIELDS = ("samples_s", "first_batch_s", "peak_pss_mib", "cpu_us_per_sample")
+FIELDS = (
+    "samples_s",
+    "epoch1_samples_s",
+    "later_samples_s",
+    "first_batch_s",
+    "peak_pss_mib",
+    "cpu_us_per_sample",
+)
 
 
 def child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -82,24 +92,30 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     sampler = Sampler().start()
     began = time.perf_counter()
     closing = None
-    if spec["name"].startswith("shmloader"):
-        batches, closing = shmloader_loader(job, spec["name"].endswith("decode_batch"))
+    name = spec["name"]
+    if name.startswith("shmloader"):
+        batches, closing = shmloader_loader(job, "decode_batch" in name, name.endswith("cache"))
     else:
-        batches = LOADERS[spec["name"]](job)
-    first_batch = window_start = window_rows = warm_until = 0.0
+        batches = LOADERS[name](job)
+    first_batch = window_start = window_rows = warm_until = now = 0.0
     first_epoch: tuple[int, int] | None = None
-    epoch = 0
+    # Whole epochs, each timed from the end of the one before (the first from its first
+    # batch, its own rows less that batch): (rows, seconds).
+    epochs: list[tuple[int, float]] = []
     try:
-        while True:
-            rows = total = 0
+        # Whole epochs until the window is over and at least one after the first is done.
+        while not (len(epochs) >= 2 and window_start and now - window_start >= spec["window"]):
+            rows = total = untimed = 0
+            epoch_began = time.perf_counter()
             for batch in batches():
                 now = time.perf_counter()
+                labels = batch["label"]
                 if not first_batch:
                     first_batch = now - began
                     warm_until = now + WARMUP
+                    epoch_began, untimed = now, len(labels)
                     if closing is not None:  # its store's files, mapped or not, count once
                         sampler.shm_dir = closing.store_path
-                labels = batch["label"]
                 rows += len(labels)
                 total += int(labels.sum())
                 if not window_start and now >= warm_until:
@@ -107,14 +123,10 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
                     sampler.mark()  # CPU from here
                 elif window_start:
                     window_rows += len(labels)
-                    if now - window_start >= spec["window"]:
-                        break
-            else:
-                if first_epoch is None:
-                    first_epoch = (rows, total)
-                epoch += 1
-                continue
-            break
+            now = time.perf_counter()
+            epochs.append((rows - untimed, now - epoch_began))
+            if first_epoch is None:
+                first_epoch = (rows, total)
         seconds = time.perf_counter() - window_start
         peak, cpu = sampler.mark()
     finally:
@@ -125,13 +137,16 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     # plus those files (see _bench_memory.Sampler.mark), over the whole run.
     peak_all = max(sum(s[0].values()) - s[3] + s[1] for s in sampler.samples) / (1 << 20)
     expected = (spec["records"], spec["records"] * (spec["records"] - 1) // 2)
+    later_rows = sum(rows for rows, _ in epochs[1:])
     return {
         "samples_s": window_rows / seconds,
+        "epoch1_samples_s": epochs[0][0] / epochs[0][1],
+        "later_samples_s": later_rows / sum(s for _, s in epochs[1:]),
         "first_batch_s": first_batch,
         "peak_pss_mib": max(peak_all, peak["once"]),
         "cpu_us_per_sample": 1e6 * sum(cpu.values()) / max(window_rows, 1),
         "first_epoch_exact": first_epoch == expected if first_epoch else None,
-        "epochs": epoch,
+        "epochs": len(epochs),
     }
 
 
@@ -166,19 +181,21 @@ def table(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
     for dataset, by_name in results.items():
         lines.append(f"\n{dataset} (batch {BATCH[dataset]}), medians of the rounds:")
         lines.append(
-            f"  {'contender':30s} {'samples/s':>10s} {'first batch':>12s} {'peak PSS':>9s} "
-            f"{'CPU/sample':>10s}  first epoch once"
+            f"  {'contender':30s} {'samples/s':>10s} {'epoch 1':>10s} {'epoch >= 2':>10s} "
+            f"{'first batch':>12s} {'peak PSS':>9s} {'CPU/sample':>10s}  first epoch once"
         )
         for name, runs in by_name.items():
             med = {f: statistics.median(r[f] for r in runs) for f in FIELDS}
             exact = {r["first_epoch_exact"] for r in runs}
             lines.append(
-                f"  {name:30s} {med['samples_s']:10,.0f} {med['first_batch_s']:10.2f} s "
+                f"  {name:30s} {med['samples_s']:10,.0f} {med['epoch1_samples_s']:10,.0f} "
+                f"{med['later_samples_s']:10,.0f} {med['first_batch_s']:10.2f} s "
                 f"{med['peak_pss_mib']:6.0f} MiB {med['cpu_us_per_sample']:7.1f} us  "
                 f"{'/'.join(str(e) for e in sorted(exact, key=str))}"
             )
         if all(c.name in by_name for c in CONTENDERS):  # not with --only
             lines.extend(_ratios(by_name))
+        lines.extend(_cache_ratios(by_name))
     return "\n".join(lines)
 
 
@@ -202,6 +219,25 @@ def _ratios(by_name: dict[str, list[dict[str, Any]]]) -> list[str]:
         f"  shmloader decode_batch / the faster torch vectorised: {batch / vectorised:.2f}",
         "  peak PSS / torch per sample: " + ", ".join(f"{n} {r:.2f}" for n, r in pss.items()),
     ]
+
+
+def _cache_ratios(by_name: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Each ``cache=True`` contender's epochs against the hand-vectorised Dataset without
+    workers and against itself without the cache, where the run has them."""
+    lines = []
+    base = "torch vectorised, no workers"
+    for cached in (n for n in CACHED if n in by_name):
+        plain = cached.removesuffix(", cache")
+        for field, what in (("epoch1_samples_s", "epoch 1"), ("later_samples_s", "epoch >= 2")):
+            mine = _median(by_name[cached], field)
+            parts = [
+                f"/ {other} {mine / _median(by_name[other], field):.2f}"
+                for other in (base, plain)
+                if other in by_name
+            ]
+            if parts:
+                lines.append(f"  {cached}, {what}: " + ", ".join(parts))
+    return lines
 
 
 def plot(results: dict[str, dict[str, list[dict[str, Any]]]], prefix: str) -> None:

@@ -48,6 +48,12 @@ def begin_task(seed: int, epoch: int, task_id: int) -> None:
     _task, _rng = (seed, epoch, task_id), None
 
 
+def drew() -> bool:
+    """Whether the task being read drew from :func:`task_rng` so far (its records then differ
+    each epoch: ``cache=True`` does not keep them)."""
+    return _task is not None and _rng is not None
+
+
 @contextlib.contextmanager
 def outside_task() -> Iterator[None]:
     """:func:`task_rng` as outside any task while the block runs (a decode called to infer

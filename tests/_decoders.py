@@ -167,3 +167,35 @@ class RetypingSource(RecordFileSource):
         else:
             other = pa.record_batch({"id": ids, "x": x, "extra": x})
         return ReadResult(other, result.skipped)
+
+
+DECODED_ENV = "SHMLOADER_TEST_DECODED"  # where decode_counted notes each record it decodes
+
+
+def decode_counted(payload: bytes) -> dict[str, Any]:
+    """As :func:`decode`, noting the record's id in the file ``$SHMLOADER_TEST_DECODED`` (one
+    line per decode, appended whole): what a test of the cache counts to see what was read."""
+    record = decode(payload)
+    with open(os.environ[DECODED_ENV], "a") as f:
+        f.write(f"{record['id']}\n")
+    return record
+
+
+def decode_augmented(payload: bytes) -> dict[str, Any]:
+    """As :func:`decode`, with ``x`` drawn from ``shmloader.task_rng()``: other records each
+    epoch, which ``cache=True`` must not keep."""
+    import shmloader
+
+    record = decode(payload)
+    return {"id": record["id"], "x": np.float32(shmloader.task_rng().random())}
+
+
+def decode_padded(payload: bytes) -> dict[str, Any]:
+    """:func:`decode` of a padded record, with the whole payload as a ``pad`` column
+    (:data:`PADDED` bytes a row: tasks of 100 records weigh 4 MB in shared memory)."""
+    record_id, _ = PAYLOAD.unpack_from(payload)
+    return {
+        "id": record_id,
+        "x": np.float32(2 * record_id),
+        "pad": np.frombuffer(payload, np.uint8),
+    }

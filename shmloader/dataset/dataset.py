@@ -93,7 +93,11 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     ``metrics_port``: where it serves Prometheus metrics, docs/how-to/tuning.md).
     ``token`` and ``tls_ca`` (a CA certificate file) are what a standalone master serving a
     token and TLS asks for (else ``$SHMLOADER_TOKEN``, ``$SHMLOADER_TLS_CA``); a token is
-    never sent in clear beyond this machine (docs/how-to/security.md).
+    never sent in clear beyond this machine (docs/how-to/security.md). ``cache=True`` keeps
+    the decoded tasks in shared memory for the next epochs, as far as ``shm_budget`` holds
+    them: from the second epoch on, a task kept is served without reading or decoding; its
+    ``decode`` must give the same records every epoch (docs/dataset.md, "Decoded data kept
+    across epochs").
 
     Every argument is checked as the dataset is made, before anything starts; ``ds.options``
     holds them as checked (``DatasetOptions``), and the attributes of the same names read it.
@@ -124,6 +128,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         max_retries: int = JobConfig.max_retries,
         shm_dir: str | None = None,
         columns: Sequence[str] | None = None,
+        cache: bool = False,
     ) -> None:
         # Every option checked here, once, before anything starts (runtime/options.py).
         self.options = DatasetOptions.checked(
@@ -147,6 +152,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             max_retries=max_retries,
             shm_dir=shm_dir,
             columns=columns,
+            cache=cache,
         )
         self._columns_checked = False  # columns= against the data, at the first gather
         self._resume = FRESH_START  # where a loaded state leaves the job (checkpoint.py)
@@ -273,6 +279,11 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     def shm_dir(self) -> str | None:
         """Where the shared memory goes (None: ``$SHMLOADER_SHM_DIR``, else ``/dev/shm``)."""
         return self.options.shm_dir
+
+    @property
+    def cache(self) -> bool:
+        """``cache=``: decoded tasks kept in shared memory for the next epochs."""
+        return self.options.cache
 
     @property
     def columns(self) -> list[str] | None:

@@ -37,3 +37,5 @@ class ReaderConfig:
     seed: int = 0  # the dataset's: with epoch and task, the seed of task_rng() (augment.py)
     # Each local file's identity when the dataset started: a file replaced since is refused.
     files: Mapping[str, FileIdentity] = field(default_factory=dict)
+    # Decoded tasks kept in the store across epochs (SharedTaskDataset(cache=True)).
+    cache: bool = False

@@ -74,6 +74,13 @@ class Ready:
     forms: tuple[tuple[str, bool, str], ...] = ()
     # Of read_seconds, how long the reader waited for room in the shm budget.
     room_wait_seconds: float = 0.0
+    # cache=True: the key to keep the segment under once released (reader/cache_key.py);
+    # "" when it is not to be kept (records skipped, or a decode that draws random numbers).
+    cache_key: str = ""
+    # The segment was the one cached for the task: nothing was read or decoded.
+    from_cache: bool = False
+    # cache=True, and the task is not kept: why, when the user should hear of it.
+    not_cached: str = ""
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ class ReaderInfo:
     # job's occasional deaths (counting all of them, it gave up at the 11th of the run).
     deaths_in_a_row: int = 0
     tasks: int = 0
+    cached_tasks: int = 0  # of tasks, those served from the cache (cache=True): not read
     records: int = 0
     bytes: int = 0
     failures: int = 0
@@ -368,6 +369,7 @@ class ReaderPool:
             info.deaths_in_a_row = 0
             info.unusable = False
             info.tasks += 1
+            info.cached_tasks += message.from_cache
             info.records += message.num_rows
             info.bytes += message.nbytes
             info.busy_seconds += message.read_seconds - message.room_wait_seconds

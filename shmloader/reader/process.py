@@ -34,6 +34,7 @@ from ..sources._tensor_types import schema_forms
 from ..sources.base import ReadResult, Shard
 from ..sources.skipped import SkippedRecord
 from .by_value import unpickle_config
+from .cache_key import cache_key
 from .config import ReaderConfig
 from .failure import as_ours, describe_error, pack_exception, retry_may_help
 from .heap import keep_freed_memory
@@ -288,6 +289,9 @@ class Reader:
             if (lease.epoch, lease.seq) in self.config.skip_tasks:
                 self._announce(lease, began, SegmentInfo("", 0, 0), ())
                 return True
+            key = self._cache_key(lease)
+            if key and self._serve_cached(lease, key, began):
+                return True
             shard = Shard(lease.path, lease.stop)
             augment.begin_task(self.config.seed, lease.epoch, lease.task_id)
             result = self.config.source.read_result(shard, lease.start, lease.stop)
@@ -333,7 +337,35 @@ class Reader:
         if info is None:  # stopped, or gave way, while waiting for budget; nothing written
             return not gave_way
         forms = schema_forms(result.content.schema)
-        self._announce(lease, began, info, result.skipped, forms)
+        # Kept for the next epoch (cache=True) only if the segment is all the task will ever
+        # be: every record (a skip is reported again each epoch), no random numbers drawn.
+        not_cached = ""
+        if key and augment.drew():
+            key, not_cached = "", "its decode draws from shmloader.task_rng()"
+        elif result.skipped:
+            key = ""
+        if key:
+            self.config.store.cache(info.name, key)
+        self._announce(lease, began, info, result.skipped, forms, key, not_cached=not_cached)
+        return True
+
+    def _cache_key(self, lease: Any) -> str:
+        """The key the task's segment is cached under (cache_key.py); "" without cache=."""
+        if not self.config.cache:
+            return ""
+        return cache_key(lease.path, lease.start, lease.stop, self.config.files.get(lease.path))
+
+    def _serve_cached(self, lease: Any, key: str, began: float) -> bool:
+        """Announce the segment cached for ``lease``'s task, read and decoded in an earlier
+        epoch, without reading anything; False if the cache does not hold it."""
+        name = new_segment_name()
+        # As for a write: should this reader die before its Ready, the trainer removes it.
+        self.conn.send(Sealing(lease.lease_id, name))
+        found = self.config.store.take_cached(key, name)
+        if found is None:
+            return False
+        info, schema = found
+        self._announce(lease, began, info, (), schema_forms(schema), key, from_cache=True)
         return True
 
     def _announce(
@@ -343,6 +375,10 @@ class Reader:
         segment: SegmentInfo,
         skipped: tuple[SkippedRecord, ...],
         forms: tuple[tuple[str, bool, str], ...] = (),
+        key: str = "",
+        *,
+        from_cache: bool = False,
+        not_cached: str = "",
     ) -> None:
         self.conn.send(
             Ready(
@@ -362,6 +398,9 @@ class Reader:
                 consumed=tuple(lease.consumed),
                 confirmed=self._renewer.confirmed(lease.lease_id),
                 forms=forms,
+                cache_key=key,
+                from_cache=from_cache,
+                not_cached=not_cached,
             )
         )
 

@@ -12,6 +12,16 @@ longer frees its pages either. Spares do not count as in use; the bytes of segme
 being written and spares together still never exceed the budget, because a writer that needs
 room removes spares first.
 
+With ``cache=True`` a segment's content is kept for the next epoch's reader of the same task,
+under a second name, ``cached-<key>`` (a hard link, :func:`link_cached`, made as the writer
+seals it): the next reader takes that name as a sealed segment of its own without reading or
+decoding (:func:`take_cached`), also while the segment of the epoch before is still read, and
+a released segment keeps only that name (:func:`make_cached`). A file with two names is never
+written again: both are sealed, and a scan counts its bytes once, as in use. Cached files
+that are nothing else are free room like spares, but worth more: a writer writes over one,
+or removes it, only when the budget has no room left without it, so the cache holds what the
+budget leaves and gives way to the segments in use.
+
 Every change that could make a scan under-count is done under an exclusive ``flock`` on
 ``<dataset>/.lock``: creating a reservation (check-then-create must be atomic) and sealing (a
 rename makes a file vanish under one name and appear under another). Removing a file needs no
@@ -36,9 +46,11 @@ from .._flock import exclusive
 from ..errors import ShmSpaceError, StoreClosedError
 from . import hints
 from .names import (
+    CACHED_PREFIX,
     LOCK_NAME,
     SEGMENT_PREFIX,
     SPARE_PREFIX,
+    cached_name,
     is_alive,
     new_spare_name,
     new_temp_name,
@@ -87,11 +99,12 @@ _sealed_sizes: dict[str, dict[str, int]] = {}
 
 class Scan(NamedTuple):
     """What a directory scan finds: bytes in use (segments sealed or being written), the
-    spares with their sizes, and the largest segment."""
+    spares with their sizes, the largest segment, and the cached segments with their sizes."""
 
     in_use: int
     spares: dict[str, int]
     largest: int
+    cached: dict[str, int]
 
 
 def usage(dataset_path: str) -> int:
@@ -109,14 +122,18 @@ def scan(dataset_path: str) -> Scan:
     known = _sealed_sizes.get(dataset_path, {})
     stable: dict[str, int] = {}
     spares: dict[str, int] = {}
+    cached: dict[str, int] = {}
+    linked: set[int] = set()  # inodes of segments in use: a cached name of one costs nothing
+    cached_inodes: dict[str, int] = {}
     total = largest = 0
     for entry in entries:
-        # Only segments (sealed or being written) and spares hold memory; other files (the
-        # lock, the dataset's gather ledger folder) are bookkeeping.
+        # Only segments (sealed or being written), spares and cached segments hold memory;
+        # other files (the lock, the dataset's gather ledger folder) are bookkeeping.
         name = entry.name
         sealed = name.startswith(SEGMENT_PREFIX)
         spare = not sealed and name.startswith(SPARE_PREFIX)
-        if not sealed and not spare and parse_temp_name(name) is None:
+        kept = not sealed and not spare and name.startswith(CACHED_PREFIX)
+        if not sealed and not spare and not kept and parse_temp_name(name) is None:
             continue
         size = known.get(name)
         if size is None:
@@ -124,15 +141,24 @@ def scan(dataset_path: str) -> Scan:
                 size = entry.stat(follow_symlinks=False).st_size
             except FileNotFoundError:
                 continue  # released or taken meanwhile
-        if sealed or spare:  # names of files that never change size
+        if sealed or spare or kept:  # names of files that never change size
             stable[name] = size
         if spare:
             spares[name] = size
+        elif kept:
+            cached[name] = size
+            cached_inodes[name] = entry.inode()
         else:
+            inode = entry.inode()
+            if inode in linked:  # a cached task taken while its last epoch's copy is read
+                continue
+            linked.add(inode)
             total += size
             largest = max(largest, size)
     _sealed_sizes[dataset_path] = stable
-    return Scan(total, spares, largest)
+    if linked:
+        cached = {n: size for n, size in cached.items() if cached_inodes[n] not in linked}
+    return Scan(total, spares, largest, cached)
 
 
 def reap_dead_writers(dataset_path: str, *, dry_run: bool = False) -> list[tuple[str, int]]:
@@ -215,14 +241,15 @@ def reserve(
     try:
         while True:
             with locked(dataset_path):
-                used, spares, largest = scan(dataset_path)
+                used, spares, largest, cached = scan(dataset_path)
                 keep = 0 if urgent is None else max(nbytes, largest, seen)
                 fits = used + nbytes + keep <= budget
                 if not fits and urgent is not None and used + nbytes <= budget:
                     fits = urgent()
                 if fits:
                     _note_peak(dataset_path, used + nbytes)
-                    return _take_room(dataset_path, nbytes, budget - used - nbytes, spares)
+                    room = budget - used - nbytes
+                    return _take_room(dataset_path, nbytes, room, spares, cached)
             if not waiting:  # a reader that waits for room is not stuck: say so (hints.py)
                 waiting = True
                 hints.set_waiting(dataset_path, True)
@@ -265,29 +292,37 @@ def _note_peak(dataset_path: str, in_use: int) -> None:
         hints.set_peak(dataset_path, in_use)
 
 
-def _take_room(dataset_path: str, nbytes: int, room: int, spares: dict[str, int]) -> str:
+def _take_room(
+    dataset_path: str, nbytes: int, room: int, spares: dict[str, int], cached: dict[str, int]
+) -> str:
     """A new unsealed segment of ``nbytes``, made from a spare if there is one (under the
-    lock); spares beyond the ``room`` left in the budget are removed."""
-    if not spares:
+    lock); spares, then cached segments, beyond the ``room`` left in the budget are removed.
+    A cached segment is written over only when there is no spare and no room without it."""
+    if spares:
+        reusable = spares
+    elif sum(cached.values()) > room:
+        reusable = cached
+    else:
         return _create(dataset_path, nbytes)
     # The smallest spare that is large enough, else the largest: the fewest new pages. Among
     # equals the one released last (names sort by release time), and the first removed are
     # the largest, oldest ones: gathering processes keep their mappings of the files they
     # released last (kept.py), so those are the ones worth writing into again.
-    fits = [n for n in spares if spares[n] >= nbytes]
+    fits = [n for n in reusable if reusable[n] >= nbytes]
     if fits:
-        name = max(fits, key=lambda n: (-spares[n], n))
+        name = max(fits, key=lambda n: (-reusable[n], n))
     else:
-        name = max(spares, key=lambda n: (spares[n], n))
-    kept = sum(spares.values()) - spares[name]
-    for extra in sorted(spares, key=lambda n: (-spares[n], n)):
-        if kept <= room:
-            break
-        if extra == name:
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(dataset_path, extra))
-        kept -= spares[extra]
+        name = max(reusable, key=lambda n: (reusable[n], n))
+    kept = sum(spares.values()) + sum(cached.values()) - reusable[name]
+    for group in (spares, cached):
+        for extra in sorted(group, key=lambda n: (-group[n], n)):
+            if kept <= room:
+                break
+            if extra == name:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(dataset_path, extra))
+            kept -= group[extra]
     path = os.path.join(dataset_path, new_temp_name())
     try:
         os.rename(os.path.join(dataset_path, name), path)
@@ -304,9 +339,52 @@ def _take_room(dataset_path: str, nbytes: int, room: int, spares: dict[str, int]
 
 
 def make_spare(dataset_path: str, segment_path: str) -> None:
-    """Keep a released segment for reuse (under the lock: the rename must not escape a scan)."""
+    """Keep a released segment for reuse (under the lock: the rename must not escape a scan).
+    A segment with another name (a cached one's, or the next epoch's) only loses this one: its
+    content is still read."""
     with locked(dataset_path):
-        os.rename(segment_path, os.path.join(dataset_path, new_spare_name()))
+        if os.stat(segment_path).st_nlink > 1:
+            os.unlink(segment_path)
+        else:
+            os.rename(segment_path, os.path.join(dataset_path, new_spare_name()))
+
+
+def link_cached(dataset_path: str, segment_path: str, key: str) -> None:
+    """Give a sealed segment its cached name under ``key`` too (a hard link): the next reader
+    of its task finds it there, whether or not this one is released by then. A segment cached
+    under the key already keeps it (the same records, decoded the same way)."""
+    with locked(dataset_path), contextlib.suppress(FileExistsError):
+        os.link(segment_path, os.path.join(dataset_path, cached_name(key)))
+
+
+def make_cached(dataset_path: str, segment_path: str, key: str) -> None:
+    """Keep a released segment's content under ``key`` only (under the lock, as for a
+    spare): its cached name stays, or it becomes the one (a copy cached under the key before
+    is replaced: the same records, decoded the same way)."""
+    cached = os.path.join(dataset_path, cached_name(key))
+    with locked(dataset_path):
+        try:
+            same = os.path.samestat(os.stat(cached), os.stat(segment_path))
+        except FileNotFoundError:
+            same = False
+        if same:  # rename() of a name onto another of the same file does nothing
+            os.unlink(segment_path)
+        else:
+            os.rename(segment_path, cached)
+
+
+def take_cached(dataset_path: str, key: str, segment_path: str) -> bool:
+    """Make the segment cached under ``key`` the sealed segment ``segment_path``; False if
+    none is (never cached, written over to make room, or taken by another reader)."""
+    with locked(dataset_path):
+        try:
+            os.rename(os.path.join(dataset_path, cached_name(key)), segment_path)
+        except FileNotFoundError:
+            if not os.path.isdir(dataset_path):
+                raise closed_error(dataset_path) from None
+            return False
+        _note_peak(dataset_path, usage(dataset_path))
+        return True
 
 
 def _create(dataset_path: str, nbytes: int) -> str:

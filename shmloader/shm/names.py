@@ -29,10 +29,12 @@ PREFIX = "shmloader"
 LOCK_NAME = ".lock"
 SEGMENT_PREFIX = "seg-"
 SPARE_PREFIX = "spare-"
+CACHED_PREFIX = "cached-"
 
 _DATASET_RE = re.compile(rf"^{PREFIX}-(\d+)-(\d+)-([0-9a-f]+)$")
 _TEMP_RE = re.compile(r"^tmp-(\d+)-(\d+)-([0-9a-f]+)$")
 _SEGMENT_RE = re.compile(r"^seg-[0-9a-f]{32}$")
+_CACHE_KEY_RE = re.compile(r"^[0-9a-f]{32}$")
 
 _self_identity: tuple[int, int] | None = None
 
@@ -113,3 +115,15 @@ def parse_temp_name(name: str) -> tuple[int, int] | None:
 def is_segment_name(name: str) -> bool:
     """Whether ``name`` is a sealed segment name (and so safe to join to a directory)."""
     return _SEGMENT_RE.match(name) is not None
+
+
+def is_cache_key(key: str) -> bool:
+    """Whether ``key`` names a cached segment (32 hex digits, so safe to join to a name)."""
+    return _CACHE_KEY_RE.match(key) is not None
+
+
+def cached_name(key: str) -> str:
+    """The file name a segment cached under ``key`` has in its store."""
+    if not is_cache_key(key):
+        raise ValueError(f"{key!r} is not a cache key (expected 32 hex digits)")
+    return f"{CACHED_PREFIX}{key}"

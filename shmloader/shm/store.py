@@ -63,6 +63,16 @@ class SegmentInfo(NamedTuple):
     room_wait_seconds: float = 0.0
 
 
+class Occupancy(NamedTuple):
+    """What a store's files hold, in bytes: segments in use (sealed or being written), spares
+    kept for writers to reuse, and cached segments kept for the next epoch (``cache=True``).
+    Together never more than the budget."""
+
+    in_use: int
+    spare: int
+    cached: int
+
+
 class _Plan(NamedTuple):
     """How a write goes: ``built`` written the ordinary way, or ``chunks`` of ``columns`` by
     ``layout``."""
@@ -357,16 +367,21 @@ class StoreHandle:
 
     # -- both ----------------------------------------------------------------------------------
 
-    def release(self, name: str, *, missing_ok: bool = False) -> None:
+    def release(self, name: str, *, missing_ok: bool = False, cache_as: str = "") -> None:
         """Give the segment's bytes back to the budget and drop this process's mapping.
 
         The file stays as a spare that the next writer takes over (see budget.py): its bytes
-        count as free, and nothing reads it as this segment again.
+        count as free, and nothing reads it as this segment again. ``cache_as``: a cache key
+        (``reader/cache_key.py``): the file keeps its content under that key instead, for
+        :meth:`take_cached`, until a writer needs its room.
         """
         self.drop(name)
         path = self._segment_path(name)
         try:
-            _budget.make_spare(self.path, path)
+            if cache_as:
+                _budget.make_cached(self.path, path, cache_as)
+            else:
+                _budget.make_spare(self.path, path)
         except FileNotFoundError as exc:
             if missing_ok:
                 return
@@ -375,6 +390,24 @@ class StoreHandle:
             raise FileNotFoundError(
                 errno.ENOENT, f"segment {name} is not in the store (released twice?)", path
             ) from exc
+
+    def cache(self, name: str, key: str) -> None:
+        """Keep the sealed segment ``name``'s content under ``key`` too, for the next reader of
+        its task (:meth:`take_cached`), also while it is read (budget.py)."""
+        _budget.link_cached(self.path, self._segment_path(name), key)
+
+    def take_cached(self, key: str, name: str) -> tuple[SegmentInfo, pa.Schema] | None:
+        """The segment cached under ``key``, sealed again as ``name`` (a fresh segment name):
+        its rows and size, and its schema; None if the cache does not hold it (any more)."""
+        path = self._segment_path(name)
+        if not _budget.take_cached(self.path, key, path):
+            return None
+        nbytes = os.stat(path).st_size
+        with pa.memory_map(path, "r") as mm:  # the footer and the batch's header: no data
+            batch = read_segment(mm.read_buffer())
+            info, schema = SegmentInfo(name, batch.num_rows, nbytes), batch.schema
+            del batch
+        return info, schema
 
     def rename(self, name: str, new_name: str) -> None:
         """Give a sealed segment another segment name (the trainer numbers them by slot).
@@ -415,23 +448,21 @@ class StoreHandle:
         with _budget.locked(self.path):
             return _budget.usage(self.path)
 
-    def occupancy(self) -> tuple[int, int]:
-        """(bytes of segments, sealed or not; bytes of spares kept for reuse), from one scan
-        under the lock: :meth:`in_use` and :meth:`held` at once."""
+    def occupancy(self) -> Occupancy:
+        """Bytes of segments (sealed or not), of spares and of cached segments, from one scan
+        under the lock."""
         with _budget.locked(self.path):
             found = _budget.scan(self.path)
-        return found.in_use, sum(found.spares.values())
+        return Occupancy(found.in_use, sum(found.spares.values()), sum(found.cached.values()))
 
     def peak(self) -> int:
         """The most bytes of segments the store held at once, since it was made."""
         return hints.peak(self.path)
 
     def held(self) -> int:
-        """Bytes of all the store's files: segments, sealed or not, and spares kept for reuse
-        (never more than the budget)."""
-        with _budget.locked(self.path):
-            found = _budget.scan(self.path)
-        return found.in_use + sum(found.spares.values())
+        """Bytes of all the store's files: segments, sealed or not, spares kept for reuse and
+        cached segments (never more than the budget)."""
+        return sum(self.occupancy())
 
     def segments(self) -> dict[str, int]:
         """Sealed segment names and sizes, e.g. to find segments nobody announced."""

@@ -59,6 +59,7 @@ class ReaderStats:
     room_wait_share: float = 0.0
     alive: bool = True
     cpu_share: float = 0.0  # the current reader's, as ProcessStats.cpu_share
+    cached_tasks: int = 0  # of tasks, those served from the cache (cache=True): not read
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,10 @@ class Stats:
     - ``shm_in_use``: bytes of segments in the store now, written or being written;
       ``shm_peak``: the most it held at once; ``shm_budget``: the most it may hold;
       ``shm_spare``: released segment files kept for readers to write into again (counted in
-      the budget, not in ``shm_in_use``); ``shm_free``: bytes free on the store's filesystem,
-      for every process on the machine.
+      the budget, not in ``shm_in_use``); ``shm_cached``: decoded tasks kept for the next
+      epochs (``cache=True``; counted in the budget, not in ``shm_in_use``); ``shm_free``:
+      bytes free on the store's filesystem, for every process on the machine.
+      ``tasks_from_cache``: tasks the readers served from that cache, without reading.
     - ``records_consumed``: rows this trainer's loop consumed, counted as they are (delivered
       to the loop under ``shmloader.DataLoader`` or a plain DataLoader given
       ``batch_sampler=``; gathered by a worker under a plain one given ``sampler=``).
@@ -126,6 +129,7 @@ class Stats:
     epochs_finished: int
     quarantined_tasks: int
     shm_spare: int = 0
+    shm_cached: int = 0
     shm_peak: int = 0
     records_completed: int = 0
     bytes_consumed: int = 0
@@ -155,6 +159,11 @@ class Stats:
         return min(1.0, self.reader_wait_seconds / self.loop_seconds)
 
     @property
+    def tasks_from_cache(self) -> int:
+        """Tasks the readers served from the cache (``cache=True``), without reading."""
+        return sum(r.cached_tasks for r in self.readers)
+
+    @property
     def total_pss(self) -> int:
         """PSS of the trainer, its DataLoader workers and its readers together."""
         return sum(p.memory.pss for p in self.processes if p.memory is not None)
@@ -162,9 +171,9 @@ class Stats:
     @property
     def total_memory(self) -> int:
         """What the job holds, every page once: the processes' PSS without their mappings of
-        segment files, plus all segment files (in use and spare)."""
+        segment files, plus all segment files (in use, spare and cached)."""
         mapped = sum(p.memory.pss_segments for p in self.processes if p.memory is not None)
-        return self.total_pss - mapped + self.shm_in_use + self.shm_spare
+        return self.total_pss - mapped + self.shm_in_use + self.shm_spare + self.shm_cached
 
     def figures(self) -> TrainerFigures:
         """What a trainer's heartbeat carries to its master, for the master's ``/metrics``."""
@@ -192,11 +201,23 @@ class Stats:
         nothing stands out. See ``shmloader/stats/advice.py`` for the rules."""
         return rules.advice(self)
 
+    def _cache_lines(self) -> list[str]:
+        """The cache's line of the summary (``cache=True``), none when nothing is cached."""
+        served = self.tasks_from_cache
+        if not self.shm_cached and not served:
+            return []
+        tasks = sum(r.tasks for r in self.readers)
+        return [
+            f"cache: {self.shm_cached / MIB:.1f} MiB of decoded tasks kept; {served} of "
+            f"{tasks} tasks served from it, not read"
+        ]
+
     def __str__(self) -> str:
         lines = [
             f"shm: {self.shm_in_use / MIB:.1f} MiB in use (peak {self.shm_peak / MIB:.1f}) of "
             f"{self.shm_budget / MIB:.1f} MiB budget, {self.shm_spare / MIB:.1f} MiB kept for "
             f"reuse ({self.shm_free / MIB:.0f} MiB free on the filesystem)",
+            *self._cache_lines(),
             f"records consumed: {self.records_consumed} (of completed tasks: "
             f"{self.records_completed}), skipped: {self.records_skipped}, "
             f"task failures: {self.task_failures}, quarantined: {self.quarantined_tasks}",

@@ -252,7 +252,7 @@ class ConsumptionBook:
         key = (task.epoch, task.seq)
         if key in self._announced or task.epoch < self._forgotten:
             self.duplicates += 1
-            return [Release(task.segment), Complete(task.lease_id)]
+            return [Release(task.segment, task.cache_key), Complete(task.lease_id)]
         self._announced.add(key)
         before = self._taken_over.get((task.epoch, task.task_id))
         if before:
@@ -263,7 +263,8 @@ class ConsumptionBook:
         """A ready copy is not delivered here (its lease lapsed before the sampler took it): a
         new copy of the task is welcome."""
         self._announced.discard((task.epoch, task.seq))
-        return [Undelivered(task), *([Release(task.segment)] if task.segment else [])]
+        released = [Release(task.segment, task.cache_key)] if task.segment else []
+        return [Undelivered(task), *released]
 
     # -- the sampler's side --------------------------------------------------------------
     def _admit(self, task: ReadyTask) -> list[Effect]:
@@ -376,7 +377,7 @@ class ConsumptionBook:
         # a pass that was left early are gathered again by the next one.
         if not state.released and state.n_gathered >= need and state.n_consumed >= need:
             if state.has_segment:
-                effects.append(Release(slot_name(state.slot)))
+                effects.append(Release(slot_name(state.slot), state.task.cache_key))
             state.released = True
         if not state.completed and state.n_consumed >= need:
             effects.append(Complete(state.task.lease_id, state.held()))

@@ -132,7 +132,7 @@ class DataPlane:
             if isinstance(effect, Forgotten):
                 self.outbox.forget_before(effect.before, effect.live_leases)
             elif isinstance(effect, Release):
-                self._segments.release(effect.segment, missing_ok=True)
+                self._segments.release(effect.segment, missing_ok=True, cache_as=effect.cache_as)
             elif isinstance(effect, Rename):
                 self._segments.rename(effect.segment, effect.to)
             elif isinstance(effect, MarkTaken):
@@ -183,6 +183,7 @@ class DataPlane:
         path: str = "",
         confirmed: float | None = None,  # when the lease was last known active (lease_check)
         nbytes: int = 0,  # the segment's size
+        cache_key: str = "",  # cache=True: kept under this key once released
     ) -> None:
         """A reader sealed ``segment`` for a task: the book makes it ready for the sampler, or
         drops a second copy (``ConsumptionBook``, ``Announced``). ``consumed``: records of it
@@ -200,6 +201,7 @@ class DataPlane:
             consumed,
             path,
             nbytes,
+            cache_key,
         )
         self.update(Announced(task, confirmed))
 

@@ -136,9 +136,11 @@ class Issue:
 
 @dataclass(frozen=True)
 class Release:
-    """Remove ``segment`` from the store: nothing reads it any more."""
+    """Remove ``segment`` from the store: nothing reads it any more. ``cache_as``: keep its
+    content under this key instead, for the next reader of the task (``cache=True``)."""
 
     segment: str
+    cache_as: str = ""
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,9 @@ class ReadyTask:
     consumed: tuple[tuple[int, int], ...] = ()
     path: str = ""  # the task's file, for messages
     nbytes: int = 0  # its segment's size: what its rows weigh as they are delivered
+    # cache=True: the key its segment is kept under once released (reader/cache_key.py); ""
+    # when it is not kept.
+    cache_key: str = ""
 
     def records(self) -> tuple[int, int]:
         return self.start, self.start + self.num_rows if self.stop is None else self.stop

@@ -84,7 +84,7 @@ class StatsCollector:
                 processes.append(_process(info.pid, "reader", usage))
         self.probe.forget({me, *children, *reader_pids})
         handle = runtime.store.handle()
-        in_use, spare = handle.occupancy()
+        in_use, spare, cached = handle.occupancy()
         progress = None if for_heartbeat else self._master_progress(runtime)
         book, clock = plane.figures(), plane.loop_clock
         return Stats(
@@ -93,6 +93,7 @@ class StatsCollector:
             shm_in_use=in_use,
             shm_peak=max(handle.peak(), in_use),
             shm_spare=spare,
+            shm_cached=cached,
             shm_budget=handle.budget,
             shm_free=space(handle.base_dir).free,
             records_consumed=book.consumed_rows,
@@ -156,4 +157,5 @@ def _reader(info: ReaderInfo, usage: Usage | None, now: float) -> ReaderStats:
         memory=None if usage is None else usage.memory,
         alive=info.ended is None and (usage is None or usage.alive),
         cpu_share=0.0 if usage is None else usage.cpu_share,
+        cached_tasks=info.cached_tasks,
     )

@@ -49,6 +49,7 @@ class DatasetOptions:
     rank: int | None
     shm_dir: str | None
     columns: tuple[str, ...] | None  # the batches' columns (None: all)
+    cache: bool = False  # decoded tasks kept in the store for the next epochs
 
     @property
     def standalone_master(self) -> str | None:
@@ -85,6 +86,7 @@ class DatasetOptions:
         max_retries: int,
         shm_dir: str | None,
         columns: Sequence[str] | None,
+        cache: bool = False,
     ) -> DatasetOptions:
         """The options, or the ConfigError of the first that does not fit (the defaults are
         ``SharedTaskDataset``'s signature's)."""
@@ -118,6 +120,12 @@ class DatasetOptions:
             raise ConfigError(
                 "master_host= is where the embedded master listens; with master='host:port' "
                 "there is none"
+            )
+        if not isinstance(cache, bool):
+            raise ConfigError(
+                f"cache must be True or False, got {cache!r}: True keeps decoded tasks in "
+                "shared memory for the next epochs (decode must give the same records each "
+                "epoch)"
             )
         if (rank is None) != (world_size is None):
             raise ConfigError("give both rank and world_size (DDP), or neither")
@@ -155,6 +163,7 @@ class DatasetOptions:
             rank=rank,
             shm_dir=shm_dir,
             columns=None if columns is None else tuple(columns),
+            cache=cache,
         )
 
 

@@ -92,6 +92,7 @@ class Runtime:
         self.failures: list[Failed] = []
         self.task_errors = TaskErrors()
         self._largest_segment = 0
+        self._said_not_cached = False  # cache=True and a decode that draws random numbers
         self._forms = FormCheck(options.columns)
         self._closed = False
         self._left = False  # the consumer's Leave was sent (by close() or the SIGTERM hook)
@@ -325,6 +326,7 @@ class Runtime:
             skip_tasks=self.resume.skip_tasks(),
             seed=options.job.seed,
             files=self._files,
+            cache=options.cache,
         )
 
     def _readers_address(self) -> str:
@@ -396,7 +398,17 @@ class Runtime:
                 path=message.path,
                 confirmed=message.confirmed,
                 nbytes=message.nbytes,
+                cache_key=message.cache_key,
             )
+            if message.not_cached and not self._said_not_cached:
+                self._said_not_cached = True
+                log.warning(
+                    "cache=True keeps no decoded task of %s: %s, so its records differ each "
+                    "epoch and are decoded again; random augmentation belongs in the "
+                    "trainer's transform= with cache=True (docs/how-to/augmentation.md)",
+                    message.path,
+                    message.not_cached,
+                )
             self._hold_readers_back()
         elif isinstance(message, Failed):
             self.failures.append(message)
