@@ -33,6 +33,7 @@ def main(config_path: str) -> int:
         shm_budget="64MiB",
         shm_dir=cfg["shm_dir"],
         shuffle_window=4,
+        cache=cfg.get("cache", False),
     )
     workers = cfg.get("workers", 0)
     dl: Any

@@ -1,6 +1,7 @@
 """Fault-injection soak: elastic trainers, a journaled standalone master, random SIGKILLs.
 
-Run by hand (not a test): ``python benchmarks/soak.py [--rounds R] [--seed S]``.
+Run by hand (not a test): ``python benchmarks/soak.py [--rounds R] [--seed S] [--cache]``
+(``--cache``: every trainer's dataset keeps decoded tasks across epochs, ``cache=True``).
 
 Each round writes a dataset of ``--records`` records (ids 0..N-1) in ``--files`` record files,
 starts ``shmloader master --journal`` (``--epochs`` epochs, short lease and consumer timeouts)
@@ -146,6 +147,7 @@ class Trainer:
             "batch_size": args.batch_size,
             "loader": args.loader,
             "workers": args.workers,
+            "cache": args.cache,
             "save_every": args.save_every,
             "step_seconds": args.step_seconds,
             "state": str(work / f"state-{index}.json"),
@@ -345,6 +347,9 @@ def main() -> None:
         help="shmloader.DataLoader, or a plain torch DataLoader given ds.batch_sampler(...)",
     )
     p.add_argument("--workers", type=int, default=0, help="each trainer's DataLoader workers")
+    p.add_argument(
+        "--cache", action="store_true", help="SharedTaskDataset(cache=True) in every trainer"
+    )
     p.add_argument("--save-every", type=int, default=10)
     p.add_argument("--step-seconds", type=float, default=0.01, help="sleep per batch")
     p.add_argument("--round-timeout", type=float, default=300.0)

@@ -183,6 +183,21 @@ def test_a_task_read_again_after_its_reader_died_is_delivered_once() -> None:
     assert book.duplicates == 2 and book.consumed_records == ROWS
 
 
+def test_every_release_of_a_cached_task_keeps_it_under_its_key() -> None:
+    """cache=True: a task's segment is released to the cache under its key whichever way it
+    goes (consumed, a second copy, a ready copy not delivered); without a key, as a spare."""
+    book = ConsumptionBook()
+    t = task(0, cache_key="k0")
+    indices, _ = admitted(book, t)
+    again = task(0, segment="r0-0-again", lease=7, cache_key="k0")
+    assert book.apply(Announced(again)) == [Release("r0-0-again", "k0"), Complete(7)]
+    slot = int(split_indices(indices)[0][0])
+    assert consume(book, indices)[0] == Release(slot_name(slot), "k0")
+    lapsed = task(1, cache_key="k1")
+    assert book.apply(Announced(lapsed)) == [MakeReady(lapsed)]
+    assert book.apply(NotDelivered(lapsed)) == [Undelivered(lapsed), Release("r0-1", "k1")]
+
+
 def test_a_ready_copy_not_delivered_lets_a_new_copy_in() -> None:
     """A ready copy whose lease lapsed before the sampler took it is dropped; the copy the
     next holder's reader writes is then welcome (it is not a duplicate)."""
