@@ -75,7 +75,8 @@ def main(config_path: str) -> int:
                 time.sleep(cfg["step_seconds"])
             if got == 0:
                 break
-        emit(done=True)
+        # cache=True: how many tasks its readers served from the cache, not read.
+        emit(done=True, from_cache=ds.stats().tasks_from_cache if cfg.get("cache") else 0)
     ds.close()
     return 0
 

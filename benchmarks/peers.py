@@ -268,6 +268,22 @@ def plot(results: dict[str, dict[str, list[dict[str, Any]]]], prefix: str) -> No
         plt.close(fig)
 
 
+def _chosen(only: str, names: list[str]) -> set[str]:
+    """The contenders ``--only`` names: names separated by commas, where a name may hold a
+    comma itself ("torch vectorised, no workers"): the longest name that fits is taken."""
+    pieces = [part.strip() for part in only.split(",")]
+    by_length = sorted(([p.strip() for p in n.split(",")] for n in names), key=len, reverse=True)
+    chosen: set[str] = set()
+    at = 0
+    while at < len(pieces):
+        found = next((n for n in by_length if pieces[at : at + len(n)] == n), None)
+        if found is None:
+            raise SystemExit(f"--only: no contender named {pieces[at]!r}; they are {names}")
+        chosen.add(", ".join(found))
+        at += len(found)
+    return chosen
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tabular", type=int, default=204_800)
@@ -289,7 +305,8 @@ def main() -> None:
 
     names = [c.name for c in CONTENDERS]
     if args.only:
-        names = [n for n in names if n in args.only.split(",")]
+        chosen = _chosen(args.only, names)
+        names = [n for n in names if n in chosen]
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory() as folder:
         for dataset, records in (("tabular", args.tabular), ("images", args.images)):

@@ -66,6 +66,7 @@ class Totals:
     failed: int = 0  # rounds where a trainer's loop raised (loud: not counted as lost)
     errors: Counter[str] = field(default_factory=Counter)  # what they raised, by class
     shm_left: int = 0
+    from_cache: int = 0  # --cache: tasks served from the cache by trainers that finished
     seconds: float = 0.0
 
 
@@ -227,6 +228,15 @@ class Trainer:
             for log in self.work.glob(f"trainer-{self.index}-*.log")
         )
 
+    def from_cache(self) -> int:
+        """Tasks its incarnations that finished served from the cache (``--cache``)."""
+        return sum(
+            json.loads(line).get("from_cache", 0)
+            for out in self.work.glob(f"trainer-{self.index}-*.jsonl")
+            for line in out.read_text().splitlines()
+            if '"done"' in line
+        )
+
     def finish(self) -> None:
         self._count(killed=False)
 
@@ -303,6 +313,7 @@ def one_round(args: argparse.Namespace, index: int, totals: Totals) -> None:
         duplicated = sum(max(0, n - want) for n in delivered.values())
         warned = sum(t.warned_twice() for t in trainers)
         totals.warned += warned
+        totals.from_cache += sum(t.from_cache() for t in trainers)
         if failed:  # a loud failure: the loop raised (and its trainer handed nothing over)
             totals.failed += 1
             totals.errors.update(errors)
@@ -372,6 +383,7 @@ def main() -> None:
                 "duplicated": totals.duplicated,
                 "hung_rounds": totals.hung,
                 "warned_twice_tasks": totals.warned,
+                "tasks_from_cache": totals.from_cache,
                 "failed_rounds": totals.failed,
                 "errors": dict(totals.errors),
                 "shm_entries_left": totals.shm_left,
