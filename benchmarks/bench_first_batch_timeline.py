@@ -30,6 +30,9 @@ STAGES = ("runtime started", "first lease", "first task ready", "first batch")
 
 def child(spec: dict[str, Any]) -> dict[str, float]:
     """One timeline, in this (fresh) process, over ``spec["paths"]``."""
+    # torch before the clock, as a training script has it: shmloader's own modules load it
+    # only with the dataset (the data plane imports no torch).
+    import torch  # noqa: F401
     from _bench_decoders import DECODE
 
     import shmloader
