@@ -25,6 +25,7 @@ import pytest
 from _dataset_helpers import Trainer, dataset, ids_of, wait_gone, write_dataset
 from _decoders import (
     DECODED_ENV,
+    PADDED,
     SCHEMA,
     decode_augmented,
     decode_counted,
@@ -327,3 +328,8 @@ def test_a_cache_larger_than_the_budget_never_exceeds_it(tmp_path: Path) -> None
         assert 0 < most[0] <= store.budget
         stats = ds.stats()
         assert stats.shm_in_use + stats.shm_spare + stats.shm_cached <= store.budget
+        # Twenty tasks read again, and room for four at most: most were decoded again, and
+        # the advice names a budget for all ten (40 MB and more).
+        assert stats.tasks_decoded_again > 0
+        assert stats.cache_wanted >= len(expected) * PADDED
+        assert any(line.startswith("cache=True: ") for line in stats.advice()), stats.advice()

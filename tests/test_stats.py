@@ -244,3 +244,28 @@ def test_advice_on_restarted_readers_and_rows_that_may_have_come_twice():
     said = stats.advice()
     assert any(line.startswith("Reader 0 was restarted 3 time(s)") for line in said), said
     assert any(line.startswith("150 rows of 2 tasks may have come twice") for line in said)
+
+
+def test_advice_on_a_cache_its_budget_cannot_hold():
+    """cache=True: tasks decoded again past a tenth of those read again name the budget that
+    keeps them all (the decoded tasks beside the peak in use); a few at an epoch's start do
+    not."""
+    tight = figures(
+        wait=0.05,
+        on_readers=0.0,
+        busy=0.6,
+        room=0.1,
+        tasks_decoded_again=20,
+        cache_wanted=300 * MIB,
+        shm_peak=60 * MIB,
+    )
+    tight = dataclasses.replace(
+        tight, readers=[dataclasses.replace(r, cached_tasks=15) for r in tight.readers]
+    )
+    assert tight.tasks_from_cache == 30
+    (line,) = tight.advice()
+    assert line.startswith("cache=True: 20 tasks were read and decoded again")
+    assert "shm_budget 64 MiB cannot keep the 300 MiB" in line
+    assert "A shm_budget of about 360 MiB keeps them all" in line
+    roomy = dataclasses.replace(tight, tasks_decoded_again=3)  # 3 of 33 read again
+    assert roomy.advice() == []

@@ -40,6 +40,9 @@ MIN_BATCHES = 20
 GROWTH_SHARE = 0.10
 GROWTH_BYTES = 32 * MIB
 MIN_EPOCHS = 3
+# cache=True: tasks decoded again, past this share of those read again, say the budget is
+# too small to keep them (a few come at an epoch's start, read while still being written).
+DECODED_AGAIN = 0.10
 
 
 class ReaderFigures(Protocol):
@@ -118,13 +121,38 @@ class Figures(Protocol):
     @property
     def regranted_records(self) -> int: ...
 
+    @property
+    def tasks_from_cache(self) -> int: ...
+
+    @property
+    def tasks_decoded_again(self) -> int: ...
+
+    @property
+    def cache_wanted(self) -> int: ...
+
 
 def advice(stats: Figures) -> list[str]:
     """The advice for ``stats``, most important first; empty when nothing stands out."""
     lines = _feeding(stats)
     lines += [_growth(p) for p in stats.processes if _grows(p)]
     lines += _health(stats)
+    lines += _cache(stats)
     return lines
+
+
+def _cache(stats: Figures) -> list[str]:
+    """cache=True with a budget too small to keep every decoded task."""
+    again, kept = stats.tasks_decoded_again, stats.tasks_from_cache
+    if again < 2 or again <= DECODED_AGAIN * (again + kept):
+        return []
+    want = stats.cache_wanted + stats.shm_peak
+    return [
+        f"cache=True: {again} tasks were read and decoded again in a later epoch ({kept} "
+        f"came from the cache): shm_budget {_mib(stats.shm_budget)} cannot keep the "
+        f"{_mib(stats.cache_wanted)} of decoded tasks beside those being read (peak "
+        f"{_mib(stats.shm_peak)}). A shm_budget of about {_mib(want)} keeps them all; "
+        "/dev/shm must have that much free."
+    ]
 
 
 def _feeding(stats: Figures) -> list[str]:

@@ -81,7 +81,10 @@ class Stats:
       the budget, not in ``shm_in_use``); ``shm_cached``: decoded tasks kept for the next
       epochs (``cache=True``; counted in the budget, not in ``shm_in_use``); ``shm_free``:
       bytes free on the store's filesystem, for every process on the machine.
-      ``tasks_from_cache``: tasks the readers served from that cache, without reading.
+      ``tasks_from_cache``: tasks the readers served from that cache, without reading;
+      ``tasks_decoded_again``: tasks read and decoded again because the cache no longer held
+      them (a budget too small to keep them all); ``cache_wanted``: the bytes of every task
+      decoded so far, what the cache needs to keep them all.
     - ``records_consumed``: rows this trainer's loop consumed, counted as they are (delivered
       to the loop under ``shmloader.DataLoader`` or a plain DataLoader given
       ``batch_sampler=``; gathered by a worker under a plain one given ``sampler=``).
@@ -130,6 +133,8 @@ class Stats:
     quarantined_tasks: int
     shm_spare: int = 0
     shm_cached: int = 0
+    tasks_decoded_again: int = 0
+    cache_wanted: int = 0
     shm_peak: int = 0
     records_completed: int = 0
     bytes_consumed: int = 0
@@ -207,9 +212,11 @@ class Stats:
         if not self.shm_cached and not served:
             return []
         tasks = sum(r.tasks for r in self.readers)
+        again = f", {self.tasks_decoded_again} decoded again" if self.tasks_decoded_again else ""
         return [
-            f"cache: {self.shm_cached / MIB:.1f} MiB of decoded tasks kept; {served} of "
-            f"{tasks} tasks served from it, not read"
+            f"cache: {self.shm_cached / MIB:.1f} MiB of decoded tasks kept (of "
+            f"{self.cache_wanted / MIB:.1f} MiB decoded); {served} of {tasks} tasks served "
+            f"from it, not read{again}"
         ]
 
     def __str__(self) -> str:

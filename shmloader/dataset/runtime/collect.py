@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ...reader.pool import ReaderInfo, ReaderPool
     from ...shm.store import SegmentStore
     from ..accounting.plane import DataPlane
+    from .cache_use import CacheUse
 
 
 class Observed(Protocol):
@@ -34,6 +35,7 @@ class Observed(Protocol):
     pool: ReaderPool | None
     store: SegmentStore
     failures: list[Failed]
+    cache_use: CacheUse
 
     @property
     def master_client(self) -> MasterClient: ...
@@ -94,6 +96,8 @@ class StatsCollector:
             shm_peak=max(handle.peak(), in_use),
             shm_spare=spare,
             shm_cached=cached,
+            tasks_decoded_again=runtime.cache_use.decoded_again,
+            cache_wanted=runtime.cache_use.decoded_bytes,
             shm_budget=handle.budget,
             shm_free=space(handle.base_dir).free,
             records_consumed=book.consumed_rows,

@@ -38,6 +38,7 @@ from ..accounting.sampler_feed import SamplerFeed
 from ..gather.ledger import LedgerReader, ledger_dir
 from ..resume.checkpoint import LoopState, ResumePoint
 from . import at_exit
+from .cache_use import CacheUse
 from .collect import StatsCollector
 from .column_forms import FormCheck
 from .launcher import WILDCARD_HOSTS
@@ -93,6 +94,7 @@ class Runtime:
         self.task_errors = TaskErrors()
         self._largest_segment = 0
         self._said_not_cached = False  # cache=True and a decode that draws random numbers
+        self.cache_use = CacheUse()  # cache=True: what the cache kept and missed
         self._forms = FormCheck(options.columns)
         self._closed = False
         self._left = False  # the consumer's Leave was sent (by close() or the SIGTERM hook)
@@ -400,6 +402,7 @@ class Runtime:
                 nbytes=message.nbytes,
                 cache_key=message.cache_key,
             )
+            self.cache_use.announced(message.cache_key, message.nbytes, message.from_cache)
             if message.not_cached and not self._said_not_cached:
                 self._said_not_cached = True
                 log.warning(
