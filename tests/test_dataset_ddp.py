@@ -23,9 +23,14 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
     return directory, write_dataset(directory, SIZES)
 
 
-@pytest.mark.parametrize("policy", ["pad", "drop"])
+@pytest.mark.parametrize(
+    ("policy", "cache"),
+    # cache=True: a rank's next share is mostly other tasks (and cut elsewhere): what its
+    # cache holds serves some of it, and the shares stay equal and whole.
+    [("pad", False), ("drop", False), ("pad", True)],
+)
 def test_ranks_get_equal_batches_and_cover_every_record(
-    tmp_path: Path, data: tuple[Path, list[int]], policy: str
+    tmp_path: Path, data: tuple[Path, list[int]], policy: str, cache: bool
 ) -> None:
     directory, expected = data
     with shmloader.Master(
@@ -48,6 +53,7 @@ def test_ranks_get_equal_batches_and_cover_every_record(
                 ddp_policy=policy,
                 epochs=EPOCHS,
                 seed=3,
+                cache=cache,
             )
             for r in range(WORLD)
         ]

@@ -32,7 +32,7 @@ def relayed(ds: Any, index: int, pid: int) -> None:
     not read, and the reader killed would hold nothing unannounced."""
     proc = ds.runtime.pool._procs.get(index)
     deadline = time.monotonic() + 30  # a bound: the pool's thread reads within milliseconds
-    while proc is not None and proc.popen.pid == pid and time.monotonic() < deadline:
+    while proc is not None and proc.process.pid == pid and time.monotonic() < deadline:
         try:
             if not proc.conn.poll():
                 break

@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -17,7 +18,7 @@ import pytest
 from _dataset_helpers import dataset, ids_of, wait_gone, write_dataset
 
 import shmloader
-from shmloader.reader.pool import launch_reader, reader_environment
+from shmloader.reader.pool import ReaderLauncher, ReaderProcess, launch_reader, reader_environment
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +28,9 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
 
 
 def _children() -> set[int]:
-    """This process's child processes. Not told apart by command line: a reader just started
-    may not have exec'd yet, and shows ours until it has."""
-    return {child.pid for child in psutil.Process().children()}
+    """This process's descendants (readers are children of their fork server). Not told
+    apart by command line: a process just started may not have exec'd yet, and shows ours."""
+    return {child.pid for child in psutil.Process().children(recursive=True)}
 
 
 def _read_all(ds: shmloader.SharedTaskDataset) -> list[int]:
@@ -42,27 +43,33 @@ def test_readers_started_with_the_dataset_are_the_ones_that_read(
     directory, expected = data
     before = _children()
     with dataset(directory, tmp_path / "shm", num_readers=2) as ds:
-        started = _children() - before
+        started = {proc.process.pid for proc in ds._launched}  # forked by now
         assert len(started) == 2
+        assert started <= _children() - before
         assert not ds.started  # not used yet: no master, no pool thread
         assert _read_all(ds) == expected
         readers = ds.stats().readers
         assert {r.pid for r in readers} == started
         assert [r.restarts for r in readers] == [0, 0]
-    assert wait_gone(started) == []
+        server = ds.runtime.pool.server_pid
+        assert server is not None and server in _children() - before
+        assert {p.pid for p in psutil.Process(server).children()} == started
+    assert wait_gone([*started, server]) == []
 
 
 def test_a_dataset_closed_before_its_first_use_stops_its_readers(
     data: tuple[Path, list[int]], tmp_path: Path
 ) -> None:
     directory, _ = data
+    before = _children()
     ds = dataset(directory, tmp_path / "shm")
-    popens = [proc.popen for proc in ds._launched]
-    assert len(popens) == 2
+    processes = [proc.process for proc in ds._launched]
+    assert len(processes) == 2
     ds.close()
     # Not configured, they hold nothing: close() does not wait for them to finish importing.
-    assert [p.returncode is not None for p in popens] == [True, True]
+    assert [p.poll() is not None for p in processes] == [True, True]
     assert ds._launched == []
+    assert wait_gone(_children() - before) == []  # their fork server too
     assert os.listdir(tmp_path / "shm") == []
 
 
@@ -71,7 +78,7 @@ def test_a_dataset_dropped_unused_stops_its_readers(
 ) -> None:
     directory, _ = data
     ds = dataset(directory, tmp_path / "shm")
-    pids = [proc.popen.pid for proc in ds._launched]
+    pids = [proc.process.pid for proc in ds._launched]
     del ds
     gc.collect()
     assert wait_gone(pids) == []
@@ -99,7 +106,7 @@ def test_a_reader_killed_before_the_first_use_is_replaced(
 ) -> None:
     directory, expected = data
     with dataset(directory, tmp_path / "shm") as ds:
-        victim = ds._launched[0].popen
+        victim = ds._launched[0].process
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait(30.0)
         assert _read_all(ds) == expected
@@ -108,31 +115,45 @@ def test_a_reader_killed_before_the_first_use_is_replaced(
         assert sum(r.restarts for r in readers) == 1
 
 
+@pytest.fixture(params=["forked", "fresh"])
+def launch(request: pytest.FixtureRequest) -> Iterator[Callable[[], ReaderProcess]]:
+    """Start a reader as a dataset does (forked by its fork server), or as a fresh
+    interpreter (where there is no fork)."""
+    if request.param == "fresh":
+        yield launch_reader
+        return
+    launcher = ReaderLauncher()
+    yield launcher.launch
+    launcher.close()
+
+
 def test_a_reader_whose_trainer_closes_its_pipe_exits_quietly(
-    capfd: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str], launch: Callable[[], ReaderProcess]
 ) -> None:
-    proc = launch_reader()
+    proc = launch()
     proc.conn.close()
-    assert proc.popen.wait(30.0) == 0
+    assert proc.process.wait(30.0) == 0
     assert capfd.readouterr().err == ""
 
 
-def test_readers_run_with_one_blas_thread_unless_the_user_chose() -> None:
+def test_readers_run_with_one_blas_thread_unless_the_user_chose(
+    launch: Callable[[], ReaderProcess],
+) -> None:
     """numpy's OpenBLAS threads spin at import: CPU a reader needs for its first task."""
     assert reader_environment({"PATH": "/bin"}) == {"PATH": "/bin", "OPENBLAS_NUM_THREADS": "1"}
     assert reader_environment({"OPENBLAS_NUM_THREADS": "4"}) == {"OPENBLAS_NUM_THREADS": "4"}
-    proc = launch_reader()
+    proc = launch()
     try:
         # Until the child has exec'd, /proc shows the environment it was forked with (ours).
         deadline = time.monotonic() + 30.0
-        while b"shmloader.reader" not in _cmdline(proc.popen.pid):
+        while b"shmloader.reader" not in _cmdline(proc.process.pid):
             assert time.monotonic() < deadline, "the reader never started"
             time.sleep(0.01)
-        with open(f"/proc/{proc.popen.pid}/environ", "rb") as f:
+        with open(f"/proc/{proc.process.pid}/environ", "rb") as f:
             environ = dict(entry.split(b"=", 1) for entry in f.read().split(b"\0") if b"=" in entry)
     finally:
         proc.conn.close()
-        proc.popen.wait(30.0)
+        proc.process.wait(30.0)
     chosen = os.environ.get("OPENBLAS_NUM_THREADS") or "1"
     assert environ[b"OPENBLAS_NUM_THREADS"] == chosen.encode()
 

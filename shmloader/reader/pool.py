@@ -18,11 +18,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import ConfigError, ShmloaderError
 from .by_value import pickle_config
 from .config import ReaderConfig
+from .forkserver import ForkServer
 from .messages import (
     RETIRE,
     STOP,
@@ -77,12 +78,29 @@ class ReaderInfo:
     exit_codes: list[int] = field(default_factory=list)
 
 
-class ReaderProcess:
-    """A started reader process and the trainer's end of its pipe."""
+class Process(Protocol):
+    """What the pool asks of a reader's process: a ``subprocess.Popen`` (a fresh interpreter)
+    or a ``ForkedReader`` (forked by the readers' fork server, forkserver.py)."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], conn: Connection) -> None:
-        self.popen = popen
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+class ReaderProcess:
+    """A started reader process, the trainer's end of its pipe, and what started it."""
+
+    def __init__(
+        self, process: Process, conn: Connection, launcher: ReaderLauncher | None = None
+    ) -> None:
+        self.process = process
         self.conn = conn
+        self.launcher = launcher
 
 
 # A reader imports the shmloader the trainer imported, from the same folder: ``python -m``
@@ -93,6 +111,53 @@ _BOOT = (
     "import sys; sys.path.insert(0, sys.argv.pop(1)); "
     "from shmloader.reader.process import main; sys.exit(main())"
 )
+_SERVER_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+    "from shmloader.reader.forkserver import serve; "
+    "sys.exit(serve(int(sys.argv[1]), int(sys.argv[2])))"
+)
+
+
+class ReaderLauncher:
+    """Starts one dataset's readers: forks of its fork server (forkserver.py), started on the
+    first launch from the calling thread (the server dies with that thread, and its readers
+    with it), and again if it died; fresh interpreters where there is no ``fork``."""
+
+    def __init__(self) -> None:
+        self._server: ForkServer | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def server_pid(self) -> int | None:
+        """The fork server's pid while it runs."""
+        server = self._server
+        return server.popen.pid if server is not None and server.alive else None
+
+    def launch(self) -> ReaderProcess:
+        """One reader, started now: it waits for its configuration (or "stop") on its pipe."""
+        if not hasattr(os, "fork"):
+            return launch_reader()
+        with self._lock:
+            for tries in range(2):
+                if self._server is None or not self._server.alive:
+                    self._server = ForkServer(
+                        _SERVER_BOOT, _PACKAGE_ROOT, reader_environment(os.environ)
+                    )
+                try:
+                    process, conn = self._server.fork()
+                    return ReaderProcess(process, conn, self)
+                except OSError:  # the server died since it was last asked: start another
+                    if tries:
+                        raise
+                    self._server = None
+            raise AssertionError("unreachable")
+
+    def close(self, timeout: float = STOP_SECONDS) -> None:
+        """Stop the fork server (its readers were stopped first); idempotent."""
+        with self._lock:
+            server, self._server = self._server, None
+        if server is not None:
+            server.close(timeout)
 
 
 def launch_reader() -> ReaderProcess:
@@ -131,13 +196,16 @@ def reader_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def launch_readers(count: int) -> list[ReaderProcess]:
-    """``count`` readers started now (all or none: those started are stopped on a failure)."""
+    """``count`` readers started now, forked by a fork server of their own (all or none: those
+    started are stopped on a failure)."""
+    launcher = ReaderLauncher()
     launched: list[ReaderProcess] = []
     try:
         for _ in range(count):
-            launched.append(launch_reader())
+            launched.append(launcher.launch())
     except BaseException:
         stop_readers(launched)
+        launcher.close()
         raise
     return launched
 
@@ -146,20 +214,22 @@ def stop_readers(
     procs: list[ReaderProcess], timeout: float = STOP_SECONDS, *, close_pipes: bool = True
 ) -> None:
     """Ask readers to stop, kill those still running after ``timeout``, close their pipes
-    (unless a thread still reads them); idempotent."""
+    (unless a thread still reads them), then stop their fork servers; idempotent."""
     for proc in procs:
         with contextlib.suppress(OSError):
             proc.conn.send(STOP)
     deadline = time.monotonic() + timeout
     for proc in procs:
         try:
-            proc.popen.wait(max(0.0, deadline - time.monotonic()))
+            proc.process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            proc.popen.kill()
-            proc.popen.wait()
+            proc.process.kill()
+            proc.process.wait()
     if close_pipes:
         for proc in procs:
             proc.conn.close()
+    for launcher in {id(p.launcher): p.launcher for p in procs if p.launcher}.values():
+        launcher.close()
 
 
 class ReaderPool:
@@ -195,6 +265,10 @@ class ReaderPool:
         self._procs: dict[int, ReaderProcess] = {}
         self._next_exit_check = 0.0  # when _step next looks for deaths the pipes missed
         self._launched = list(launched)  # started before the pool, adopted by its thread
+        # Restarts (and readers added) come from the launcher of those adopted, or one of the
+        # pool's own, whose fork server starts from the pool's thread.
+        adopted = [p.launcher for p in self._launched if p.launcher is not None]
+        self._launcher = adopted[0] if adopted else ReaderLauncher()
         self._stopping = threading.Event()
         self._started = threading.Event()
         self._configure = threading.Event()  # configure() was called: send the configs
@@ -239,8 +313,10 @@ class ReaderPool:
         self._send_config(info)
 
     def _launch(self, info: ReaderInfo) -> None:
-        proc = self._launched.pop() if self._launched else launch_reader()
-        info.pid = proc.popen.pid
+        proc = self._launched.pop() if self._launched else self._launcher.launch()
+        # Known once the reader is up: a forked one's pid comes with its server's answer, and
+        # the start-up need not wait for that (the server may still be importing).
+        info.pid = 0
         info.current_lease = info.started_at = None
         if info.since is None:
             info.since = time.monotonic()
@@ -262,6 +338,7 @@ class ReaderPool:
             proc.conn.close()
         self._procs.clear()
         self._launched.clear()
+        self._launcher.close(timeout)  # restarted readers came after those stopped above
 
     # -- the relay thread ----------------------------------------------------------------
     def _loop(self) -> None:
@@ -297,7 +374,7 @@ class ReaderPool:
             # Our readers die with this thread (parent-death signal): let them finish first.
             for proc in list(self._procs.values()):
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.popen.wait(STOP_SECONDS)
+                    proc.process.wait(STOP_SECONDS)
 
     def add(self) -> None:
         """Start one more reader (soon, from the relay thread)."""
@@ -353,10 +430,13 @@ class ReaderPool:
         self._next_exit_check = now + EXIT_CHECK_SECONDS
         for index in list(by_conn.values()):  # a death whose pipe said nothing yet
             proc = self._procs.get(index)
-            if proc is not None and proc.popen.poll() is not None and proc.conn not in ready:
+            if proc is not None and proc.process.poll() is not None and proc.conn not in ready:
                 self._reader_gone(index)
 
     def _handle(self, info: ReaderInfo, message: Message) -> None:
+        proc = self._procs.get(info.index)
+        if not info.pid and proc is not None:  # it speaks, so it runs: its pid is known
+            info.pid = proc.process.pid
         if isinstance(message, Started):
             info.current_lease = message.lease_id
             info.started_at = time.monotonic()
@@ -394,11 +474,13 @@ class ReaderPool:
         proc = self._procs.pop(index, None)
         if proc is None:
             return
+        if not self.readers[index].pid:
+            self.readers[index].pid = proc.process.pid
         # Drain what it said before dying (a Ready must not be lost).
         with contextlib.suppress(EOFError, OSError):
             while proc.conn.poll():
                 self._handle(self.readers[index], proc.conn.recv())
-        code = proc.popen.wait()
+        code = proc.process.wait()
         proc.conn.close()
         info = self.readers[index]
         info.exit_codes.append(code)
@@ -423,10 +505,21 @@ class ReaderPool:
         self._spawn(info)
 
     def pids(self) -> list[int]:
-        return [p.popen.pid for p in self._procs.values()]
+        """The running readers' pids (waiting for a forked one's, if not known yet), which
+        their ``ReaderInfo`` then has too."""
+        pids = []
+        for index, proc in list(self._procs.items()):
+            self.readers[index].pid = pid = proc.process.pid
+            pids.append(pid)
+        return pids
+
+    @property
+    def server_pid(self) -> int | None:
+        """The readers' fork server's pid while it runs (forkserver.py)."""
+        return self._launcher.server_pid
 
     def alive(self) -> int:
-        return sum(1 for p in self._procs.values() if p.popen.poll() is None)
+        return sum(1 for p in self._procs.values() if p.process.poll() is None)
 
     def __getstate__(self) -> Any:
         raise TypeError("a ReaderPool belongs to the trainer process and cannot be pickled")

@@ -58,8 +58,9 @@ AHEAD_POLL = 0.005  # seconds between looks while the trainer holds enough ready
 SWEEP_EVERY = 100  # of those looks
 
 
-def _die_with_parent(parent: int) -> None:
-    """Ask Linux to SIGKILL us when the trainer dies; a fallback check covers other systems."""
+def die_with_parent(parent: int) -> None:
+    """Ask Linux to SIGKILL us when our parent dies (the trainer, or the readers' fork server,
+    forkserver.py); a fallback check covers other systems."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
@@ -438,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     shmloader.reader FD PARENT_PID`` runs it too)."""
     args = sys.argv[1:] if argv is None else argv
     fd, parent = int(args[0]), int(args[1])
-    _die_with_parent(parent)
+    die_with_parent(parent)
     keep_freed_memory()
     # The trainer's Ctrl-C reaches the whole process group; the trainer stops us itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

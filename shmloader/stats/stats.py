@@ -29,7 +29,7 @@ class ProcessStats:
     and CPU. A reader that exited keeps its last figures, with ``alive`` False."""
 
     pid: int
-    role: str  # "trainer", "reader", "worker"
+    role: str  # "trainer", "reader", "worker", "reader server" (forkserver.py)
     memory: Memory | None
     cpu_seconds: float = 0.0  # user + system, over its life
     cpu_share: float = 0.0  # cores it kept busy on average over its life (1.0: one core)

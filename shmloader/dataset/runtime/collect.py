@@ -66,14 +66,19 @@ class StatsCollector:
             plane.poll()  # count what workers gathered up to now, not up to the last tick
         epoch = plane.read(lambda book: book.epoch_to_iterate())
         pool = runtime.pool
+        if pool is not None:
+            pool.pids()  # every running reader's pid known (a reader just forked may not be)
         reader_infos = pool.readers if pool is not None else []
         reader_pids = {r.pid for r in reader_infos}
         me = os.getpid()
         processes = [_process(me, "trainer", self.probe.usage(me, epoch))]
         children = self.probe.children()
+        server = pool.server_pid if pool is not None else None
         for pid in children:
             if pid not in reader_pids:
-                processes.append(_process(pid, "worker", self.probe.usage(pid, epoch)))
+                # The readers' fork server holds the libraries' pages they share.
+                role = "reader server" if pid == server else "worker"
+                processes.append(_process(pid, role, self.probe.usage(pid, epoch)))
         now = time.monotonic()
         readers = []
         for info in reader_infos:
