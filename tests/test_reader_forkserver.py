@@ -141,3 +141,22 @@ def test_no_reader_or_server_is_left_once_the_dataset_closes(tmp_path: Path) -> 
     while ours & {c.pid for c in psutil.Process().children(recursive=True)}:
         assert time.monotonic() < deadline, "a reader or the server outlived the dataset"
         time.sleep(0.02)
+
+
+def test_the_server_exits_when_told_though_a_forked_child_holds_its_channel() -> None:
+    """A DataLoader worker forked from the trainer inherits the trainer's end of the channel:
+    the server must not wait for that end to close (it would be killed after the timeout)."""
+    launcher = ReaderLauncher()
+    reader = launcher.launch()
+    assert reader.process.pid > 0
+    holder = os.fork()  # as a DataLoader worker would be
+    if holder == 0:
+        time.sleep(60)
+        os._exit(0)
+    try:
+        reader.conn.send(STOP)
+        assert reader.process.wait(30.0) == 0
+        assert launcher.close(timeout=30.0) == 0  # exited when told, not killed
+    finally:
+        os.kill(holder, signal.SIGKILL)
+        os.waitpid(holder, 0)

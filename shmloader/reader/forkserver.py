@@ -22,9 +22,9 @@ process by then).
 
 The channel to the server carries small pickled tuples each way: the trainer's ``("fork",)``
 followed by the reader's end of its pipe (a file descriptor, ``SCM_RIGHTS``), and ``("kill",
-pid)``; the server's ``("forked", pid)``, in the order of the requests, and ``("exited",
-pid, code)``, with ``code`` as :attr:`subprocess.Popen.returncode` has it (negative: the
-signal that killed it).
+pid)`` and ``("exit",)``; the server's ``("forked", pid)``, in the order of the requests,
+and ``("exited", pid, code)``, with ``code`` as :attr:`subprocess.Popen.returncode` has it
+(negative: the signal that killed it).
 """
 
 from __future__ import annotations
@@ -176,16 +176,20 @@ class ForkServer:
         while self._waiting:  # asked for and never forked: as good as killed
             self._waiting.popleft().forked(-1)
 
-    def close(self, timeout: float) -> None:
-        """Close the channel (the server kills what readers are left and exits), and wait."""
+    def close(self, timeout: float) -> int:
+        """Tell the server to exit (it kills what readers are left), wait, and return its exit
+        code (killed after ``timeout``: negative). Said, not left to the channel's end: a
+        DataLoader worker forked from the trainer holds a copy of it."""
         with self._lock:
+            with contextlib.suppress(OSError):
+                self._conn.send(("exit",))
             self._conn.close()
             self._gone = True
         try:
-            self.popen.wait(timeout)
+            return self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
             self.popen.kill()
-            self.popen.wait()
+            return self.popen.wait()
 
 
 # -- the server process --------------------------------------------------------------------
@@ -232,6 +236,8 @@ def serve(fd: int, parent: int) -> int:
                 os.close(reader_fd)
                 children.add(pid)
                 conn.send(("forked", pid))
+            elif said[0] == "exit":
+                return 0
             elif said[0] == "kill" and said[1] in children:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(said[1], signal.SIGKILL)

@@ -152,12 +152,12 @@ class ReaderLauncher:
                     self._server = None
             raise AssertionError("unreachable")
 
-    def close(self, timeout: float = STOP_SECONDS) -> None:
-        """Stop the fork server (its readers were stopped first); idempotent."""
+    def close(self, timeout: float = STOP_SECONDS) -> int | None:
+        """Stop the fork server (its readers were stopped first); how it exited (0: on its
+        own; None: there was none). Idempotent."""
         with self._lock:
             server, self._server = self._server, None
-        if server is not None:
-            server.close(timeout)
+        return None if server is None else server.close(timeout)
 
 
 def launch_reader() -> ReaderProcess:
