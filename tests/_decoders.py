@@ -199,3 +199,20 @@ def decode_padded(payload: bytes) -> dict[str, Any]:
         "x": np.float32(2 * record_id),
         "pad": np.frombuffer(payload, np.uint8),
     }
+
+
+GATE_ENV = "SHMLOADER_TEST_GATE"  # a folder: decode_gated waits there (see below)
+
+
+def decode_gated(payload: bytes) -> dict[str, Any]:
+    """As :func:`decode`; a record whose id is 900 or more waits, the first time, until the
+    file ``go`` is in the folder ``$SHMLOADER_TEST_GATE``, after making the file ``waiting``
+    there: a test acts while a reader is inside that task, and no task after it started."""
+    record = decode(payload)
+    gate = os.environ[GATE_ENV]
+    go = os.path.join(gate, "go")
+    if record["id"] >= 900 and not os.path.exists(go):
+        open(os.path.join(gate, "waiting"), "w").close()
+        while not os.path.exists(go):
+            time.sleep(0.005)
+    return record

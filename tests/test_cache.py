@@ -25,10 +25,12 @@ import pytest
 from _dataset_helpers import Trainer, dataset, ids_of, wait_gone, write_dataset
 from _decoders import (
     DECODED_ENV,
+    GATE_ENV,
     PADDED,
     SCHEMA,
     decode_augmented,
     decode_counted,
+    decode_gated,
     decode_padded,
     encode_padded,
 )
@@ -253,21 +255,40 @@ def test_a_trainer_killed_in_a_cached_epoch_resumes_exactly(tmp_path: Path) -> N
 
 
 def test_a_file_changed_after_an_epoch_is_refused_not_served_from_the_cache(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The file changes while the only reader is inside the last task of epoch 0 (in order:
+    no shuffle), so every task of epoch 1 is leased after it; those of the changed file are in
+    the cache, and are refused, not served, naming the file."""
     directory = tmp_path / "data"
     expected = write_dataset(directory, SIZES)
     changed = directory / "part-00001.tfrecord"
-    with dataset(directory, tmp_path / "shm", epochs=2, cache=True, shuffle_window=1) as ds:
-        dl = shmloader.DataLoader(ds, batch_size=50)
-        assert sorted(i for batch in dl for i in ids_of(batch)) == expected
-        # The same bytes, written again: another modification time, so another file.
-        changed.write_bytes(changed.read_bytes())
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    monkeypatch.setenv(GATE_ENV, str(gate))
+
+    def change_when_the_reader_waits() -> None:
+        while not (gate / "waiting").exists():
+            time.sleep(0.005)
+        changed.write_bytes(changed.read_bytes())  # the same bytes: another file all the same
         os.utime(changed, ns=(time.time_ns(), time.time_ns() + 10**9))
+        (gate / "go").touch()
+
+    src = shmloader.RecordFileSource(
+        str(directory / "*.tfrecord"), decode=decode_gated, schema=SCHEMA
+    )
+    options = {"epochs": 2, "cache": True, "shuffle": False, "num_readers": 1}
+    with dataset(directory, tmp_path / "shm", src=src, **options) as ds:
+        dl = shmloader.DataLoader(ds, batch_size=50)
+        changer = threading.Thread(target=change_when_the_reader_waits, daemon=True)
+        changer.start()
+        assert sorted(i for batch in dl for i in ids_of(batch)) == expected
+        changer.join()
         with pytest.raises(shmloader.DataError, match="changed while the dataset ran") as info:
             for _ in dl:
                 pass
         assert info.value.path == str(changed)
+        assert ds.stats().tasks_from_cache > 0  # those of the files not changed
 
 
 def test_a_decode_that_draws_random_numbers_is_not_cached_and_said_once(

@@ -45,15 +45,16 @@ def test_readers_started_with_the_dataset_are_the_ones_that_read(
     with dataset(directory, tmp_path / "shm", num_readers=2) as ds:
         started = {proc.process.pid for proc in ds._launched}  # forked by now
         assert len(started) == 2
-        assert started <= _children() - before
+        # Forks of their server, started with them.
+        launcher = ds._launched[0].launcher
+        server = None if launcher is None else launcher.server_pid
+        assert server is not None and server in _children() - before
+        assert {p.pid for p in psutil.Process(server).children()} == started
         assert not ds.started  # not used yet: no master, no pool thread
         assert _read_all(ds) == expected
         readers = ds.stats().readers
         assert {r.pid for r in readers} == started
         assert [r.restarts for r in readers] == [0, 0]
-        server = ds.runtime.pool.server_pid
-        assert server is not None and server in _children() - before
-        assert {p.pid for p in psutil.Process(server).children()} == started
     assert wait_gone([*started, server]) == []
 
 
