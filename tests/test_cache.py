@@ -38,7 +38,7 @@ from _decoders import (
 import shmloader
 from shmloader.reader.cache_key import cache_key
 from shmloader.reader.unchanged import FileIdentity
-from shmloader.shm import SegmentStore, ipc_file_size
+from shmloader.shm import SegmentInfo, SegmentStore, ipc_file_size
 from shmloader.shm.names import new_segment_name
 
 ROWS = 1000
@@ -54,6 +54,17 @@ def _key(n: int) -> str:
 
 
 # -- the store ----------------------------------------------------------------------------
+
+
+def _read_twice(store: SegmentStore, seed: int) -> tuple[SegmentInfo, SegmentInfo]:
+    """A segment written and cached, and the same taken back from the cache while the first
+    is still read (the next epoch's copy of the task): both names of one file."""
+    first = store.write(_batch(seed))
+    assert first is not None
+    store.cache(first.name, _key(0))
+    found = store.take_cached(_key(0), new_segment_name())
+    assert found is not None
+    return first, found[0]
 
 
 def test_a_released_segment_is_taken_back_whole_by_its_key(tmp_path: Path) -> None:
@@ -83,12 +94,7 @@ def test_a_task_cached_while_its_segment_is_read_is_shared_not_copied(tmp_path: 
     and cached again when both are released."""
     seg = ipc_file_size(_batch(0))
     with SegmentStore.create(3 * seg, base_dir=tmp_path) as store:
-        first = store.write(_batch(1))
-        assert first is not None
-        store.cache(first.name, _key(0))
-        found = store.take_cached(_key(0), new_segment_name())
-        assert found is not None
-        second = found[0]
+        first, second = _read_twice(store, 1)
         assert store.occupancy() == (seg, 0, 0)
         # Writers fill the rest of the budget: the shared file is not theirs to take.
         others = [store.write(_batch(10 + i), timeout=5) for i in range(2)]
@@ -130,12 +136,8 @@ def test_a_segment_released_without_its_key_keeps_its_other_name(tmp_path: Path)
     released as a spare would be, and the copy the epoch before still reads stays whole."""
     seg = ipc_file_size(_batch(0))
     with SegmentStore.create(2 * seg, base_dir=tmp_path) as store:
-        first = store.write(_batch(5))
-        assert first is not None
-        store.cache(first.name, _key(0))
-        found = store.take_cached(_key(0), new_segment_name())
-        assert found is not None
-        store.release(found[0].name)
+        first, second = _read_twice(store, 5)
+        store.release(second.name)
         assert store.occupancy() == (seg, 0, 0)
         store.write(_batch(6), timeout=5)
         assert store.open(first.name).equals(_batch(5))
