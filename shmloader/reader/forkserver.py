@@ -184,7 +184,7 @@ class ForkServer:
             with contextlib.suppress(OSError):
                 self._conn.send(("exit",))
             self._conn.close()
-            self._gone = True
+            self._gone_now()
         try:
             return self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
