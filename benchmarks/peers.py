@@ -242,7 +242,8 @@ def _cache_ratios(by_name: dict[str, list[dict[str, Any]]]) -> list[str]:
 
 
 def plot(results: dict[str, dict[str, list[dict[str, Any]]]], prefix: str) -> None:
-    """One PNG per figure (samples/s, first batch, peak PSS), both datasets side by side."""
+    """One PNG per figure (samples/s, of epoch 1 and of the epochs after it, first batch,
+    peak PSS), both datasets side by side."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -250,6 +251,8 @@ def plot(results: dict[str, dict[str, list[dict[str, Any]]]], prefix: str) -> No
 
     titles = {
         "samples_s": "samples/s (higher is better)",
+        "epoch1_samples_s": "samples/s, epoch 1 (higher is better)",
+        "later_samples_s": "samples/s, epochs after the first (higher is better)",
         "first_batch_s": "first batch, s (lower is better)",
         "peak_pss_mib": "peak summed PSS, MiB (lower is better)",
     }
@@ -296,10 +299,19 @@ def main() -> None:
     )
     parser.add_argument("--plot", help="write PNGs to PREFIX-<figure>.png")
     parser.add_argument("--json", help="write every run's figures here")
+    parser.add_argument(
+        "--plot-from", help="plot the figures a run wrote with --json (with --plot), run nothing"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
+        return
+    if args.plot_from:
+        if not args.plot:
+            raise SystemExit("--plot-from needs --plot PREFIX")
+        with open(args.plot_from) as f:
+            plot(json.load(f), args.plot)
         return
     from _bench_peers import CONTENDERS
 
