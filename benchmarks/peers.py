@@ -3,7 +3,8 @@
 Run by hand (not a test), from the repository root, in an environment with the ``bench``
 extra (see docs/performance.md for the torch/torchvision pair it needs):
 ``python benchmarks/peers.py [--tabular N] [--images N] [--rounds R] [--window S]
-[--only NAME,NAME] [--shm-budget SIZE] [--plot docs/img/peers]``.
+[--only NAME,NAME] [--shm-budget SIZE] [--plot docs/img/peers] [--json FILE]``; ``--plot-from
+FILE --plot PREFIX`` plots a run's ``--json`` again without running anything.
 
 Two datasets of generated records (``_bench_decoders``): *tabular* (64 float32 + an int64
 label, 264 bytes, batch 1024) and *images* (3x64x64 uint8 + label, 12,296 bytes, batch 128),
