@@ -73,3 +73,15 @@ def test_a_decode_batch_module_in_the_current_folder_is_found(tmp_path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert [e["samples"] for e in json.loads(done.stdout)["epochs"]] == [60]
+
+
+def test_bench_with_the_cache_serves_later_epochs_from_it(tmp_path, capsys) -> None:
+    path = str(tmp_path / "r.tfrecord")
+    shmloader.write_records(path, [bytes([i % 256]) * 8 for i in range(300)])
+    args = [path, "--readers", "1", "--records-per-task", "50", "--shm-budget", "8MiB"]
+    assert main(["bench", *args, "--epochs", "3", "--cache", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["cache"] is True
+    assert [e["samples"] for e in result["epochs"]] == [300, 300, 300]
+    assert result["epochs"][-1]["tasks_from_cache"] > 0
+    assert "cache: " in result["stats"]

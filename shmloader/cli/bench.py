@@ -6,7 +6,7 @@ Runs a ``SharedTaskDataset`` over the files with an embedded master and real rea
 of the loop's time spent waiting for the next batch, and the memory of every process. With
 ``--step-ms 0`` it measures the most this machine delivers with these settings; with your
 training step's time it tells whether feeding keeps up. Try the knobs (readers, workers, task
-size, budget, a decode function) before training with them.
+size, budget, a decode function, ``--cache``) before training with them.
 """
 
 from __future__ import annotations
@@ -51,6 +51,11 @@ def register(subparsers: Any) -> None:
         "--shm-budget", default="1GiB", help="most bytes of segments at once (default 1GiB)"
     )
     p.add_argument("--views", action="store_true", help="memoryview payloads (record files)")
+    p.add_argument(
+        "--cache",
+        action="store_true",
+        help="keep decoded tasks in shared memory across epochs (cache=True)",
+    )
     p.add_argument(
         "--step-ms",
         type=float,
@@ -118,6 +123,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         records_per_task=args.records_per_task,
         shm_budget=parse_size(args.shm_budget),
         epochs=args.epochs,
+        cache=args.cache,
     ) as ds:
         loader = shmloader.DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers)
         started = time.perf_counter()
@@ -136,7 +142,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             seconds = time.perf_counter() - began
             stats = ds.stats()
             waited = stats.loop_wait_seconds - waited
-            epochs.append({"epoch": epoch, "samples": rows, "seconds": seconds, "waited": waited})
+            epochs.append(
+                {
+                    "epoch": epoch,
+                    "samples": rows,
+                    "seconds": seconds,
+                    "waited": waited,
+                    "tasks_from_cache": stats.tasks_from_cache,  # so far
+                }
+            )
     return {
         "sources": args.sources,
         "readers": args.readers,
@@ -144,6 +158,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "batch_size": args.batch_size,
         "step_ms": args.step_ms,
         "records_per_task": args.records_per_task,
+        "cache": args.cache,
         "first_batch_seconds": first_batch,
         "epochs": epochs,
         "memory_pss_bytes": stats.total_pss,
@@ -155,8 +170,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 def report(result: dict[str, Any]) -> str:
     lines = [
         f"{result['readers']} reader(s), {result['workers']} worker(s), batch "
-        f"{result['batch_size']}, tasks of {result['records_per_task']} records; first batch "
-        f"after {result['first_batch_seconds']:.2f} s"
+        f"{result['batch_size']}, tasks of {result['records_per_task']} records"
+        f"{', cache=True' if result.get('cache') else ''}; first batch after "
+        f"{result['first_batch_seconds']:.2f} s"
     ]
     for e in result["epochs"]:
         rate = e["samples"] / e["seconds"] if e["seconds"] else 0.0
