@@ -30,7 +30,11 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
     [("pad", False), ("drop", False), ("pad", True)],
 )
 def test_ranks_get_equal_batches_and_cover_every_record(
-    tmp_path: Path, data: tuple[Path, list[int]], policy: str, cache: bool
+    tmp_path: Path,
+    data: tuple[Path, list[int]],
+    policy: str,
+    cache: bool,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     directory, expected = data
     with shmloader.Master(
@@ -79,6 +83,9 @@ def test_ranks_get_equal_batches_and_cover_every_record(
             for ds in ranks:
                 ds.close()
         assert master.progress().finished
+    # cache=True is told, once per rank, that a rank's cache serves a part of its next share.
+    told = [r for r in caplog.records if "cache=True with 2 DDP ranks" in r.getMessage()]
+    assert len(told) == (WORLD if cache else 0)
 
 
 def test_each_rank_in_its_own_process(tmp_path: Path, data: tuple[Path, list[int]]) -> None:

@@ -139,6 +139,16 @@ class Runtime:
                 check_same_plan(options.source.plan(), chosen, info, address)
             self.lease_timeout = float(info.lease_timeout)
             self._elastic = info.world_size is None  # trainers share the master's epochs
+            if options.cache and options.job.shuffle and (info.world_size or 1) > 1:
+                log.warning(
+                    "cache=True with %d DDP ranks: each epoch shares the tasks out to the "
+                    "ranks anew (as torch's DistributedSampler does), so a rank finds about "
+                    "1/%d of its next epoch's tasks in its own cache and reads the rest; "
+                    "shuffle=False hands every rank the same tasks each epoch "
+                    "(docs/dataset.md, 'Decoded data kept across epochs')",
+                    info.world_size,
+                    info.world_size,
+                )
             # Each beat carries this trainer's figures, for the master's /metrics.
             self.client.start_heartbeat(self.consumer, figures=self._figures)
             self.handle = handle = self.store.handle()
