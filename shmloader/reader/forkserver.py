@@ -41,9 +41,12 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Mapping
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle, send_handle
-from typing import Any
+from typing import NoReturn
+
+from .interpreter import start_interpreter
 
 KILLED = -signal.SIGKILL  # the exit code of a reader whose server died (the death signal)
 _POLL = 0.05  # seconds a waiter holds the channel before another may look
@@ -97,21 +100,13 @@ class ForkServer:
     """The trainer's end of a fork server it started (from the calling thread: the server
     dies with it, and the readers with the server)."""
 
-    def __init__(self, boot: str, package_root: str, environ: dict[str, str]) -> None:
-        ours, theirs = socket.socketpair()
-        try:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-c", boot, package_root, str(theirs.fileno()), str(os.getpid())],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                env=environ,
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        self._conn = Connection(ours.detach())
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.popen, self._conn = start_interpreter(
+            "shmloader.reader.forkserver",
+            "serve",
+            "sys.exit(serve(int(sys.argv[1]), int(sys.argv[2])))",
+            environ,
+        )
         self._lock = threading.Lock()  # one reader of the channel at a time (and one writer)
         self._waiting: deque[ForkedReader] = deque()  # asked for, pid not known yet
         self._exits: dict[int, int] = {}
@@ -261,7 +256,7 @@ def _reap(children: set[int], conn: Connection) -> None:
         conn.send(("exited", pid, os.waitstatus_to_exitcode(status)))
 
 
-def _run_reader(fd: int, conn: Connection, wake: tuple[int, int]) -> Any:
+def _run_reader(fd: int, conn: Connection, wake: tuple[int, int]) -> NoReturn:
     """In the forked child: become a reader on pipe ``fd``, whose parent is the server; never
     returns."""
     code = 1

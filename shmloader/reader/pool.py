@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +22,7 @@ from ..errors import ConfigError, ShmloaderError
 from .by_value import pickle_config
 from .config import ReaderConfig
 from .forkserver import ForkServer
+from .interpreter import start_interpreter
 from .messages import (
     RETIRE,
     STOP,
@@ -103,21 +102,6 @@ class ReaderProcess:
         self.launcher = launcher
 
 
-# A reader imports the shmloader the trainer imported, from the same folder: ``python -m``
-# would put the working folder first on its sys.path, and a ``shmloader/`` there (a checkout,
-# another version) would be the readers' while the trainer runs the installed one.
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_BOOT = (
-    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "from shmloader.reader.process import main; sys.exit(main())"
-)
-_SERVER_BOOT = (
-    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "from shmloader.reader.forkserver import serve; "
-    "sys.exit(serve(int(sys.argv[1]), int(sys.argv[2])))"
-)
-
-
 class ReaderLauncher:
     """Starts one dataset's readers: forks of its fork server (forkserver.py), started on the
     first launch from the calling thread (the server dies with that thread, and its readers
@@ -140,9 +124,7 @@ class ReaderLauncher:
         with self._lock:
             for tries in range(2):
                 if self._server is None or not self._server.alive:
-                    self._server = ForkServer(
-                        _SERVER_BOOT, _PACKAGE_ROOT, reader_environment(os.environ)
-                    )
+                    self._server = ForkServer(reader_environment(os.environ))
                 try:
                     process, conn = self._server.fork()
                     return ReaderProcess(process, conn, self)
@@ -167,20 +149,10 @@ def launch_reader() -> ReaderProcess:
     It asks Linux to kill it when its parent goes (the parent-death signal), and Linux means
     the parent *thread*: launch from a thread that lives as long as the readers should.
     """
-    ours, theirs = socket.socketpair()
-    try:
-        popen = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, _PACKAGE_ROOT, str(theirs.fileno()), str(os.getpid())],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-            env=reader_environment(os.environ),
-        )
-    except BaseException:
-        ours.close()
-        raise
-    finally:
-        theirs.close()
-    return ReaderProcess(popen, Connection(ours.detach()))
+    popen, conn = start_interpreter(
+        "shmloader.reader.process", "main", "sys.exit(main())", reader_environment(os.environ)
+    )
+    return ReaderProcess(popen, conn)
 
 
 def reader_environment(environ: Mapping[str, str]) -> dict[str, str]:
@@ -434,9 +406,10 @@ class ReaderPool:
                 self._reader_gone(index)
 
     def _handle(self, info: ReaderInfo, message: Message) -> None:
-        proc = self._procs.get(info.index)
-        if not info.pid and proc is not None:  # it speaks, so it runs: its pid is known
-            info.pid = proc.process.pid
+        if not info.pid:  # it speaks, so it runs: its pid is known
+            proc = self._procs.get(info.index)
+            if proc is not None:
+                info.pid = proc.process.pid
         if isinstance(message, Started):
             info.current_lease = message.lease_id
             info.started_at = time.monotonic()

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 
 class CacheUse:
-    """Keys of the tasks decoded so far, with their segments' sizes, and the tasks decoded
+    """Keys of the tasks decoded so far, their segments' bytes in all, and the tasks decoded
     again. Called from the reader pool's thread only (one announcement at a time)."""
 
     def __init__(self) -> None:
-        self._sizes: dict[int, int] = {}  # cache key (as a number) -> the segment's bytes
+        self._seen: set[int] = set()  # cache keys, as numbers (half the memory of strings)
         self.decoded_bytes = 0  # of every task decoded once: what keeping them all takes
         self.decoded_again = 0  # tasks decoded again after an earlier read of theirs
 
@@ -24,8 +24,8 @@ class CacheUse:
         if not key:
             return
         number = int(key, 16)
-        if number not in self._sizes:
-            self._sizes[number] = nbytes
+        if number not in self._seen:
+            self._seen.add(number)
             self.decoded_bytes += nbytes
         elif not from_cache:
             self.decoded_again += 1

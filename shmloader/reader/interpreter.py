@@ -1,0 +1,44 @@
+"""A fresh Python interpreter running one function of shmloader, on a pipe to the trainer.
+
+Both ways readers start use it: a reader of its own (``pool.launch_reader``, where there is no
+``fork``) and the readers' fork server (``forkserver.py``). The interpreter imports the
+shmloader the trainer imported, from the same folder: ``python -m`` would put the working
+folder first on its ``sys.path``, and a ``shmloader/`` there (a checkout, another version)
+would be the readers' while the trainer runs the installed one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from multiprocessing.connection import Connection
+
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Run as ``python -c BOOT PACKAGE_ROOT FD PARENT_PID``: the called function gets ``FD`` (its
+# end of the pipe) and ``PARENT_PID`` (the trainer) as ``sys.argv[1:]``.
+_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from {module} import {function}; {call}"
+
+
+def start_interpreter(
+    module: str, function: str, call: str, environ: Mapping[str, str]
+) -> tuple[subprocess.Popen[bytes], Connection]:
+    """Start ``python -c`` running ``call`` (e.g. ``"sys.exit(main())"``) after importing
+    ``function`` from ``module``; returns the process and the trainer's end of its pipe."""
+    boot = _BOOT.format(module=module, function=function, call=call)
+    ours, theirs = socket.socketpair()
+    try:
+        popen = subprocess.Popen(
+            [sys.executable, "-c", boot, PACKAGE_ROOT, str(theirs.fileno()), str(os.getpid())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            env=dict(environ),
+        )
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return popen, Connection(ours.detach())
