@@ -27,7 +27,13 @@ LAYERS: tuple[Layer, ...] = (
     # what every part uses: errors, generated protobuf code, small helpers
     "shmloader._proto",
     "shmloader.errors",
-    ("shmloader._flock", "shmloader._lazy", "shmloader._fs", "shmloader.augment"),
+    (
+        "shmloader._flock",
+        "shmloader._lazy",
+        "shmloader._fs",
+        "shmloader._keywords",
+        "shmloader.augment",
+    ),
     # records on disk, then sources of rows, then shared memory
     "shmloader.formats",
     "shmloader.sources",

@@ -38,7 +38,7 @@ def test_ds_of_an_index_is_that_record_read_from_the_source(tmp_path: Path) -> N
             "many",
             r"num_readers must be a whole number .* or \"auto\"; got 'many' \(str\)",
         ),
-        ("num_readers", 0, "num_readers must be at least 1, got 0"),
+        ("num_readers", 0, r"num_readers must be at least 1, got 0: .* or \"auto\""),
         ("records_per_task", 100.0, r"records_per_task must be a whole number .* \(float\)"),
         ("shuffle_window", 0, "shuffle_window must be at least 1"),
         ("max_retries", -1, "max_retries must be at least 0"),
@@ -51,6 +51,24 @@ def test_arguments_of_the_wrong_kind_are_a_config_error(
     write_dataset(tmp_path / "data", [10])
     with pytest.raises(shmloader.ConfigError, match=says):
         dataset(tmp_path / "data", tmp_path / "shm", **{option: value})
+
+
+def test_a_misspelt_keyword_names_the_one_meant(tmp_path: Path) -> None:
+    """Python's own error said only "unexpected keyword argument 'num_reader'"."""
+    write_dataset(tmp_path / "data", [10])
+    (tmp_path / "a.csv").write_text("x\n1\n")
+    with pytest.raises(TypeError, match=r"SharedTaskDataset\(\) got an unexpected keyword "
+                       r"argument 'num_reader' \(did you mean 'num_readers'\?\)"):  # fmt: skip
+        dataset(tmp_path / "data", tmp_path / "shm", num_reader=2)
+    with pytest.raises(TypeError, match=r"'colums' \(did you mean 'columns'\?\)"):
+        shmloader.CSVSource(str(tmp_path / "a.csv"), colums=["x"])  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"'seeed' \(did you mean 'seed'\?\)"):
+        shmloader.Master(shmloader.CSVSource(str(tmp_path / "a.csv")), seeed=1)  # type: ignore[call-arg]
+    with dataset(tmp_path / "data", tmp_path / "shm") as ds:
+        # torch's options pass through shmloader.DataLoader, and are suggested too.
+        with pytest.raises(TypeError, match=r"'num_worker' \(did you mean 'num_workers'\?\)"):
+            shmloader.DataLoader(ds, batch_size=4, num_worker=2)
+        assert len(list(shmloader.DataLoader(ds, batch_size=4, timeout=0))) == 3
 
 
 def test_numpy_integers_are_counts_for_every_option(tmp_path: Path) -> None:

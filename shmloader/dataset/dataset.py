@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch.utils.data
 
+from .._keywords import suggest_keywords
 from ..errors import ConfigError, DataError, ShmloaderError
 from ..master.config import JobConfig
 from ..reader.pool import ReaderProcess, launch_readers, stop_readers
@@ -23,7 +24,7 @@ from ..shm.store import SegmentStore
 from ..sources.base import Source
 from ..sources.hf import HFDataset
 from .core.indices import ROW_BITS, encode_indices
-from .core.receipts import Receipt, receipt_of
+from .core.receipts import Receipt, as_array, receipt_of
 from .gather import ring
 from .gather.gather import gather, segment_views
 from .gather.gatherer import Gatherer
@@ -105,6 +106,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
     collate = staticmethod(collate)
 
+    @suggest_keywords()
     def __init__(
         self,
         source: Source | HFDataset,
@@ -497,6 +499,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         Positions of a torch sampler (``DataLoader(ds, batch_size=64)``, no ``sampler=``) take
         the next rows of the dataset's order, in the training process; a worker refuses them
         (natural.py)."""
+        indices = as_array(indices)  # a batch sampler's list keeps its array
         if are_positions(indices):
             return self._natural_batch(indices)
         return self._gather(indices, ring=True, receipt=receipt_of(indices))
@@ -563,6 +566,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         ring: bool,
         receipt: Receipt = Receipt.GATHER,
     ) -> dict[str, Any] | RingBatch:
+        indices = as_array(indices)  # a batch sampler's list keeps its array
         gatherer = self._gatherer
         if gatherer is None:
             raise ShmloaderError("this SharedTaskDataset is closed")

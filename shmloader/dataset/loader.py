@@ -8,12 +8,14 @@ resumed run delivers the rest of the epoch, each row once.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, get_args
 
 import torch.utils.data
 
+from .._keywords import suggest_keywords
 from ..errors import ConfigError
 from ..shm.budget import closed_error
 from .dataset import SharedTaskDataset
@@ -65,6 +67,12 @@ _SET_BY_THE_DATASET = {
 }
 
 
+def _torch_options() -> list[str]:
+    """The keyword arguments of torch's DataLoader, which this one passes on (or, for those
+    the dataset sets, refuses with what to do instead)."""
+    return list(inspect.signature(torch.utils.data.DataLoader.__init__).parameters)[1:]
+
+
 class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     """A ``torch.utils.data.DataLoader`` over a :class:`SharedTaskDataset`.
 
@@ -92,6 +100,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     variable-length lists) stay lists in both.
     """
 
+    @suggest_keywords(also=_torch_options)
     def __init__(
         self,
         dataset: SharedTaskDataset,
@@ -141,8 +150,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         kwargs["worker_init_fn"] = _WorkerInit(slots, kwargs.get("worker_init_fn"))
         super().__init__(
             dataset,
-            # torch hands each batch to __getitems__ unchanged, arrays as well as lists.
-            batch_sampler=self._recorder,  # type: ignore[arg-type]
+            batch_sampler=self._recorder,
             collate_fn=dataset.collate,
             **kwargs,
         )
@@ -211,9 +219,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         as consumed once ``__iter__`` hands the batch to the loop."""
         dataset: SharedTaskDataset = self.dataset  # type: ignore[assignment]
         pin = self.pin_memory and torch.cuda.is_available()  # as torch: pinning needs a GPU
-        with self._recorder.claimed():  # this loop reports each batch it hands over
-            passes = iter(self._recorder)
-        for indices in passes:
+        for indices in self._recorder.loop_pass():  # this loop reports each batch it hands over
             batch = dataset.gather(indices, consumed=False)
             yield _pinned(batch) if pin else batch
 

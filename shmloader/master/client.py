@@ -30,6 +30,7 @@ from typing import Any
 
 import grpc
 
+from .._keywords import suggest_keywords
 from .._proto import master_pb2 as pb
 from .._proto import master_pb2_grpc as pb_grpc
 from ..errors import ConfigError, LeaseError, MasterError
@@ -130,6 +131,7 @@ class MasterClient:
     local_stub()``, local.py) instead of a gRPC channel to ``address``.
     """
 
+    @suggest_keywords()
     def __init__(
         self,
         address: str,

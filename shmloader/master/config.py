@@ -155,5 +155,5 @@ def check_count(name: str, value: object, least: int, example: str) -> int:
             f"{value!r} ({type(value).__name__})"
         )
     if count < least:
-        raise ConfigError(f"{name} must be at least {least}, got {count}")
+        raise ConfigError(f"{name} must be at least {least}, got {count}: {example}")
     return count

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from .._keywords import suggest_keywords
 from .._proto import master_pb2_grpc as pb_grpc
 from ..errors import ConfigError, MasterError
 from ..sources.base import Shard, Source
@@ -75,6 +76,7 @@ class Master:
     checkpoint's epoch with any world size.
     """
 
+    @suggest_keywords()
     def __init__(
         self,
         source_or_plan: Source | Sequence[Shard],

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from .._fs import _GLOB_CHARS, expand_paths, open_stream, resolve
+from .._keywords import suggest_keywords
 from ..errors import ConfigError, DataError
 from ._tabular import SchemaCheck, check_columns, check_options, finish, open_input, row_spans
 from .base import BaseSource, ReadResult, Shard, check_held
@@ -38,6 +39,7 @@ class ArrowSource(BaseSource):
     or a ``datasets.Dataset`` object: its own Arrow files when they hold it as it is, else one
     file written for it into ``cache_dir`` once (hf.py); its columns by default."""
 
+    @suggest_keywords()
     def __init__(
         self,
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | HFDataset,

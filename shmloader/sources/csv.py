@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.fs as pafs
 
+from .._keywords import suggest_keywords
 from ..errors import ConfigError, DataError, DecodeError, OnError
 from ._indexed import At, Decode, IndexedSource
 from ._lines import read_span, scan_lines
@@ -52,6 +53,7 @@ class CSVSource(IndexedSource):
     types are the conversion types.
     """
 
+    @suggest_keywords()
     def __init__(
         self,
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],

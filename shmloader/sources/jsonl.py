@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.json as pj
 
+from .._keywords import suggest_keywords
 from ..errors import ConfigError, DecodeError, OnError
 from ._indexed import At, Decode, IndexedSource
 from ._lines import read_span, scan_lines
@@ -57,6 +58,7 @@ class JSONLSource(IndexedSource):
 
     kind = "jsonl"
 
+    @suggest_keywords()
     def __init__(
         self,
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],

@@ -23,6 +23,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .._fs import expand_paths
+from .._keywords import suggest_keywords
 from ..errors import DataError
 from ._tabular import (
     SchemaCheck,
@@ -39,6 +40,7 @@ class ParquetSource(BaseSource):
     """Parquet files (a glob, a path, a directory as ``pyarrow.dataset`` reads one, or a list
     of them), optionally projected to ``columns``."""
 
+    @suggest_keywords()
     def __init__(
         self,
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from .._fs import expand_paths
+from .._keywords import suggest_keywords
 from ..errors import ConfigError, CorruptRecordError, OnError
 from ..formats.index import INDEX_SUFFIX
 from ..formats.tfrecord import Bad, RecordFile, Run
@@ -77,6 +78,7 @@ class RecordFileSource(BaseSource):
 
     _LOCAL = ("_files", "_builder")
 
+    @suggest_keywords()
     def __init__(
         self,
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from .._fs import open_random, stamp
+from .._keywords import suggest_keywords
 from ..errors import DataError, IndexMismatchError, OnError
 from ._indexed import At, Decode, IndexedSource
 from ._lines import read_span
@@ -48,6 +49,7 @@ class WebDatasetSource(IndexedSource):
 
     kind = "wds"
 
+    @suggest_keywords()
     def __init__(
         self,
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
