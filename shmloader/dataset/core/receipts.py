@@ -10,6 +10,7 @@ them and the sampler that sets them, with no torch import.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -55,8 +56,31 @@ def of_the_loop(batch: np.ndarray) -> LoopBatch:
     return batch.view(LoopBatch)
 
 
-def receipt_of(indices: object) -> Receipt:
+class SampleIndices(list[int]):
+    """A batch of sample indices as a batch sampler hands it to torch: a list of ints (torch's
+    ``Sampler[list[int]]``, so a user's ``DataLoader(ds, batch_sampler=ds.batch_sampler(64))``
+    type-checks), which keeps the sorted int64 array it was made from as ``array``, with its
+    receipt's mark. The gather reads the array, not the list: no conversion back, and the mark
+    travels with it. Pickled (to a DataLoader worker) as the array alone."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        super().__init__(array.tolist())
+        self.array = array
+
+    def __reduce__(self) -> tuple[type[SampleIndices], tuple[np.ndarray]]:
+        return SampleIndices, (self.array,)
+
+
+def as_array(indices: Sequence[int] | np.ndarray) -> Sequence[int] | np.ndarray:
+    """The array a :class:`SampleIndices` was made from; anything else as it is."""
+    return indices.array if isinstance(indices, SampleIndices) else indices
+
+
+def receipt_of(indices: Sequence[int] | np.ndarray) -> Receipt:
     """How the rows of ``indices`` (a batch handed to ``__getitems__``) are told consumed."""
+    indices = as_array(indices)
     if isinstance(indices, TrackedBatch):
         return Receipt.REQUESTS
     if isinstance(indices, LoopBatch):

@@ -14,7 +14,7 @@ import numpy as np
 import torch.utils.data
 
 from ...errors import ConfigError, ShmSpaceError
-from ..core.receipts import ConsumedWhen, Receipt, of_the_loop, tracked
+from ..core.receipts import ConsumedWhen, Receipt, SampleIndices, of_the_loop, tracked
 from .delivery import Requests, prefetch_depth
 from .sampler import FLUSH, LET_GO, TaskSampler
 from .wrappers import Wrapper, wrapper_of
@@ -22,12 +22,13 @@ from .wrappers import Wrapper, wrapper_of
 log = logging.getLogger(__name__)
 
 
-class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
+class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Batches of a :class:`TaskSampler` for a DataLoader's ``batch_sampler=``.
 
-    Each batch is handed over as a *sorted* int64 array, not a list: the dataset gathers it
-    without converting a list or sorting it by segment, and reads each segment's rows in
-    address order (the batch holds the same samples; only their order inside it changes).
+    Each batch is a list of sample indices, *sorted* (a ``SampleIndices``, which keeps the
+    int64 array it was made from): the dataset gathers the array without converting the list
+    or sorting it by segment, and reads each segment's rows in address order (the batch holds
+    the same samples; only their order inside it changes).
 
     ``drop_last`` drops the short last batch of a pass *for its epoch*, as torch means it: its
     rows are handed to ``on_drop``, which marks them consumed. torch's own ``drop_last`` (a
@@ -115,16 +116,16 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
         DataLoader's workers report rows consumed as they gather them)."""
         return sum(len(batch) for batch in self.issued)
 
-    def __iter__(self) -> Iterator[np.ndarray]:
+    def __iter__(self) -> Iterator[list[int]]:
         """The pass's batches. Under a plain DataLoader with workers whose deliveries its
         requests tell (delivery.py), an iterator that reports each batch as the loop receives
         it; so rows its workers prefetched for a pass left early come again."""
         self.settle()  # the last pass's end, as a wrapper told it
         self._wrapper = None
         if self._claimed:
-            return self._start(Receipt.LOOP)
+            return _listed(self._start(Receipt.LOOP))
         if self.on_received is None:
-            return self._start(Receipt.GATHER)
+            return _listed(self._start(Receipt.GATHER))
         wrapper = wrapper_of(self)  # ConfigError for one that would drop batches
         prefetch = prefetch_depth(self)
         depth = prefetch.depth
@@ -136,7 +137,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
             return Requests(batches, depth, self.issued, self.on_received)
         if depth is None:
             self._warn_untold(prefetch.why)
-        return self._start(Receipt.GATHER)
+        return _listed(self._start(Receipt.GATHER))
 
     def state_dict(self) -> dict[str, Any]:
         """The dataset's state as it will be once the loop has every batch this batcher handed
@@ -167,6 +168,13 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
             return
         while self.issued:
             self.on_received(self.issued.popleft())
+
+    def loop_pass(self) -> Iterator[np.ndarray]:
+        """A pass of ``shmloader.DataLoader``'s own loop gathered in its process (no workers):
+        the batches as arrays, which that loop gathers and reports itself (``Receipt.LOOP``)."""
+        self.settle()
+        self._wrapper = None
+        return self._start(Receipt.LOOP)
 
     def in_process(self) -> Iterator[np.ndarray]:
         """A pass gathered in this process by a loop that gets each batch as it is gathered (a
@@ -311,3 +319,9 @@ class TaskBatchSampler(torch.utils.data.Sampler[np.ndarray]):
     def __len__(self) -> int:
         n = self.sampler.pass_rows(rest_alone=True)  # as __iter__ will walk it
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+def _listed(batches: Iterator[np.ndarray]) -> Iterator[list[int]]:
+    """The batches as torch's batch samplers hand them out (see ``SampleIndices``)."""
+    for batch in batches:
+        yield SampleIndices(batch)

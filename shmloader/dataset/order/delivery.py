@@ -37,6 +37,8 @@ from typing import NamedTuple
 import numpy as np
 import torch.utils.data
 
+from ..core.receipts import SampleIndices
+
 # Frames searched above ``iter(batch_sampler)`` for the DataLoader that asks: torch creates the
 # iterator two or three calls below ``DataLoader.__iter__``.
 _FRAMES = 8
@@ -128,14 +130,14 @@ class Requests:
     def __iter__(self) -> Requests:
         return self
 
-    def __next__(self) -> np.ndarray:
+    def __next__(self) -> list[int]:
         n, self._requests = self._requests, self._requests + 1
         if n >= self._depth and self._issued:
             self._received(self._issued.popleft())
         if self._done:
             raise StopIteration
         try:
-            return next(self._batches)
+            return SampleIndices(next(self._batches))
         except StopIteration:
             self._done = True
             raise
