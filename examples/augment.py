@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import os
 import tempfile
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,7 +25,7 @@ import shmloader
 SIZE, CROP = 16, 12  # images of SIZE x SIZE x 3, random crops of CROP x CROP
 
 
-def decode(payload: bytes) -> dict:
+def decode(payload: bytes) -> dict[str, Any]:
     """One record: its id (8 bytes), then the image. Flipped for about half the records and
     cropped at a random place, both drawn from task_rng()."""
     record_id = int.from_bytes(payload[:8], "little")
@@ -37,7 +38,7 @@ def decode(payload: bytes) -> dict:
     return {"id": record_id, "image": crop}
 
 
-def normalise(batch: dict) -> dict:
+def normalise(batch: dict[str, Any]) -> dict[str, Any]:
     """Per batch, in the training process: uint8 HWC -> float CHW in [0, 1]."""
     batch["image"] = batch["image"].permute(0, 3, 1, 2).float() / 255
     return batch

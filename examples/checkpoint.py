@@ -29,13 +29,20 @@ def main() -> None:
         path = Path(tmp) / "ids.tfrecord"
         shmloader.write_records(path, (i.to_bytes(8, "little") for i in range(RECORDS)))
         source = shmloader.RecordFileSource(str(path), decode=decode)
-        options = {"records_per_task": 500, "seed": 1, "epochs": 1}
+
+        def job(
+            rank: int | None = None, world_size: int | None = None
+        ) -> shmloader.SharedTaskDataset:
+            return shmloader.SharedTaskDataset(
+                source, records_per_task=500, seed=1, epochs=1, rank=rank, world_size=world_size
+            )
+
         seen: Counter[int] = Counter()
 
         # The first job: two ranks, each stops after 5 batches and saves its state.
         states = []
         for rank in range(2):
-            with shmloader.SharedTaskDataset(source, rank=rank, world_size=2, **options) as ds:
+            with job(rank, world_size=2) as ds:
                 loader = shmloader.DataLoader(ds, batch_size=100)
                 for step, batch in enumerate(loader):
                     seen.update(batch["id"].tolist())
@@ -45,7 +52,7 @@ def main() -> None:
         print(f"first job: {sum(seen.values())} records delivered by 2 ranks")
 
         # The second job: one trainer resumes from the merged states.
-        with shmloader.SharedTaskDataset(source, **options) as ds:
+        with job() as ds:
             loader = shmloader.DataLoader(ds, batch_size=100)
             loader.load_state_dict(shmloader.merge_states(states))
             print(f"second job: {len(loader)} batches left of epoch 0")

@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections import Counter
 from multiprocessing.connection import Connection, wait
+from typing import cast
 
 import numpy as np
 from tabular import decode_batch, encode
@@ -65,8 +66,9 @@ def main() -> None:
         shmloader.write_records(path, (encode(x[i], i) for i in range(args.records)))
         source = shmloader.RecordFileSource(path, decode_batch=decode_batch)
 
-        timeouts = {"lease_timeout": 3.0, "consumer_timeout": 3.0}
-        with shmloader.Master(source, records_per_task=500, epochs=EPOCHS, **timeouts) as master:
+        with shmloader.Master(
+            source, records_per_task=500, epochs=EPOCHS, lease_timeout=3.0, consumer_timeout=3.0
+        ) as master:
             ctx = mp.get_context("spawn")
             pipes = [ctx.Pipe(duplex=False) for _ in range(args.trainers)]
             trainers = [
@@ -82,15 +84,15 @@ def main() -> None:
             times: Counter[int] = Counter()  # record -> how often a loop received it
             killed = False
             while open_pipes:
-                ready = wait(list(open_pipes), timeout=120)
+                ready = cast(list[Connection], wait(list(open_pipes), timeout=120))
                 if not ready:
                     raise SystemExit("no trainer reported for 120 s")
                 for pipe in ready:
-                    index = open_pipes[pipe]  # type: ignore[index]
+                    index = open_pipes[pipe]
                     try:
-                        epoch, labels = pipe.recv()  # type: ignore[union-attr]
+                        epoch, labels = pipe.recv()
                     except EOFError:  # it exited, or was killed
-                        del open_pipes[pipe]  # type: ignore[arg-type]
+                        del open_pipes[pipe]
                         continue
                     if labels is None:
                         continue
@@ -98,7 +100,9 @@ def main() -> None:
                     times.update(labels.tolist())
                     received = sum(delivered[index].values())
                     if args.kill and not killed and received >= 1000:
-                        os.kill(trainers[index].pid, signal.SIGKILL)
+                        pid = trainers[index].pid
+                        assert pid is not None  # started
+                        os.kill(pid, signal.SIGKILL)
                         print(f"killed trainer {index} after {received} records")
                         killed = True
             for p in trainers:

@@ -93,6 +93,7 @@ def fabric_run(folder: Path) -> list[int]:
     model, optimizer = fabric.setup(model, optimizer)
     with dataset(folder) as ds:
         loader = fabric.setup_dataloaders(shmloader.DataLoader(ds, batch_size=BATCH))
+        assert isinstance(loader, torch.utils.data.DataLoader)  # one given, one back
         for step, batch in enumerate(loader):
             seen += batch["id"].tolist()
             if step + 1 == 10:

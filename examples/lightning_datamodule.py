@@ -79,7 +79,8 @@ class LinearModel(L.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         self.seen.update((self.current_epoch, i) for i in batch["id"].tolist())
-        return self.layer(batch["x"]).pow(2).mean()
+        loss: torch.Tensor = self.layer(batch["x"]).pow(2).mean()
+        return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)

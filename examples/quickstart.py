@@ -1,10 +1,11 @@
-"""Five minutes from a folder of record files to a training loop (docs/getting-started.md).
+"""From a folder of record files to a training loop (docs/getting-started.md).
 
     python examples/quickstart.py
 
-It writes 20,000 records into a temporary folder, then trains a linear model on them for two
-epochs: readers decode the records into shared memory, and shmloader.DataLoader hands the loop
-shuffled batches of tensors.
+It writes 20,000 records into a temporary folder, then trains a linear model
+on them for two epochs: readers decode the records into shared memory, and
+shmloader.DataLoader hands the loop shuffled batches of tensors. Lines stay
+under 80 characters: the docs page shows the file as it is.
 """
 
 from __future__ import annotations
@@ -33,14 +34,13 @@ def decode(payload: bytes) -> dict[str, object]:
 
 
 def write_data(folder: Path, records: int = 20_000, files: int = 4) -> None:
-    """A learnable problem: the label says whether the features sum above zero."""
+    """A learnable problem: is the features' sum above zero?"""
     rng = np.random.default_rng(0)
     per_file = records // files
     for f in range(files):
         x = rng.standard_normal((per_file, FEATURES)).astype(np.float32)
-        shmloader.write_records(
-            folder / f"part-{f}.tfrecord", (encode(row, int(row.sum() > 0)) for row in x)
-        )
+        rows = (encode(row, int(row.sum() > 0)) for row in x)
+        shmloader.write_records(folder / f"part-{f}.tfrecord", rows)
 
 
 def main() -> None:
@@ -48,25 +48,32 @@ def main() -> None:
         folder = Path(tmp)
         write_data(folder)
 
-        source = shmloader.RecordFileSource(str(folder / "*.tfrecord"), decode=decode)
+        files = str(folder / "*.tfrecord")
+        source = shmloader.RecordFileSource(files, decode=decode)
         model = torch.nn.Linear(FEATURES, 2)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss_of = torch.nn.functional.cross_entropy
         with shmloader.SharedTaskDataset(source, num_readers=2, seed=7) as ds:
             loader = shmloader.DataLoader(ds, batch_size=256)
             for epoch in range(2):
                 correct = seen = 0
-                for batch in loader:  # {"x": Tensor[256, 16], "label": Tensor[256]}
-                    logits = model(batch["x"])
-                    loss = torch.nn.functional.cross_entropy(logits, batch["label"])
+                # batch: {"x": Tensor[256, 16], "label": Tensor[256]}
+                for batch in loader:
+                    x, label = batch["x"], batch["label"]
+                    logits = model(x)
+                    loss = loss_of(logits, label)
                     optimizer.zero_grad()
                     loss.backward()
                     optimizer.step()
-                    correct += int((logits.argmax(1) == batch["label"]).sum())
-                    seen += len(batch["label"])
-                print(f"epoch {epoch}: {seen} records, accuracy {correct / seen:.2f}")
-            state = loader.state_dict()  # where the loop is: save it with your checkpoint
+                    correct += int((logits.argmax(1) == label).sum())
+                    seen += len(label)
+                accuracy = f"accuracy {correct / seen:.2f}"
+                print(f"epoch {epoch}: {seen} records,", accuracy)
+            # Where the loop is: save it with your checkpoint.
+            state = loader.state_dict()
             print(f"next epoch to deliver: {state['epoch']}")
-            stats = ds.stats()  # what the job did and costs; advice() says what to change
+            # What the job did and costs; advice() says what to change.
+            stats = ds.stats()
             print(stats)
             for line in stats.advice():
                 print("advice:", line)

@@ -14,7 +14,7 @@ RECORD_BYTES = FEATURES * 4 + 8
 
 
 def encode(x: np.ndarray, label: int) -> bytes:
-    return x.astype("<f4").tobytes() + np.int64(label).astype("<i8").tobytes()
+    return bytes(x.astype("<f4").tobytes()) + int(label).to_bytes(8, "little", signed=True)
 
 
 def decode(payload: bytes) -> dict[str, object]:
