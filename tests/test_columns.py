@@ -209,7 +209,7 @@ def test_the_first_bad_record_is_reported() -> None:
         (object(), "object"),
         (np.array([1 + 2j]), "complex"),
         (np.array(["a", "b"]), "<U1"),
-        (np.zeros(0, np.float32), "empty array"),
+        (np.zeros((0, 3), np.float32), "empty array"),  # 1-D empty: a list column
     ],
 )
 def test_unstorable_values_raise_decode_error_naming_the_column(value: Any, needle: str) -> None:

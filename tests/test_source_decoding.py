@@ -36,7 +36,7 @@ def picky(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     y = obj["y"]
     if y in CURSED:
         raise ValueError(f"label {y} is cursed")
-    return {"y": np.full(3 if y in ODD_SHAPE else 2, y, np.int64)}
+    return {"y": np.full((3, 1) if y in ODD_SHAPE else 2, y, np.int64)}
 
 
 def from_payload(payload: bytes) -> Mapping[str, Any]:

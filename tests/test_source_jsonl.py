@@ -208,7 +208,7 @@ def test_a_line_that_is_not_utf8_text_is_named_or_skipped(tmp_path: Path, case: 
 def test_values_that_do_not_fit_the_schema(tmp_path: Path) -> None:
     p = tmp_path / "c.jsonl"
     rows: list[Any] = [record(i) for i in range(6)]
-    rows[1]["x"] = [1.0, 2.0]  # other length
+    rows[1]["x"] = [[1.0, 2.0]]  # other shape (a 1-D length that varies would be a list column)
     rows[2]["name"] = None  # null
     del rows[3]["ok"]  # missing key
     rows[4]["extra"] = 1  # unexpected key

@@ -45,7 +45,7 @@ def picky_decode(p: bytes) -> Mapping[str, Any]:
     if out["y"] % 5 == 0:
         raise ValueError(f"label {out['y']} is cursed")
     if out["y"] % 7 == 0:
-        return {"x": np.zeros(3, np.float32), "y": out["y"]}
+        return {"x": np.zeros((3, 1), np.float32), "y": out["y"]}
     return out
 
 
@@ -350,11 +350,22 @@ def test_given_schema_with_variable_length_text_and_bytes(
     assert batch.schema == schema
     assert batch.column("tok").to_pylist() == [list(range(y % 4)) for y in labels[:8]]
     assert batch.column("name").to_pylist() == [f"r{y}" for y in labels[:8]]
-    # Inference takes a fixed shape from the first record that can give one (record 0 holds an
-    # empty array, so record 1), and then every record of another length is refused.
+    # Inference merges the first records: their lengths of 'tok' differ (record 0's is empty),
+    # so it is the same list column as the schema given.
     inferred = RecordFileSource(path, decode=var_decode)
-    with pytest.raises(SchemaMismatchError, match=rf"{path}, record 0.*'tok'.*\(1,\).*pa\.list_"):
-        inferred.read(inferred.plan()[0], 0, 8)
+    assert inferred.schema == schema
+    assert inferred.read(inferred.plan()[0], 0, 8).equals(batch)
+    # Should every one of the first records have one length, a later other one is refused.
+    fixed_first = RecordFileSource(path, decode=_fixed_then_varying)
+    with pytest.raises(SchemaMismatchError, match=rf"{path}, record 20.*'tok'.*\(2,\).*pa\.list_"):
+        fixed_first.read(fixed_first.plan()[0], 0, 30)
+
+
+def _fixed_then_varying(p: bytes) -> Mapping[str, Any]:
+    record = dict(var_decode(p))
+    y = int(np.frombuffer(p, np.int64, 1, DIM * 4)[0])
+    record["tok"] = np.arange(3 if y - 100 == 20 else 2, dtype=np.int32)
+    return record
 
 
 def test_schema_is_inferred_from_the_first_decodable_record(

@@ -28,6 +28,7 @@ from .core.receipts import Receipt, as_array, receipt_of
 from .gather import ring
 from .gather.gather import gather, segment_views
 from .gather.gatherer import Gatherer
+from .gather.ragged import Ragged
 from .gather.ring import RingBatch
 from .order.batch_sampler import TaskBatchSampler
 from .order.blocks import DEFAULT_SHUFFLE_WINDOW
@@ -98,7 +99,10 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     the decoded tasks in shared memory for the next epochs, as far as ``shm_budget`` holds
     them: from the second epoch on, a task kept is served without reading or decoding; its
     ``decode`` must give the same records every epoch (docs/dataset.md, "Decoded data kept
-    across epochs").
+    across epochs"). ``ragged`` says what a batch holds for a list column whose length
+    varies: ``"list"`` (of 1-D tensors, the default), ``"padded"`` (one tensor padded with
+    ``pad_value``, and ``<name>_lengths``) or ``"offsets"`` (the values, and
+    ``<name>_offsets``); docs/dataset.md, "Variable-length columns".
 
     Every argument is checked as the dataset is made, before anything starts; ``ds.options``
     holds them as checked (``DatasetOptions``), and the attributes of the same names read it.
@@ -131,6 +135,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         shm_dir: str | None = None,
         columns: Sequence[str] | None = None,
         cache: bool = False,
+        ragged: Ragged | None = None,
+        pad_value: int | float = 0,
     ) -> None:
         # Every option checked here, once, before anything starts (runtime/options.py).
         self.options = DatasetOptions.checked(
@@ -155,6 +161,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             shm_dir=shm_dir,
             columns=columns,
             cache=cache,
+            ragged=ragged,
+            pad_value=pad_value,
         )
         self._columns_checked = False  # columns= against the data, at the first gather
         self._resume = FRESH_START  # where a loaded state leaves the job (checkpoint.py)
@@ -172,7 +180,9 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         # forked before the first batch already know where segments will be; the master starts
         # on first use, and the readers are configured then.
         self._store: SegmentStore | None = SegmentStore.create(self.shm_budget, base_dir=shm_dir)
-        self._gatherer: Gatherer | None = Gatherer(self._store.handle(), self.columns or [])
+        self._gatherer: Gatherer | None = Gatherer(
+            self._store.handle(), self.columns or [], self.options.ragged
+        )
         # The reader processes start now and wait for their configuration until first use, so
         # that their imports (a few tenths of a second) overlap whatever the script does before
         # its first batch, as building its model. Only from the main thread: a reader dies with

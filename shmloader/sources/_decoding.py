@@ -24,10 +24,13 @@ import pyarrow as pa
 
 from ..augment import outside_task
 from ..errors import ConfigError, DataError, DecodeError, OnError
-from .columns import BatchBuilder, FixedColumns
+from .columns import BatchBuilder, FixedColumns, merge_inferred
 from .skipped import SkippedRecord
 
 INFER_ATTEMPTS = 1000  # records that may fail to decode while inferring a schema
+# Records whose schemas are merged (columns.merge_inferred): enough for a column whose length
+# varies to show it, few enough to cost nothing at start-up.
+INFER_SAMPLE = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +78,15 @@ def record_failure(
     A :class:`DataError` of ours (a schema mismatch, a corrupt frame) already says what is
     wrong and keeps its class; anything else is the user's code failing, kept as the cause.
     """
+    cause: BaseException | None = exc
     if isinstance(exc, DataError):
-        cls, reason = type(exc), exc.reason
+        # Ours already says what is wrong: the error raised restates it naming the record,
+        # and keeps what caused it.
+        cls, reason, cause = type(exc), exc.reason, exc.__cause__
     else:
         cls, reason = DecodeError, f"decode failed: {type(exc).__name__}: {exc}"
     if on_error == "raise":
-        raise cls(reason + at.note, path=path, index=at.index, offset=at.offset) from exc
+        raise cls(reason + at.note, path=path, index=at.index, offset=at.offset) from cause
     skipped.append(SkippedRecord(path, at.index, at.offset, reason + at.note))
 
 
@@ -137,7 +143,9 @@ def decode_to_batch(
         except DecodeError as exc:
             found = exc.index
             at = where[kept[found]] if found is not None and 0 <= found < len(kept) else None
-            raise locate(exc, path, at) from exc
+            # The located error says all the inner one did, with the right record: keep only
+            # what caused that (said once, cause first).
+            raise locate(exc, path, at) from exc.__cause__
     else:
         batch, bad = builder.from_records_skipping(records)
         for pos, err in bad.items():
@@ -220,7 +228,9 @@ def decode_columns_to_batch(
 def infer_schema_from(
     candidates: Iterable[tuple[str, At, Any]], schema_of: Callable[[str, Any], pa.Schema]
 ) -> pa.Schema:
-    """``schema_of(path, item)`` of the first candidate for which it does not raise.
+    """The schemas ``schema_of(path, item)`` of the first :data:`INFER_SAMPLE` candidates for
+    which it does not raise, merged (:func:`~shmloader.sources.columns.merge_inferred`: a
+    column whose length varies among them is a variable-length list).
 
     Failures are passed over even with ``on_error="raise"``: reading their own range reports
     them properly. After :data:`INFER_ATTEMPTS` of them the data is taken to be wrong. A
@@ -228,14 +238,17 @@ def infer_schema_from(
     or that task's records would draw other numbers than when another reader reads it.
     """
     failures: list[str] = []
+    schemas: list[pa.Schema] = []
     for path, at, item in candidates:
         try:
             with outside_task():
-                return schema_of(path, item)
+                schemas.append(schema_of(path, item))
         except Exception as exc:
             failures.append(f"{path}, record {at.index}, byte offset {at.offset}: {exc!r}")
-        if len(failures) >= INFER_ATTEMPTS:
+        if len(schemas) >= INFER_SAMPLE or len(failures) >= INFER_ATTEMPTS:
             break
+    if schemas:
+        return merge_inferred(schemas)
     if not failures:
         raise ConfigError("cannot infer a schema: the files hold no records; pass schema=")
     raise DecodeError(

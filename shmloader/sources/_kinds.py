@@ -293,6 +293,8 @@ class ListKind(Kind):
             raise DecodeError(
                 f"column {name!r}: expected {self.describe()}, found {describe(value)}"
             )
+        if not isinstance(value, np.ndarray) and not len(value):
+            return np.empty(0, self.dtype)  # an empty list has no dtype (numpy says float64)
         arr = _cast(name, self.describe(), value, self.dtype)
         if arr.ndim != 1:
             raise _mismatch(name, self.describe(), value)
@@ -427,6 +429,11 @@ def is_numeric(t: pa.DataType) -> bool:
     return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t))
 
 
+# What an empty Python list implies: a variable-length list whose value type the other
+# records of the sample tell (columns.merge_inferred).
+EMPTY_LIST = pa.list_(pa.null())
+
+
 def kind_for_value(name: str, value: Any) -> pa.DataType:
     """The column type a first record's value implies (see the columns module doc)."""
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -440,6 +447,8 @@ def kind_for_value(name: str, value: Any) -> pa.DataType:
     if isinstance(value, float):
         return pa.float64()
     if isinstance(value, (list, tuple)):
+        if not value:
+            return EMPTY_LIST  # a list of this column, of a value type other records show
         try:
             value = np.asarray(value)
         except (ValueError, TypeError) as exc:
@@ -455,6 +464,8 @@ def kind_for_value(name: str, value: Any) -> pa.DataType:
     pa_type = pa.from_numpy_dtype(value.dtype)
     if value.ndim == 0:
         return pa_type
+    if value.ndim == 1 and value.size == 0:
+        return pa.list_(pa_type)  # an empty 1-D array: of a column whose length varies
     if value.size == 0:
         raise DecodeError(
             f"column {name!r}: the first record has an empty array {value.shape}, so no shape "

@@ -107,6 +107,10 @@ NULLS = "nulls"  # a column of Arrow type null (e.g. only nulls in a Parquet fil
 PYTHON_VALUES = "list of Python values"
 
 
+# How gather_form starts the form of a variable-length numeric list column.
+NUMBER_LISTS = "list of 1-D"
+
+
 def gather_form(typ: pa.DataType) -> tuple[bool, str]:
     """``(tensor, words)``: whether a column of type ``typ`` becomes one tensor in a batch,
     and what it becomes, in words (docs/dataset.md, "Batches"). Types with the same words
@@ -125,7 +129,7 @@ def gather_form(typ: pa.DataType) -> tuple[bool, str]:
     if pa.types.is_dictionary(typ) and tensor_form(typ.value_type) is None:
         return gather_form(typ.value_type)  # gathered as its values' Python objects
     if is_number_list(typ):
-        return False, f"list of 1-D {_dtype_name(typ.value_type)} tensors"
+        return False, f"{NUMBER_LISTS} {_dtype_name(typ.value_type)} tensors"
     if pa.types.is_string(typ) or pa.types.is_large_string(typ):
         return False, "list of str"
     if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):

@@ -41,7 +41,15 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ConfigError, DecodeError, SchemaMismatchError
-from ._kinds import Kind, at, is_numeric, kind_for_type, kind_for_value, try_build
+from ._kinds import (
+    EMPTY_LIST,
+    Kind,
+    at,
+    is_numeric,
+    kind_for_type,
+    kind_for_value,
+    try_build,
+)
 from ._numpy_arrow import to_numpy
 from ._tensor_types import first_null_row, innermost_values, is_any_list, tensor_form
 from .row_arrays import RowArrays
@@ -54,6 +62,7 @@ __all__ = [
     "columns_to_batch",
     "infer_schema",
     "infer_schema_from_columns",
+    "merge_inferred",
     "records_to_batch",
     "tensor_type",
 ]
@@ -95,6 +104,57 @@ def infer_schema_from_columns(columns: Mapping[str, Any], num_records: int) -> p
             first = value[0] if num_records else None
             fields.append(pa.field(name, kind_for_value(name, first)))
     return pa.schema(fields)
+
+
+def merge_inferred(schemas: Sequence[pa.Schema]) -> pa.Schema:
+    """One schema from those of the first records (each inferred alone).
+
+    A 1-D numeric column whose length differs between them, or that is empty in one, is a
+    variable-length list (``list<value_type>``); a column of Python numbers that are ints in
+    some and floats in others is float64. Anything else takes the first record's type: a later
+    record that does not fit is reported as it is read, naming it.
+    """
+    first = schemas[0]
+    fields = []
+    for index, field in enumerate(first):
+        types = [s.field(index).type for s in schemas if s.names == first.names]
+        fields.append(pa.field(field.name, _merged_type(field.name, types, len(schemas))))
+    return pa.schema(fields)
+
+
+def _one_dim(typ: pa.DataType) -> tuple[pa.DataType | None, int | None] | None:
+    """(value type, length) of a 1-D numeric column type: length None for a list, value type
+    None for an empty list; None for other types."""
+    if typ == EMPTY_LIST:
+        return None, None
+    if isinstance(typ, pa.FixedShapeTensorType) and len(typ.shape) == 1:
+        return typ.value_type, typ.shape[0]
+    if pa.types.is_list(typ) and is_numeric(typ.value_type):
+        return typ.value_type, None
+    return None
+
+
+def _merged_type(name: str, types: list[pa.DataType], sampled: int) -> pa.DataType:
+    if all(t == types[0] for t in types) and types[0] != EMPTY_LIST:
+        return types[0]
+    numbers = {pa.int64(), pa.float64()}
+    if all(t in numbers for t in types):
+        return pa.float64()
+    dims = [d for d in map(_one_dim, types) if d is not None]
+    if len(dims) < len(types):  # not all 1-D numeric: the first record's type stands
+        return types[0]
+    values = [value for value, _length in dims if value is not None]
+    if not values:
+        raise DecodeError(
+            f"column {name!r} holds an empty list in each of the first {sampled} records, so "
+            "the type of its values cannot be inferred: pass schema= with "
+            "pa.list_(pa.int64()) (or the value type it holds)"
+        )
+    value = pa.float64() if set(values) == numbers else values[0]
+    lengths = {length for _value, length in dims}
+    if len(lengths) == 1 and None not in lengths:  # one length: ints and floats in the rows
+        return pa.fixed_shape_tensor(value, (lengths.pop(),))
+    return pa.list_(value)
 
 
 class BatchBuilder:

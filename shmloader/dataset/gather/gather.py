@@ -24,11 +24,12 @@ import torch
 
 from ...errors import ConfigError, DataError
 from ...shm.region import Region
-from ...sources._numpy_arrow import from_numpy, to_numpy
+from ...sources._numpy_arrow import from_numpy
 from ...sources._tensor_types import first_null_row, is_number_list, tensor_form
 from ...sources.columns import column_to_numpy
 from ..core.batch import Batch
 from ..core.indices import SegmentRows, group_rows
+from .ragged import LISTS, RaggedForm, ragged_columns
 
 
 @dataclass(frozen=True)
@@ -166,13 +167,14 @@ def gather(
     grouped: tuple[list[SegmentRows], np.ndarray] | None = None,
     alloc: Callable[[list[tuple[tuple[int, ...], np.dtype]]], Sequence[Any]] | None = None,
     of_batch: BatchSegments | None = None,
+    ragged: RaggedForm = LISTS,
 ) -> dict[str, object]:
     """Gather ``indices`` into one batch: column name -> tensor (or list, see below).
 
     Rows are grouped by segment (stable order), so the batch holds the same samples as the index
     list, grouped by segment. Dense columns become one tensor of shape ``(n, *shape)``; boolean
     columns a bool tensor; string and bytes columns a list of ``str`` / ``bytes``; variable-length
-    numeric lists a list of 1-D tensors (their lengths differ, so they cannot be stacked).
+    numeric lists as ``ragged`` says (ragged.py: a list of 1-D tensors by default).
 
     With ``region`` (the segments' views were made in it), a dense column whose segments all
     line up in the region is copied with one ``take`` for the whole batch; otherwise one per
@@ -206,7 +208,7 @@ def gather(
         if first[name].dense is not None:
             out[name] = next(results)[0]
         else:
-            out[name] = _gather_arrow(segments, groups, name)
+            out.update(_gather_arrow(segments, groups, name, ragged))
     return out
 
 
@@ -311,8 +313,13 @@ def _checked(views: dict[str, ColumnView], name: str, proto: np.ndarray) -> np.n
 
 
 def _gather_arrow(
-    segments: list[dict[str, ColumnView]], groups: list[SegmentRows], name: str
-) -> object:
+    segments: list[dict[str, ColumnView]],
+    groups: list[SegmentRows],
+    name: str,
+    ragged: RaggedForm,
+) -> dict[str, object]:
+    """The batch's entries for a column that is not a dense tensor: its name, and for a
+    variable-length list in a ``ragged`` form, the second column that form adds."""
     parts = []
     for views, group in zip(segments, groups, strict=True):
         array = views[name].arrow
@@ -321,15 +328,17 @@ def _gather_arrow(
         parts.append(array.take(from_numpy(group.rows.astype(np.int64, copy=False), pa.int64())))
     typ = parts[0].type
     if tensor_form(typ) is not None:  # booleans, copied out of their bits (nulls: segment_views)
-        return torch.from_numpy(np.concatenate([column_to_numpy(p) for p in parts]))
+        return {name: torch.from_numpy(np.concatenate([column_to_numpy(p) for p in parts]))}
     if is_number_list(typ):
-        # Copied: a tensor must not keep a released segment's mapping alive.
-        return [
-            None if not item.is_valid else torch.tensor(to_numpy(item.values))
-            for part in parts
-            for item in part
-        ]
-    return [v for part in parts for v in part.to_pylist()]
+        extra = ragged.extra_column(name)
+        if extra is not None and extra in segments[0]:
+            raise ConfigError(
+                f"ragged={ragged.form!r} adds a column {extra!r} for the lengths of "
+                f"{name!r}, and the data has a column of that name: rename it in decode, or "
+                "leave it out with columns="
+            )
+        return dict(ragged_columns(name, parts, ragged))
+    return {name: [v for part in parts for v in part.to_pylist()]}
 
 
 def _refuse_nulls(column: pa.Array, name: str) -> None:

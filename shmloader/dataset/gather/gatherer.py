@@ -30,6 +30,7 @@ from .gather import (
     segment_views,
 )
 from .ledger import LedgerWriter, ledger_dir
+from .ragged import LISTS, RaggedForm
 from .ring import BatchRing, RingBatch
 from .slot_table import SlotTable
 from .view_cache import ParsedViews
@@ -63,9 +64,12 @@ PARSED_MAX = 256
 
 
 class Gatherer:
-    def __init__(self, store: StoreHandle, columns: Sequence[str]) -> None:
+    def __init__(
+        self, store: StoreHandle, columns: Sequence[str], ragged: RaggedForm = LISTS
+    ) -> None:
         self.store = store  # StoreHandle: picklable, never deletes the store
         self.columns = list(columns)
+        self.ragged = ragged  # how batches hold variable-length lists (ragged.py)
         # Slots of a batch ring per DataLoader worker (ring.py); 0: torch's transport.
         self._ring_slots = 0
         self._ring: BatchRing | None = None
@@ -246,7 +250,8 @@ class Gatherer:
             last = self._last = (slots, batch_segments(self.views, slots))
             self._table = SlotTable.of(slots, last[1], self.columns, self._region)
         region = self._region_here()
-        return gather(self.views, idx, self.columns, region, grouped, into, last[1]), grouped[0]
+        batch = gather(self.views, idx, self.columns, region, grouped, into, last[1], self.ragged)
+        return batch, grouped[0]
 
     def _ring_for(self, nbytes: int) -> BatchRing | None:
         """This worker's ring, made for batches of about ``nbytes`` on first use."""

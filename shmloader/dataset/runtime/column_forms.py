@@ -12,11 +12,14 @@ any of its rows is handed out.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from ...errors import DataError
 from ...reader.messages import Ready
-from ...sources._tensor_types import NULLS, forms_agree
+from ...sources._tensor_types import NULLS, NUMBER_LISTS, forms_agree
+
+log = logging.getLogger(__name__)
 
 Form = tuple[bool, str]  # sources._tensor_types.gather_form
 
@@ -27,8 +30,10 @@ class FormCheck:
     A column that task gave as nulls (type null) takes the form of the first task that gives
     it one; messages name the task that set the form they compare with."""
 
-    def __init__(self, columns: Sequence[str] | None) -> None:
+    def __init__(self, columns: Sequence[str] | None, *, ragged_given: bool = True) -> None:
         self._columns = None if columns is None else frozenset(columns)  # columns= of batches
+        # ragged= left to its default: the first task with a variable-length list says so.
+        self._tell_lists = not ragged_given
         self._first: Ready | None = None
         self._known: dict[str, tuple[Form, Ready]] = {}  # column -> form, task that set it
 
@@ -44,6 +49,7 @@ class FormCheck:
         if self._first is None:
             self._first = ready
             self._known = {name: (form, ready) for name, form in forms.items()}
+            self._say_lists(forms)
             return None
         known = self._known
         if forms.keys() != known.keys():
@@ -69,6 +75,22 @@ class FormCheck:
             "must give every task the same columns, each of one type and row shape "
             '(docs/dataset.md, "Batches")',
             path=ready.path,
+        )
+
+    def _say_lists(self, forms: dict[str, Form]) -> None:
+        """Say once what a batch holds for variable-length list columns, and the choices,
+        when ``ragged=`` was not given: a list of tensors is not what a model takes."""
+        lists = [name for name, (_, words) in forms.items() if words.startswith(NUMBER_LISTS)]
+        if not lists or not self._tell_lists:
+            return
+        self._tell_lists = False
+        log.warning(
+            "column(s) %s hold lists whose length varies from record to record: each batch "
+            "gives such a column as a list of 1-D tensors. SharedTaskDataset(ragged='padded') "
+            "gives one padded tensor and a '<name>_lengths' column instead, ragged='offsets' "
+            "the values and '<name>_offsets'; ragged='list' keeps the lists and says nothing "
+            '(docs/dataset.md, "Variable-length columns"; said once)',
+            ", ".join(map(repr, lists)),
         )
 
 

@@ -23,6 +23,7 @@ from ...shm.sizes import parse_size
 from ...sources.arrow import ArrowSource
 from ...sources.base import Source
 from ...sources.hf import HFDataset, is_hf_dataset, refuse_other_hf
+from ..gather.ragged import LISTS, Ragged, RaggedForm
 from .launcher import TORCHRUN, Rendezvous, rendezvous_from_env
 from .reader_scaling import auto_bounds
 
@@ -50,6 +51,10 @@ class DatasetOptions:
     shm_dir: str | None
     columns: tuple[str, ...] | None  # the batches' columns (None: all)
     cache: bool = False  # decoded tasks kept in the store for the next epochs
+    # How batches hold variable-length list columns (gather/ragged.py); ragged_given: chosen,
+    # not the default (which is said once when such a column appears).
+    ragged: RaggedForm = LISTS
+    ragged_given: bool = False
 
     @property
     def standalone_master(self) -> str | None:
@@ -87,6 +92,8 @@ class DatasetOptions:
         shm_dir: str | None,
         columns: Sequence[str] | None,
         cache: bool = False,
+        ragged: Ragged | None = None,
+        pad_value: int | float = 0,
     ) -> DatasetOptions:
         """The options, or the ConfigError of the first that does not fit (the defaults are
         ``SharedTaskDataset``'s signature's)."""
@@ -164,6 +171,8 @@ class DatasetOptions:
             shm_dir=shm_dir,
             columns=None if columns is None else tuple(columns),
             cache=cache,
+            ragged=RaggedForm.checked("list" if ragged is None else ragged, pad_value),
+            ragged_given=ragged is not None,
         )
 
 

@@ -95,7 +95,7 @@ class Runtime:
         self._largest_segment = 0
         self._said_not_cached = False  # cache=True and a decode that draws random numbers
         self.cache_use = CacheUse()  # cache=True: what the cache kept and missed
-        self._forms = FormCheck(options.columns)
+        self._forms = FormCheck(options.columns, ragged_given=options.ragged_given)
         self._closed = False
         self._left = False  # the consumer's Leave was sent (by close() or the SIGTERM hook)
         self._maintenance: Maintenance | None = None

@@ -1,0 +1,109 @@
+"""Variable-length numeric list columns in a batch: token ids, boxes, anything whose length
+differs from record to record.
+
+A tensor needs rows of one length, so such a column cannot become one tensor as it is.
+``SharedTaskDataset(ragged=...)`` chooses what a batch holds instead, for column ``name``:
+
+- ``"list"``: ``batch[name]`` is a list of 1-D tensors, one per row (``None`` for a null row);
+- ``"padded"``: ``batch[name]`` is one ``(rows, longest)`` tensor, each row's values followed
+  by ``pad_value``, and ``batch[name + "_lengths"]`` the int64 length of each row, as
+  ``torch.nn.utils.rnn.pad_sequence`` would build it (a mask is ``arange(longest) <
+  lengths[:, None]``);
+- ``"offsets"``: ``batch[name]`` is every row's values one after the other (1-D), and
+  ``batch[name + "_offsets"]`` the int64 ``rows + 1`` offsets where each row starts and the
+  last ends: ``torch.nested.nested_tensor_from_jagged(values, offsets)`` makes a nested
+  tensor of them without a copy, and an ``EmbeddingBag`` takes them as they are.
+
+The values are copied out of shared memory either way (a tensor must not keep a released
+segment's mapping alive), with one vectorised scatter for the padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, cast, get_args
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ...errors import ConfigError, DataError
+from ...sources._numpy_arrow import to_numpy
+
+Ragged = Literal["list", "padded", "offsets"]
+RAGGED_CHOICES: tuple[str, ...] = get_args(Ragged)
+SUFFIX: dict[str, str] = {"padded": "_lengths", "offsets": "_offsets"}
+
+
+@dataclass(frozen=True)
+class RaggedForm:
+    """How a batch holds variable-length list columns (see the module docstring)."""
+
+    form: Ragged = "list"
+    pad_value: int | float = 0
+
+    @classmethod
+    def checked(cls, form: object, pad_value: object) -> RaggedForm:
+        """The form, or a ConfigError that names the choices."""
+        if form not in RAGGED_CHOICES:
+            raise ConfigError(
+                f"ragged must be one of {', '.join(map(repr, RAGGED_CHOICES))}, got {form!r}"
+            )
+        if isinstance(pad_value, bool) or not isinstance(pad_value, (int, float)):
+            raise ConfigError(f"pad_value must be a number, got {pad_value!r}")
+        return cls(cast(Ragged, form), pad_value)
+
+    def extra_column(self, name: str) -> str | None:
+        """The second column a batch gets for list column ``name`` (None for ``"list"``)."""
+        suffix = SUFFIX.get(self.form)
+        return None if suffix is None else name + suffix
+
+
+LISTS = RaggedForm()  # the default: variable-length lists as lists of tensors
+
+
+def ragged_columns(
+    name: str, parts: list[pa.Array], form: RaggedForm
+) -> dict[str, torch.Tensor | list[torch.Tensor | None]]:
+    """The batch's entries for list column ``name``, of the rows ``parts`` (the batch's rows
+    of each segment, in batch order)."""
+    if form.form == "list":
+        return {name: [_row(item) for part in parts for item in part]}
+    whole = pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
+    if whole.null_count:
+        raise DataError(
+            f"column {name!r} has a null row, which ragged={form.form!r} cannot hold "
+            "(ragged='list' gives None for it)"
+        )
+    offsets = to_numpy(whole.offsets).astype(np.int64)
+    offsets -= offsets[0]
+    values = np.array(to_numpy(whole.flatten()))  # copied: see the module docstring
+    extra = form.extra_column(name)
+    assert extra is not None
+    if form.form == "offsets":
+        return {name: torch.from_numpy(values), extra: torch.from_numpy(offsets)}
+    lengths = np.diff(offsets)
+    return {name: torch.from_numpy(_padded(values, offsets, lengths, form.pad_value, name)),
+            extra: torch.from_numpy(lengths)}  # fmt: skip
+
+
+def _padded(
+    values: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, pad: float, name: str
+) -> np.ndarray:
+    rows = len(lengths)
+    longest = int(lengths.max()) if rows else 0
+    fill = np.asarray(pad)
+    if values.dtype.kind in "iub" and fill.dtype.kind == "f" and not float(pad).is_integer():
+        raise ConfigError(
+            f"pad_value {pad!r} is not a value of column {name!r} ({values.dtype}): give an int"
+        )
+    out = np.full((rows, longest), pad, dtype=values.dtype)
+    row_of = np.repeat(np.arange(rows), lengths)
+    place = np.arange(len(values)) - np.repeat(offsets[:-1], lengths)
+    out[row_of, place] = values
+    return out
+
+
+def _row(item: pa.Scalar) -> torch.Tensor | None:
+    # Copied: a tensor must not keep a released segment's mapping alive.
+    return None if not item.is_valid else torch.tensor(to_numpy(item.values))
