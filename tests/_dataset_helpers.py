@@ -127,6 +127,16 @@ def data_loader(
     )
 
 
+def reader_pid(ds: Any, index: int) -> int:
+    """The pid of reader ``index`` of ``ds``, waiting for it if the reader was just forked
+    (its ``ReaderInfo.pid`` is 0 until the fork server says: ``os.kill(0, ...)`` would signal
+    the whole process group, this test's process included)."""
+    ds.runtime.pool.pids()
+    pid = int(ds.runtime.pool.readers[index].pid)
+    assert pid > 0, f"reader {index} has no pid"
+    return pid
+
+
 def ids_of(batch: dict[str, Any]) -> list[int]:
     """The batch's record ids, after checking its columns are aligned."""
     ids = batch["id"].numpy()

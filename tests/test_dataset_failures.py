@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _dataset_helpers import dataset, ids_of, shm_entries, source, write_dataset
+from _dataset_helpers import dataset, ids_of, reader_pid, shm_entries, source, write_dataset
 
 import shmloader
 from shmloader.shm.names import start_token
@@ -50,7 +50,7 @@ def catch_a_reader_inside_a_lease(ds: Any, index: int, patience: float) -> tuple
     info = ds.runtime.pool.readers[index]
     deadline = time.monotonic() + patience
     while True:
-        pid = info.pid
+        pid = reader_pid(ds, index)
         os.kill(pid, signal.SIGSTOP)
         relayed(ds, index, pid)
         lease = info.current_lease
@@ -215,7 +215,7 @@ def test_a_reader_killed_after_sealing_but_before_announcing_leaves_no_segment(
             assert time.monotonic() < deadline, "reader 0 was never caught writing a segment"
             while info.sealing is None and time.monotonic() < deadline:
                 time.sleep(0.01)
-            pid, orphan = info.pid, info.sealing
+            pid, orphan = reader_pid(ds, 0), info.sealing
             assert orphan is not None, "reader 0 was never seen writing a segment"
             os.kill(pid, signal.SIGSTOP)
             relayed(ds, 0, pid)

@@ -130,7 +130,8 @@ def _run(tmp_path, *, consumer_timeout: float, declared_dead: bool):
         try:
             wait_for_batches(a, out, log, 3)
             # The whole trainer stalls (its readers too): nobody renews its leases.
-            pids = [a.pid, *(c.pid for c in psutil.Process(a.pid).children())]
+            # Its readers are children of its readers' fork server: recursive.
+            pids = [a.pid, *(c.pid for c in psutil.Process(a.pid).children(recursive=True))]
             for pid in pids:
                 os.kill(pid, signal.SIGSTOP)
             stopped = time.monotonic()

@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _dataset_helpers import Trainer, ids_of, shm_entries, source, wait_gone, write_dataset
+from _dataset_helpers import (
+    Trainer,
+    ids_of,
+    reader_pid,
+    shm_entries,
+    source,
+    wait_gone,
+    write_dataset,
+)
 
 import shmloader
 
@@ -168,7 +176,7 @@ def test_sigterm_while_close_stops_the_readers_still_leaves_the_master(
         leased = _waiter("the reader to lease")
         while not master.progress().counters["granted"]:
             leased()
-        reader = pool.readers[0].pid
+        reader = reader_pid(ds, 0)
         os.kill(reader, signal.SIGSTOP)  # close() then waits for it to stop
         left: list[list[str]] = []
 
