@@ -25,14 +25,14 @@ def window(**figures: float) -> ScalingWindow:
         "sampler_wait": 0.0,
         "reader_busy": 0.5,
         "reader_room_wait": 0.0,
-        "idle_cores": 1.0,
+        "spare_cores": 1.0,
         "rows_per_second": 1000.0,
     }
     base.update(figures)
     return ScalingWindow(**base)
 
 
-STARVED = {"sampler_wait": 0.5, "reader_busy": 0.95, "idle_cores": 1.0}
+STARVED = {"sampler_wait": 0.5, "reader_busy": 0.95, "spare_cores": 1.0}
 
 
 def test_a_reader_is_added_while_the_loop_waits_and_kept_when_the_loop_got_faster():
@@ -54,7 +54,7 @@ def test_a_reader_that_did_not_pay_is_retired_and_the_count_is_a_ceiling_for_a_w
 
 
 def test_no_reader_is_added_without_free_cores_at_the_bound_or_for_readers_that_wait_for_room():
-    assert ReaderScaling(1, 4).decide(2, window(**{**STARVED, "idle_cores": 0.1})) is Scale.HOLD
+    assert ReaderScaling(1, 4).decide(2, window(**{**STARVED, "spare_cores": 0.1})) is Scale.HOLD
     assert ReaderScaling(1, 2).decide(2, window(**STARVED)) is Scale.HOLD
     room = {**STARVED, "reader_busy": 0.2, "reader_room_wait": 0.8}
     assert ReaderScaling(1, 4).decide(2, window(**room)) is Scale.HOLD

@@ -72,10 +72,12 @@ def test_stats_of_a_running_dataset_with_an_embedded_master(tmp_path, capsys) ->
         shm_budget="8MiB",
         shm_dir=str(tmp_path),
     ) as ds:
-        assert ds.master_address is None  # not started: no embedded master yet
+        assert not ds.started
+        address = ds.master_address  # asking starts it: the address is there before a batch
+        assert ds.started and address is not None and address.startswith("127.0.0.1:")
         rows = [r for batch in shmloader.DataLoader(ds, batch_size=8) for r in batch["record"]]
         assert len(rows) == 40
-        assert main(["stats", str(ds.master_address), "--base", str(tmp_path)]) == 0
+        assert main(["stats", address, "--base", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "trainers: 1" in out and "1 live store(s)" in out
     assert "epoch 0 (" in out and "/40 records done" in out

@@ -52,11 +52,13 @@ def until(url: str, done: Callable[[Samples], bool], timeout: float = 20.0) -> S
 def test_an_embedded_master_serves_the_job_and_the_trainers_figures(tmp_path):
     expected = write_dataset(tmp_path / "data", [1000])
     with dataset(tmp_path / "data", tmp_path / "shm", metrics_port=0, epochs=2) as ds:
-        assert ds.metrics_url is None  # not started yet
+        assert not ds.started
+        first = ds.metrics_url  # asking starts the dataset, and its master serves them
+        assert ds.started and first is not None
         seen = Counter(i for b in shmloader.DataLoader(ds, batch_size=50) for i in ids_of(b))
         assert seen == Counter(expected)
         url = ds.metrics_url
-        assert url is not None and url.startswith("http://127.0.0.1:")
+        assert url == first and url.startswith("http://127.0.0.1:")
         samples = until(
             url,
             lambda s: sum(by_consumer(s, "shmloader_records_delivered_total").values()) == 1000,

@@ -602,20 +602,30 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
     @property
     def master_address(self) -> str | None:
-        """The master's ``host:port``: ``master=``, or the embedded master's once the dataset
-        started (None before). ``shmloader stats`` / ``top`` watch the job through it."""
+        """The master's ``host:port``: ``master=``, or the embedded master's, which asking
+        starts if the dataset has not started (as ``stats()`` does); None once it is closed.
+        ``shmloader stats`` / ``top`` watch the job through it, and other trainers join it."""
         standalone = self.options.standalone_master
         if standalone is not None:
             return standalone
-        return None if self._runtime is None else str(self._runtime.address)
+        runtime = self._runtime_unless_closed()
+        return None if runtime is None else str(runtime.address)
 
     @property
     def metrics_url(self) -> str | None:
-        """Where the embedded master serves the job's Prometheus metrics, once the dataset
-        started (None: ``metrics_port`` was not given, or the master is standalone)."""
-        if self._runtime is None or self._runtime.embedded is None:
+        """Where the embedded master serves the job's Prometheus metrics, which asking starts
+        if the dataset has not started (None: ``metrics_port`` was not given, the master is
+        standalone, or the dataset is closed)."""
+        if self.options.metrics_port is None:
             return None
-        return self._runtime.embedded.metrics_url
+        runtime = self._runtime_unless_closed()
+        if runtime is None or runtime.embedded is None:
+            return None
+        return runtime.embedded.metrics_url
+
+    def _runtime_unless_closed(self) -> Runtime | None:
+        """The runtime, started now if it has not (None in a closed dataset)."""
+        return None if self._closed else self._ensure_started()
 
     def stats(self) -> Stats:
         """A snapshot to tell whether readers keep up and what the job's memory costs;

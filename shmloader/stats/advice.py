@@ -30,7 +30,9 @@ READERS_IDLE = 0.30
 READERS_WAIT_FOR_ROOM = 0.30
 # The budget counts as used up when its peak reached this share of it.
 FULL_BUDGET = 0.80
-# Cores count as free when at least this many are idle on average.
+# Cores count as free when this job left at least this many of those it may run on unused,
+# on average. The job's own use, not the machine's: on a machine other jobs load, the kernel
+# shares the cores among processes, and more readers get this job a larger share of them.
 FREE_CORES = 0.75
 # Batches the loop must have received before its figures say anything (its first batches
 # wait for the readers to start).
@@ -80,6 +82,9 @@ class ProcessFigures(Protocol):
     @property
     def pss_by_epoch(self) -> Sequence[tuple[int, int]]: ...
 
+    @property
+    def alive(self) -> bool: ...
+
 
 class Figures(Protocol):
     """What the rules read of a snapshot (a :class:`~.stats.Stats`, whose docstring says what
@@ -113,7 +118,7 @@ class Figures(Protocol):
     def cpu_cores(self) -> int: ...
 
     @property
-    def cpu_busy_share(self) -> float: ...
+    def cpu_job_cores(self) -> float: ...
 
     @property
     def regranted_tasks(self) -> int: ...
@@ -171,22 +176,22 @@ def _feeding(stats: Figures) -> list[str]:
     n = len(running)
     busy = sum(r.busy_share for r in running) / n
     room = sum(r.room_wait_share for r in running) / n
-    free = (1.0 - stats.cpu_busy_share) * stats.cpu_cores
+    free = max(0.0, stats.cpu_cores - stats.cpu_job_cores)
+    job = f"this job kept {stats.cpu_job_cores:.1f} of {stats.cpu_cores} cores busy"
     waits = f"The loop waited for data {share:.0%} of its time ({on_readers:.0%} for the readers)"
     if share > LOOP_WAITS and on_readers >= share / 2:  # waiting on the readers, mostly
         if busy > READERS_BUSY and free >= FREE_CORES:
             return [
-                f"{waits}, while {_were(n)} busy {busy:.0%} of the time and {free:.1f} of "
-                f"{stats.cpu_cores} cores were idle: the readers are the bottleneck. Add "
-                f"readers (num_readers={n + max(1, int(free))}), or decode with a "
-                "decode_batch that works on many records at once."
+                f"{waits}, while {_were(n)} busy {busy:.0%} of the time and {job}: the "
+                f"readers are the bottleneck. Add readers (num_readers={n + max(1, int(free))}"
+                ', or "auto"), or decode with a decode_batch that works on many records at '
+                "once."
             ]
         if busy > READERS_BUSY:
             return [
-                f"{waits}, while {_were(n)} busy {busy:.0%} of the time and the machine's "
-                f"cores were {stats.cpu_busy_share:.0%} busy: decoding needs more CPU than is "
-                "free. More readers would not help; a cheaper decode would (a decode_batch, "
-                "fewer columns), or more cores."
+                f"{waits}, while {_were(n)} busy {busy:.0%} of the time and {job}: decoding "
+                "needs more CPU than this job's cores give. More readers would not help; a "
+                "cheaper decode would (a decode_batch, fewer columns), or more cores."
             ]
         if room > READERS_WAIT_FOR_ROOM:
             return [
@@ -202,10 +207,12 @@ def _feeding(stats: Figures) -> list[str]:
             "master, see whether it keeps up (shmloader top HOST:PORT)."
         ]
     if share > LOOP_WAITS:  # waiting for batches to be gathered and handed over
-        workers = "more DataLoader workers" if free >= FREE_CORES else "fewer columns"
+        workers = sum(p.role == "worker" and p.alive for p in stats.processes)
+        more = free >= FREE_CORES and workers < stats.cpu_cores  # a core for one more
+        try_ = f"more DataLoader workers (num_workers={workers + 1})" if more else "fewer columns"
         return [
             f"{waits}: the rows were ready, and the wait is gathering them into batches and "
-            f"handing those over. Try {workers}, or a larger batch_size (gathering costs "
+            f"handing those over. Try {try_}, or a larger batch_size (gathering costs "
             "less per row in larger batches)."
         ]
     if busy < READERS_IDLE or room > READERS_WAIT_FOR_ROOM:

@@ -26,6 +26,29 @@ PROBE_INTERVAL = 1.0
 COST_FACTOR = 100
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), which its job shares."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def job_cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and every live process below it: the
+    trainer, its DataLoader workers, the readers' fork server and the readers. What other
+    processes on the machine use is not counted: a job that shares the machine competes for
+    the cores, and more processes of its own get it a larger share of them."""
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return total
+
+
 # In /proc/PID/smaps: each mapping's header line (its path last), and its Pss line.
 _MAPPING = re.compile(rb"^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \S+ *(.*)$", re.MULTILINE)
 _PSS = re.compile(rb"^Pss: +(\d+) kB$", re.MULTILINE)
@@ -89,6 +112,11 @@ class ProcessProbe:
         self._children: tuple[float, list[int]] = (-float("inf"), [])
         self._cpu_start = psutil.cpu_times()
         self._cpu_last: tuple[float, float] = (0.0, 0.0)  # (busy share, at)
+        # For job_busy_cores: when the probe began, the trainer's own CPU seconds before it,
+        # and those of processes forgotten since (workers of earlier passes).
+        self._started = time.monotonic()
+        self._own_cpu_before = sum(psutil.Process().cpu_times()[:2])
+        self._forgotten_cpu = 0.0
 
     def usage(self, pid: int, epoch: int) -> Usage | None:
         """Process ``pid``'s figures, measured now unless they are recent (under ``interval``
@@ -138,8 +166,17 @@ class ProcessProbe:
     def forget(self, keep: set[int]) -> None:
         """Drop the figures of processes not in ``keep`` (workers of an earlier pass)."""
         for pid in [p for p in self._seen if p not in keep]:
+            self._forgotten_cpu += self._seen[pid].usage.cpu_seconds
             del self._seen[pid]
             self._epochs.pop(pid, None)
+
+    def job_busy_cores(self, cpu_seconds: float) -> float:
+        """Cores this job kept busy on average since the probe was made: ``cpu_seconds`` of
+        its processes measured now (the trainer's included) and of those forgotten since, less
+        what the trainer used before."""
+        elapsed = time.monotonic() - self._started
+        used = cpu_seconds + self._forgotten_cpu - self._own_cpu_before
+        return max(0.0, used / elapsed) if elapsed > 0 else 0.0
 
     def machine_busy_share(self) -> float:
         """The share of the machine's CPU time that was busy (any process) since the probe was
@@ -167,6 +204,10 @@ class ProcessProbe:
                 lifetime = time.time() - proc.create_time()
             mapped = 0 if self.segments_dir is None else pss_of_mappings(pid, self.segments_dir)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            return None
+        if info.rss == 0:
+            # A process that exited and was not reaped yet (a zombie) reads as empty: its
+            # figures are the last ones measured, not zeros ("PSS 0.0 MiB").
             return None
         pss = getattr(info, "pss", info.uss)
         memory = Memory(rss=info.rss, uss=info.uss, pss=pss, pss_segments=mapped)

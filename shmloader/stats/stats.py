@@ -114,8 +114,12 @@ class Stats:
       ``reader_wait_seconds``: of the wait, how long the sampler waited for tasks the readers
       had not made ready yet (the rest is gathering batches and handing them over);
       :attr:`reader_wait_share` over the steps' time too.
-    - ``cpu_cores``, ``cpu_busy_share``: the machine's cores, and the share of their time that
-      was busy (any process) since the dataset started.
+    - ``cpu_cores``: the cores this process may run on (its CPU affinity), which its readers
+      and workers share; ``cpu_job_cores``: how many of them this job's processes (the
+      trainer, its DataLoader workers, the readers and their fork server) kept busy on
+      average since the dataset started; ``cpu_busy_share``: the share of the machine's time
+      that was busy, any process's. Advice reads the job's figure: on a machine other jobs
+      load, more readers of this job still get it a larger share of the cores.
     - ``notes``: lines added to the printed summary; ``stats()`` leaves it empty.
     """
 
@@ -147,6 +151,7 @@ class Stats:
     regranted_records: int = 0
     cpu_cores: int = 1
     cpu_busy_share: float = 0.0
+    cpu_job_cores: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -228,10 +233,12 @@ class Stats:
             f"records consumed: {self.records_consumed} (of completed tasks: "
             f"{self.records_completed}), skipped: {self.records_skipped}, "
             f"task failures: {self.task_failures}, quarantined: {self.quarantined_tasks}",
-            f"epochs started/finished at the master: {self.epochs_started}/{self.epochs_finished}",
+            f"epochs at the master: {self.epochs_finished} finished, {self.epochs_started} "
+            "begun (readers lease ahead of the loop)",
             f"memory (PSS) of trainer + workers + readers: {self.total_pss / MIB:.1f} MiB; "
             f"with the segment files, each page once: {self.total_memory / MIB:.1f} MiB",
-            f"CPU: {self.cpu_busy_share:.0%} of {self.cpu_cores} cores busy since the start",
+            f"CPU: this job kept {self.cpu_job_cores:.1f} of {self.cpu_cores} cores busy since "
+            f"the start (the machine's were {self.cpu_busy_share:.0%} busy, any process)",
         ]
         if self.regranted_tasks:
             lines.append(

@@ -1,5 +1,5 @@
 """The shell of ``num_readers="auto"``: every ``SCALE_EVERY`` seconds it measures a window
-(the sampler's wait, the readers' work, the machine's idle cores) and carries out what
+(the sampler's wait, the readers' work, the cores this job left unused) and carries out what
 :class:`~shmloader.dataset.runtime.reader_scaling.ReaderScaling` decides, on the reader pool. The
 maintenance thread ticks it."""
 
@@ -9,9 +9,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import psutil
-
 from ...reader.pool import ReaderInfo, ReaderPool
+from ...stats.probe import job_cpu_seconds, usable_cores
 from ..accounting.plane import DataPlane
 from .reader_scaling import SCALE_EVERY, ReaderScaling, Scale, ScalingWindow
 
@@ -27,7 +26,7 @@ class _Mark:
     consumed: int
     busy: dict[int, float]  # reader index -> busy_seconds
     room: dict[int, float]  # reader index -> room_wait_seconds
-    cpu: tuple[float, float]  # (all, idle) seconds of the machine's CPUs
+    cpu: float  # CPU seconds of this job's processes (probe.job_cpu_seconds)
 
 
 @dataclass(eq=False)
@@ -36,7 +35,7 @@ class Autoscaler:
     plane: DataPlane
     scaling: ReaderScaling
     _mark: _Mark | None = field(default=None, init=False)
-    _cores: int = field(default_factory=lambda: psutil.cpu_count() or 1, init=False)
+    _cores: int = field(default_factory=usable_cores, init=False)
 
     def tick(self, now: float) -> Scale | None:
         """Close the window if it is over: decide, and add or retire a reader. Returns the
@@ -55,13 +54,14 @@ class Autoscaler:
             sampler_wait=min(1.0, (self._mark.sampler_wait - mark.sampler_wait) / seconds),
             reader_busy=_share(whole, mark.busy, lambda r: r.busy_seconds, seconds),
             reader_room_wait=_share(whole, mark.room, lambda r: r.room_wait_seconds, seconds),
-            idle_cores=_idle_cores(mark.cpu, self._mark.cpu, self._cores),
+            spare_cores=max(0.0, self._cores - max(0.0, self._mark.cpu - mark.cpu) / seconds),
             rows_per_second=(self._mark.consumed - mark.consumed) / seconds,
         )
         decision = self.scaling.decide(len(running), window)
-        log.debug("num_readers='auto': %d readers, %s: %s", len(running), window, decision)
+        seen = window.describe(self._cores)
+        log.debug("num_readers='auto': %d readers, %s: %s", len(running), seen, decision.value)
         if decision is Scale.ADD:
-            log.info("num_readers='auto': adding a reader to %d (%s)", len(running), window)
+            log.info("num_readers='auto': adding a reader to %d (%s)", len(running), seen)
             self.pool.add()
         elif decision is Scale.RETIRE:
             retired = self.pool.retire()
@@ -70,20 +70,19 @@ class Autoscaler:
                     "num_readers='auto': retiring reader %d of %d (%s)",
                     retired.index,
                     len(running),
-                    window,
+                    seen,
                 )
         return decision
 
     def _counters(self, now: float) -> _Mark:
         readers = self.pool.running()
-        cpu = psutil.cpu_times()
         return _Mark(
             at=now,
             sampler_wait=self.plane.ready.waited_seconds,
             consumed=self.plane.figures().consumed_rows,
             busy={r.index: r.busy_seconds for r in readers},
             room={r.index: r.room_wait_seconds for r in readers},
-            cpu=(sum(cpu), cpu.idle + getattr(cpu, "iowait", 0.0)),
+            cpu=job_cpu_seconds(),
         )
 
 
@@ -97,8 +96,3 @@ def _share(
     if not readers:
         return 0.0
     return sum(now_of(r) - before[r.index] for r in readers) / len(readers) / seconds
-
-
-def _idle_cores(before: tuple[float, float], after: tuple[float, float], cores: int) -> float:
-    total = after[0] - before[0]
-    return cores * (after[1] - before[1]) / total if total > 0 else float(cores)

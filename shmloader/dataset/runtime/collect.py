@@ -12,10 +12,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
-import psutil
-
 from ...shm.space import space
-from ...stats.probe import PROBE_INTERVAL, ProcessProbe, Usage
+from ...stats.probe import PROBE_INTERVAL, ProcessProbe, Usage, usable_cores
 from ...stats.stats import ProcessStats, ReaderStats, Stats
 
 if TYPE_CHECKING:
@@ -48,7 +46,7 @@ class StatsCollector:
         self.probe = ProcessProbe(segments_dir, interval=interval)
         self.interval = interval
         self._progress: tuple[float, Progress | None] = (-float("inf"), None)
-        self._cores = psutil.cpu_count() or 1
+        self._cores = usable_cores()
         self._lock = threading.Lock()
 
     def collect(self, runtime: Observed, *, for_heartbeat: bool = False) -> Stats:
@@ -123,6 +121,7 @@ class StatsCollector:
             regranted_records=plane.lapsed_leases.records,
             cpu_cores=self._cores,
             cpu_busy_share=self.probe.machine_busy_share(),
+            cpu_job_cores=self.probe.job_busy_cores(sum(p.cpu_seconds for p in processes)),
         )
 
     def _master_progress(self, runtime: Observed) -> Progress:

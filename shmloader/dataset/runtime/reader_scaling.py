@@ -5,8 +5,10 @@ The decision is a pure function of the figures of windows of a few seconds
 them and starts or retires readers (``autoscale.py``). It climbs:
 
 - **add** a reader when the sampler waited for the readers in over ``WAITED`` of the window,
-  the readers were busy (reading, not waiting for room) over ``BUSY`` of theirs, and at
-  least ``FREE_CORES`` of the machine's cores were idle;
+  the readers were busy (reading, not waiting for room) over ``BUSY`` of theirs, and this
+  job left at least ``FREE_CORES`` of the cores it may run on unused. The job's own use, not
+  the machine's idle time: where other jobs load the machine, the kernel shares its cores
+  among the processes, and one reader more gets this job a larger share;
 - **keep it** only if it paid: ``SETTLE_WINDOWS`` after adding, the loop must consume at
   least ``GAIN`` more rows per second than in the window before; otherwise the reader is
   **retired** again, and the count it had is the ceiling for ``CEILING_WINDOWS`` windows
@@ -26,8 +28,9 @@ too, so they are never a reason to add one. The count stays within ``[low, high]
 from __future__ import annotations
 
 import enum
-import os
 from dataclasses import dataclass
+
+from ...stats.probe import usable_cores
 
 SCALE_EVERY = 2.0  # seconds of a window
 WAITED = 0.10
@@ -55,18 +58,23 @@ class ScalingWindow:
     sampler_wait: float  # the sampler waited for tasks the readers had not made ready
     reader_busy: float
     reader_room_wait: float
-    idle_cores: float  # the machine's cores idle, on average
+    spare_cores: float  # of the cores this process may run on, those the job left unused
     rows_per_second: float  # what the loop consumed
+
+    def describe(self, cores: int) -> str:
+        """The window in words, for the log."""
+        return (
+            f"the sampler waited {self.sampler_wait:.0%} of the last window for the readers, "
+            f"which were busy {self.reader_busy:.0%} and waited for room "
+            f"{self.reader_room_wait:.0%}; this job left {self.spare_cores:.1f} of {cores} "
+            f"cores unused; the loop took {self.rows_per_second:,.0f} rows/s"
+        )
 
 
 def auto_bounds() -> tuple[int, int]:
     """The fewest and most readers ``num_readers="auto"`` runs: 1, and the cores this process
     may run on."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return 1, max(1, cores)
+    return 1, usable_cores()
 
 
 @dataclass
@@ -102,7 +110,7 @@ class ReaderScaling:
             readers < most
             and window.sampler_wait > WAITED
             and window.reader_busy > BUSY
-            and window.idle_cores >= FREE_CORES
+            and window.spare_cores >= FREE_CORES
         ):
             self._before = window.rows_per_second
             return self._changed(Scale.ADD)

@@ -99,7 +99,8 @@ class Runtime:
         self._closed = False
         self._left = False  # the consumer's Leave was sent (by close() or the SIGTERM hook)
         self._maintenance: Maintenance | None = None
-        self._stats_collector: StatsCollector | None = None
+        # Made now, as the job starts: its CPU figures count from here (probe.py).
+        self._stats_collector = StatsCollector(store.handle().path)
         self._ahead = False  # the store's ``ahead`` hint as last set
         self._ahead_lock = threading.Lock()
         self.store = store  # owned (and closed) by the dataset
@@ -302,10 +303,8 @@ class Runtime:
         return self.stats_collector().collect(self, for_heartbeat=True).figures()
 
     def stats_collector(self) -> StatsCollector:
-        """What makes this dataset's ``stats()`` (made on first use: it keeps the last figures
-        of each process, so a call every step measures each at most once a second)."""
-        if self._stats_collector is None:
-            self._stats_collector = StatsCollector(self.store.handle().path)
+        """What makes this dataset's ``stats()``: it keeps the last figures of each process,
+        so a call every step measures each at most once a second."""
         return self._stats_collector
 
     def loop_state(self, also: np.ndarray | None = None, *, closing: bool = False) -> LoopState:
