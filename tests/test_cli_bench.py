@@ -17,7 +17,9 @@ def test_bench_prints_epochs_first_batch_memory_and_advice(tmp_path, capsys) -> 
     args = [path, "--readers", "1", "--records-per-task", "50", "--shm-budget", "8MiB"]
     assert main(["bench", *args, "--epochs", "2", "--batch-size", "32"]) == 0
     out = capsys.readouterr().out
-    assert "1 reader(s), 0 worker(s), batch 32, tasks of 50 records; first batch after" in out
+    assert "1 reader(s), 0 worker(s), batch 32, tasks of 50 records; first batch " in out
+    assert "s after ds.start() (the readers and the master starting included)" in out
+    assert "training loop: waited" in out and "for its first batch (from its first ask)" in out
     assert "epoch 0: 300 samples in" in out and "epoch 1: 300 samples in" in out
     assert "records consumed: 600" in out  # the dataset's own stats
     assert "is the most these settings deliver here" in out  # --step-ms 0
@@ -25,6 +27,10 @@ def test_bench_prints_epochs_first_batch_memory_and_advice(tmp_path, capsys) -> 
     result = json.loads(capsys.readouterr().out)
     assert [e["samples"] for e in result["epochs"]] == [300]
     assert result["step_ms"] == 1 and result["first_batch_seconds"] > 0
+    assert isinstance(result["advice"], list)
+    # Enough batches for the dataset's advice (stats.advice()), printed after its stats.
+    assert main(["bench", *args, "--epochs", "1", "--batch-size", "8", "--step-ms", "5"]) == 0
+    assert "\nadvice: " in capsys.readouterr().out
 
 
 def test_bench_refuses_what_does_not_fit(tmp_path, capsys) -> None:

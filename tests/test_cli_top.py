@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections import deque
 from collections.abc import Iterator
 
 import pytest
 
 from shmloader.cli.main import main
+from shmloader.cli.top import RATE_WINDOW, records_rate, wrapped
 from shmloader.master.client import MasterClient
 from shmloader.master.server import Master
 from shmloader.shm.store import SegmentStore
@@ -44,12 +47,49 @@ def test_stats_json_is_the_masters_progress(master, capsys) -> None:
     assert [c["consumer"] for c in data["consumers"]] == ["trainer-x"]
 
 
-def test_top_redraws_with_the_rate_since_the_last_frame(master, capsys) -> None:
+def test_top_redraws_with_the_rate_over_the_last_seconds(master, capsys) -> None:
     assert main(["top", master.address, "--interval", "0.05", "--count", "2"]) == 0
     frames = capsys.readouterr().out.strip().split("\n\n")
     assert len(frames) == 2
     assert "records/s" not in frames[0]
-    assert "0 records/s done since the last frame" in frames[1]
+    assert "0 records/s over the last 0 s" in frames[1]
+
+
+def test_the_rate_is_taken_over_a_window_not_one_frame() -> None:
+    """Tasks complete whole: per frame of 1 s the rate jumped between 0 and a task's worth."""
+    seen: deque[tuple[float, int]] = deque()
+    done = [0, 0, 4096, 4096, 4096, 8192, 8192, 8192, 12288, 12288, 12288, 16384, 16384]
+    rates = [records_rate(seen, float(t), d) for t, d in enumerate(done)]
+    assert rates[0] is None
+    steady = [r for r in rates[int(RATE_WINDOW) :] if r is not None]
+    assert steady and all(1000 < rate < 1700 and span >= 10 for rate, span in steady), steady
+
+
+def test_long_lines_wrap_between_words_under_their_first() -> None:
+    line = "  trainer-x  rank -  seen 0.1 s ago  " + "many words here " * 8
+    out = wrapped(line, 60).splitlines()
+    assert len(out) > 1 and all(len(x) <= 60 for x in out)
+    assert all(x.startswith("    ") for x in out[1:])  # under the first line, indented
+    assert " ".join(out).split() == line.split()  # no word cut
+
+
+def test_top_ends_when_the_finished_jobs_master_exits(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("SHMLOADER_MASTER_RETRY", "1")  # each call gives up on it after 1 s
+    m = Master([Shard("a", 10)], records_per_task=10, epochs=1).start()
+    with MasterClient(m.address) as client:
+        client.register("t")
+        (lease,) = client.lease("t", 1).leases
+        client.complete(lease.lease_id)
+    stopper = threading.Timer(0.5, m.stop)
+    stopper.start()
+    try:
+        code = main(["top", m.address, "--interval", "0.2", "--count", "100"])
+    finally:
+        stopper.join()
+    assert code == 0
+    out = capsys.readouterr().out
+    assert f"the job at {m.address} finished, and its master has exited" in out
+    assert all(line.count(m.address) <= 1 for line in out.splitlines())  # said once a line
 
 
 def test_an_unreachable_master_is_an_error_not_a_hang(capsys) -> None:

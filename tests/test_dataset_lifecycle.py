@@ -32,7 +32,10 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
     return directory, write_dataset(directory, [400, 250])
 
 
-def test_close_on_the_real_dev_shm_removes_everything(data: tuple[Path, list[int]]) -> None:
+def test_close_on_the_real_dev_shm_removes_everything(
+    data: tuple[Path, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SHMLOADER_SHM_DIR", raising=False)  # the default: /dev/shm itself
     directory, expected = data
     ds = shmloader.SharedTaskDataset(
         _source(directory), num_readers=2, records_per_task=100, epochs=1, shm_budget="8MiB"

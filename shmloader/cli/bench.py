@@ -164,6 +164,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "memory_pss_bytes": stats.total_pss,
         "memory_each_page_once_bytes": stats.total_memory,
         "stats": str(stats),
+        "advice": stats.advice(),
     }
 
 
@@ -171,8 +172,9 @@ def report(result: dict[str, Any]) -> str:
     lines = [
         f"{result['readers']} reader(s), {result['workers']} worker(s), batch "
         f"{result['batch_size']}, tasks of {result['records_per_task']} records"
-        f"{', cache=True' if result.get('cache') else ''}; first batch after "
-        f"{result['first_batch_seconds']:.2f} s"
+        f"{', cache=True' if result.get('cache') else ''}; first batch "
+        f"{result['first_batch_seconds']:.2f} s after ds.start() (the readers and the master "
+        "starting included)"
     ]
     for e in result["epochs"]:
         rate = e["samples"] / e["seconds"] if e["seconds"] else 0.0
@@ -182,6 +184,7 @@ def report(result: dict[str, Any]) -> str:
             f"{rate:,.0f} samples/s; the loop waited {share:.0%} of it for the next batch"
         )
     lines.append(result["stats"])
+    lines.extend(f"advice: {line}" for line in result.get("advice", []))
     lines.append(advice(result["epochs"], result["step_ms"]))
     return "\n".join(lines)
 

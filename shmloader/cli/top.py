@@ -4,7 +4,11 @@ Both ask a master (standalone, or an embedded one whose address the trainer prin
 progress: epochs, records done and leased, quarantined tasks, the trainers it serves and their
 leases (with several trainers sharing epochs, how the work splits between them), and its
 counters; and they list this machine's shared-memory stores. ``top`` redraws every
-``--interval`` seconds and shows how many records per second were done since the last frame.
+``--interval`` seconds and shows how many records per second were done over the last
+``RATE_WINDOW`` seconds: records count as done when their task completes, a task's records
+at once, so a rate over one short interval would jump between 0 and a task's worth. On a
+terminal, lines are wrapped at its width between words. When the job's master exits after
+its last epoch, ``top`` says so and ends.
 """
 
 from __future__ import annotations
@@ -12,8 +16,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
+import textwrap
 import time
+from collections import deque
 from typing import Any
 
 from ..errors import ShmloaderError
@@ -27,6 +34,7 @@ from ._help import plain
 from ._progress_text import counter_line, epoch_lines
 
 _CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
+RATE_WINDOW = 10.0  # seconds the rate of records done is taken over (at least two frames)
 
 
 def register(subparsers: Any) -> None:
@@ -108,7 +116,8 @@ def run_top(args: argparse.Namespace) -> int:
         print(f"shmloader top: {exc}", file=sys.stderr)
         return 1
     with client:
-        before: tuple[float, int] | None = None
+        seen: deque[tuple[float, int]] = deque()  # (time, records done) of recent frames
+        last: Progress | None = None
         frame = 0
         try:
             while True:
@@ -116,17 +125,22 @@ def run_top(args: argparse.Namespace) -> int:
                 try:
                     progress = client.progress()
                 except ShmloaderError as exc:
-                    if before is None:  # never reached: nothing to watch
+                    if last is None:  # never reached: nothing to watch
                         print(f"shmloader top: {exc}", file=sys.stderr)
                         return 1
-                    text = f"shmloader top: master {args.master} unreachable: {exc}"
+                    if last.finished:  # the job ended, and its master with it
+                        print(f"shmloader top: the job at {args.master} finished, and its "
+                              "master has exited", flush=True)  # fmt: skip
+                        return 0
+                    text = f"shmloader top: {exc}"  # it names the master
                 else:
-                    done = records_done(progress)
-                    rate = None if before is None else (done - before[1]) / (now - before[0])
-                    before = (now, done)
+                    last = progress
+                    rate = records_rate(seen, now, records_done(progress))
                     stores = reap_stale(args.base, dry_run=True)
                     text = render(args.master, progress, now, rate=rate, stores=stores)
-                print((_CLEAR if live else "") + text, flush=True)
+                if live:
+                    text = _CLEAR + wrapped(text, shutil.get_terminal_size().columns)
+                print(text, flush=True)
                 frame += 1
                 if args.count and frame >= args.count:
                     return 0
@@ -135,6 +149,39 @@ def run_top(args: argparse.Namespace) -> int:
                 time.sleep(args.interval)
         except KeyboardInterrupt:
             return 0
+
+
+def records_rate(
+    seen: deque[tuple[float, int]], now: float, done: int
+) -> tuple[float, float] | None:
+    """(records per second, over how many seconds) from the oldest frame of the last
+    ``RATE_WINDOW`` seconds to this one, which ``seen`` then holds too; None for a first."""
+    seen.append((now, done))
+    while len(seen) > 2 and now - seen[1][0] >= RATE_WINDOW:
+        seen.popleft()
+    then, before = seen[0]
+    span = now - then
+    return None if len(seen) < 2 or span <= 0 else ((done - before) / span, span)
+
+
+def wrapped(text: str, width: int) -> str:
+    """Each line of ``text`` wrapped at ``width`` between words, its continuation indented
+    under it: a terminal would otherwise wrap it mid-word."""
+    out = []
+    for line in text.splitlines():
+        indent = " " * (len(line) - len(line.lstrip()) + 2)
+        out.append(
+            textwrap.fill(
+                line,
+                max(width, 40),
+                subsequent_indent=indent,
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+            if len(line) > width
+            else line
+        )
+    return "\n".join(out)
 
 
 def records_done(p: Progress) -> int:
@@ -147,13 +194,14 @@ def render(
     p: Progress,
     now: float,
     *,
-    rate: float | None = None,
+    rate: tuple[float, float] | None = None,
     stores: ReapReport | None = None,
 ) -> str:
-    """One frame: the job at ``address``, its trainers, and this machine's stores."""
+    """One frame: the job at ``address``, its trainers, and this machine's stores. ``rate``:
+    (records done per second, over how many seconds)."""
     planned = "unbounded" if p.epochs_planned is None else str(p.epochs_planned)
     state = "finished" if p.finished else "running"
-    speed = "" if rate is None else f"; {rate:,.0f} records/s done since the last frame"
+    speed = "" if rate is None else f"; {rate[0]:,.0f} records/s over the last {rate[1]:.0f} s"
     lines = [
         f"master {address} ({state}): {p.epochs_finished} of {planned} epoch(s) finished, "
         f"{p.num_tasks} tasks, {p.total_records:,} records per epoch{speed}",

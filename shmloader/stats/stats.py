@@ -249,9 +249,9 @@ class Stats:
         if share is not None:
             first = self.first_batch_seconds or 0.0
             lines.append(
-                f"training loop: first batch after {first:.2f} s, then waited "
-                f"{self.loop_wait_seconds:.2f} s for data over {self.batches_delivered - 1} "
-                f"batches: {share:.0%} of its time, "
+                f"training loop: waited {first:.2f} s for its first batch (from its first "
+                f"ask), then {self.loop_wait_seconds:.2f} s for data over "
+                f"{self.batches_delivered - 1} batches: {share:.0%} of its time, "
                 f"{self.reader_wait_share or 0.0:.0%} waiting for the readers"
             )
         for r in self.readers:
