@@ -19,7 +19,7 @@ from __future__ import annotations
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -92,8 +92,11 @@ def fabric_run(folder: Path) -> list[int]:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer = fabric.setup(model, optimizer)
     with dataset(folder) as ds:
-        loader = fabric.setup_dataloaders(shmloader.DataLoader(ds, batch_size=BATCH))
-        assert isinstance(loader, torch.utils.data.DataLoader)  # one given, one back
+        # Fabric wraps the loader it is given (one in, one out: typed as that one).
+        loader = cast(
+            shmloader.DataLoader,
+            fabric.setup_dataloaders(shmloader.DataLoader(ds, batch_size=BATCH)),
+        )
         for step, batch in enumerate(loader):
             seen += batch["id"].tolist()
             if step + 1 == 10:

@@ -12,7 +12,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from _dataset_helpers import dataset, ids_of, write_dataset
+from _dataset_helpers import dataset, ids_of, reader_pid, write_dataset
 from _decoders import HOLDERS_ENV, SCHEMA, decode_holding_fds
 
 import shmloader
@@ -35,7 +35,7 @@ def test_readers_that_die_now_and_then_are_restarted_past_the_cap(tmp_path: Path
                 # A death once the reader read a task since the last one (not a crash loop).
                 if i == 1 and kills < 5 and info.tasks > read_at_kill:
                     read_at_kill = info.tasks
-                    os.kill(info.pid, signal.SIGKILL)
+                    os.kill(reader_pid(ds, 0), signal.SIGKILL)  # the running one's, known
                     kills += 1
             assert sorted(got) == expected, f"epoch {epoch}"
             if kills == 5 and info.restarts == 5:
@@ -75,7 +75,7 @@ def test_a_reader_whose_pipe_outlives_it_is_seen_dead_and_replaced(
             for i, batch in enumerate(shmloader.DataLoader(ds, batch_size=50)):
                 got += ids_of(batch)
                 if i == 1:
-                    os.kill(info.pid, signal.SIGKILL)
+                    os.kill(reader_pid(ds, 0), signal.SIGKILL)
             assert sorted(got) == expected
             assert info.restarts == 1 and info.exit_codes == [-signal.SIGKILL]
             assert len(os.listdir(holders)) == 2  # the pipe of the first was held open

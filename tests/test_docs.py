@@ -2,7 +2,7 @@
 and every ``shmloader.X(...)`` it calls names a public callable that takes the keywords given;
 a block that lists signatures (``Name(params) -> result``, one per line or over several) lists
 each public one as it is, parameters and keyword-only marker alike. (The pages' runnable
-examples are files in examples/, which tests/test_examples.py runs.)"""
+examples are copies of files in examples/, which tests/test_examples.py runs.)"""
 
 from __future__ import annotations
 
@@ -21,13 +21,11 @@ BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
 def python_blocks(page: Path) -> list[tuple[int, str]]:
-    """(line, source) of each ```python block of ``page``, but blocks a snippet includes."""
+    """(line, source) of each ```python block of ``page`` (the examples' copies too)."""
     text = page.read_text()
     out = []
     for m in BLOCK.finditer(text):
         source = m.group(1)
-        if source.lstrip().startswith("--8<--"):
-            continue  # an example file, run by tests/test_examples.py
         out.append((text[: m.start()].count("\n") + 1, source))
     return out
 
@@ -131,15 +129,17 @@ def test_every_python_block_parses_and_calls_what_exists(page: Path) -> None:
     assert not problems, "\n".join(problems)
 
 
-SNIPPET = re.compile(r'^--8<-- "(examples/[^":]+)(?::[^"]*)?"$', re.MULTILINE)
+# The comment that names where a page's copy of an example comes from
+# (scripts/sync_doc_examples.py keeps the copy equal to it).
+EXAMPLE = re.compile(r"^<!-- example: (examples/[\w/.-]+?)(?::[\w-]+)? -->$", re.MULTILINE)
 
 
-def test_every_example_a_page_includes_is_run_by_a_test() -> None:
-    """A page that includes an example file shows code that runs: tests/test_examples.py runs
-    each file a page includes (by name), so an included example cannot rot unseen."""
-    included = {m[1] for page in PAGES for m in SNIPPET.finditer(page.read_text())}
-    assert included, "no page includes an example file"
+def test_every_example_a_page_shows_is_run_by_a_test() -> None:
+    """A page that shows an example file shows code that runs: tests/test_examples.py runs
+    each file a page copies (by name), so a shown example cannot rot unseen."""
+    included = {m[1] for page in PAGES for m in EXAMPLE.finditer(page.read_text())}
+    assert included, "no page shows an example file"
     runner = (ROOT / "tests" / "test_examples.py").read_text()
     for path in sorted(included):
-        assert (ROOT / path).is_file(), f"a page includes {path}, which does not exist"
-        assert f'"{Path(path).name}"' in runner, f"{path} is included by a page but no test runs it"
+        assert (ROOT / path).is_file(), f"a page shows {path}, which does not exist"
+        assert f'"{Path(path).name}"' in runner, f"{path} is shown by a page but no test runs it"

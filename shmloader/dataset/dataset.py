@@ -24,11 +24,11 @@ from ..shm.store import SegmentStore
 from ..sources.base import Source
 from ..sources.hf import HFDataset
 from .core.indices import ROW_BITS, encode_indices
+from .core.ragged_form import Ragged
 from .core.receipts import Receipt, as_array, receipt_of
 from .gather import ring
 from .gather.gather import gather, segment_views
 from .gather.gatherer import Gatherer
-from .gather.ragged import Ragged
 from .gather.ring import RingBatch
 from .order.batch_sampler import TaskBatchSampler
 from .order.blocks import DEFAULT_SHUFFLE_WINDOW

@@ -29,7 +29,8 @@ from ...sources._tensor_types import first_null_row, is_number_list, tensor_form
 from ...sources.columns import column_to_numpy
 from ..core.batch import Batch
 from ..core.indices import SegmentRows, group_rows
-from .ragged import LISTS, RaggedForm, ragged_columns
+from ..core.ragged_form import LISTS, RaggedForm
+from .ragged import ragged_columns
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from ...shm.kept import KeptMappings
 from ...shm.region import Placed, Region
 from ...shm.store import StoreHandle, read_segment
 from ..core.indices import SegmentRows, group_rows, is_sorted, slot_name
+from ..core.ragged_form import LISTS, RaggedForm
 from ..core.receipts import Receipt
 from .gather import (
     BatchSegments,
@@ -30,7 +31,6 @@ from .gather import (
     segment_views,
 )
 from .ledger import LedgerWriter, ledger_dir
-from .ragged import LISTS, RaggedForm
 from .ring import BatchRing, RingBatch
 from .slot_table import SlotTable
 from .view_cache import ParsedViews

@@ -23,7 +23,7 @@ from ...shm.sizes import parse_size
 from ...sources.arrow import ArrowSource
 from ...sources.base import Source
 from ...sources.hf import HFDataset, is_hf_dataset, refuse_other_hf
-from ..gather.ragged import LISTS, Ragged, RaggedForm
+from ..core.ragged_form import LISTS, Ragged, RaggedForm
 from .launcher import TORCHRUN, Rendezvous, rendezvous_from_env
 from .reader_scaling import auto_bounds
 
