@@ -151,6 +151,7 @@ def test_a_python_list_of_another_length_gets_the_list_schema_hint(other: list) 
         (7, pa.uint8(), True),
         (300, pa.uint8(), False),
         (-1, pa.uint32(), False),
+        ([1, 300], pa.list_(pa.uint8()), False),  # numpy 1 wrapped these around, silently
         (1.5, pa.int64(), False),
         (1, pa.bool_(), False),
         (True, pa.int8(), True),

@@ -150,3 +150,24 @@ def test_pickled_source_reads_the_same(tmp_path: Path) -> None:
     for shard in plan:
         a, b = source.read(shard, 8, 20), clone.read(shard, 8, 20)
         assert a.equals(b) and a.schema.field("emb").type == tensor_type(np.float32, (4,))
+
+
+def test_rows_are_counted_without_count_rows_too(tmp_path: Path) -> None:
+    """pyarrow before ``RecordBatchFileReader.count_rows`` (the package takes pyarrow 19):
+    the plan counts the rows from the batches instead."""
+    from shmloader.sources.arrow import _count_rows
+
+    path = tmp_path / "f.arrow"
+    batches = [pa.record_batch([pa.array(range(n), pa.int64())], names=["x"]) for n in (3, 0, 5)]
+    with pa.OSFile(str(path), "wb") as f, pa.ipc.new_file(f, batches[0].schema) as w:
+        for b in batches:
+            w.write_batch(b)
+
+    class Older:  # a reader of such a pyarrow: the same, without count_rows
+        def __init__(self, reader: pa.ipc.RecordBatchFileReader) -> None:
+            self.num_record_batches = reader.num_record_batches
+            self.get_batch = reader.get_batch
+
+    with pa.memory_map(str(path)) as source:
+        reader = pa.ipc.open_file(source)
+        assert _count_rows(reader) == _count_rows(Older(reader)) == 8  # type: ignore[arg-type]

@@ -85,10 +85,26 @@ def _cast(name: str, expected: str, value: Any, dst: np.dtype) -> Any:
         ok = dst.kind in _PYTHON_TARGETS[src.kind] if from_python else np.can_cast(src, dst, "safe")
         if not ok:
             raise _mismatch(name, expected, value, f"{src} cannot be cast to {dst} safely")
+        if from_python and dst.kind in "iu":
+            _check_fits(name, expected, value, dst)
     try:
         return np.asarray(value, dtype=dst)
     except OverflowError as exc:
         raise _mismatch(name, expected, value, f"does not fit {dst}") from exc
+
+
+def _check_fits(name: str, expected: str, value: Any, dst: np.dtype) -> None:
+    """Python integers (a number, or a list of them) within ``dst``'s range. numpy 2 refuses
+    one outside it; numpy 1 wraps it around (300 into uint8 gave 44) with only a warning."""
+    try:
+        values = np.asarray(value)
+    except OverflowError as exc:  # beyond int64 and uint64
+        raise _mismatch(name, expected, value, f"does not fit {dst}") from exc
+    if values.size == 0 or values.dtype.kind not in "iub":
+        return
+    info = np.iinfo(dst)
+    if int(values.min()) < info.min or int(values.max()) > info.max:
+        raise _mismatch(name, expected, value, f"does not fit {dst}")
 
 
 class Kind:

@@ -71,7 +71,7 @@ class ArrowSource(BaseSource):
             with open_input(path) as f:
                 if _is_ipc_file(path, f):
                     reader = _open_file(path, f)
-                    shards.append(Shard(path, reader.count_rows()))
+                    shards.append(Shard(path, _count_rows(reader)))
                 else:
                     reader = _open_stream(path, f)
                     shards.append(Shard(path, sum(b.num_rows for b in _batches(path, reader))))
@@ -137,6 +137,15 @@ def _stream_range(
     # part of the range it still has, which overstates what is left when that is nothing).
     check_held(path, start, stop, row)
     return batches, offset
+
+
+def _count_rows(reader: pa.ipc.RecordBatchFileReader) -> int:
+    """Rows of an IPC file, from its batches' metadata (``count_rows``, in recent pyarrow);
+    with an older pyarrow, from its batches, read for it (cheap where the file is mapped)."""
+    count = getattr(reader, "count_rows", None)
+    if count is not None:
+        return int(count())
+    return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
 
 
 def _is_ipc_file(path: str, f: Any) -> bool:
