@@ -542,7 +542,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         process. ``consumed=False``: the rows count as consumed only once the caller reports
         that its loop received them (``shmloader.DataLoader`` does)."""
         receipt = Receipt.GATHER if consumed else Receipt.LOOP
-        batch = self._gather(indices, ring=False, receipt=receipt)
+        batch = self._gather(as_array(indices), ring=False, receipt=receipt)
         assert isinstance(batch, dict)  # no ring outside a worker
         return batch
 
@@ -576,7 +576,6 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         ring: bool,
         receipt: Receipt = Receipt.GATHER,
     ) -> dict[str, Any] | RingBatch:
-        indices = as_array(indices)  # a batch sampler's list keeps its array
         gatherer = self._gatherer
         if gatherer is None:
             raise ShmloaderError("this SharedTaskDataset is closed")

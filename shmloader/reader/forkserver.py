@@ -34,7 +34,6 @@ import gc
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -46,7 +45,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import NoReturn
 
-from .interpreter import start_interpreter
+from .interpreter import handed_pipe, start_interpreter
 
 KILLED = -signal.SIGKILL  # the exit code of a reader whose server died (the death signal)
 _POLL = 0.05  # seconds a waiter holds the channel before another may look
@@ -120,19 +119,16 @@ class ForkServer:
         """Ask for a reader; returns at once with its process (whose pid comes with the
         server's answer) and the trainer's end of its pipe. ``OSError`` if the server is
         gone."""
-        ours, theirs = socket.socketpair()
-        reader = ForkedReader(self)
-        try:
+
+        def ask(fd: int) -> ForkedReader:
+            reader = ForkedReader(self)
             with self._lock:
                 self._conn.send(("fork",))
-                send_handle(self._conn, theirs.fileno(), self.popen.pid)
+                send_handle(self._conn, fd, self.popen.pid)
                 self._waiting.append(reader)
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        return reader, Connection(ours.detach())
+            return reader
+
+        return handed_pipe(ask)
 
     def kill(self, pid: int) -> None:
         with self._lock, contextlib.suppress(OSError):

@@ -13,8 +13,11 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
+from typing import TypeVar
+
+T = TypeVar("T")
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Run as ``python -c BOOT PACKAGE_ROOT FD PARENT_PID``: the called function gets ``FD`` (its
@@ -28,17 +31,26 @@ def start_interpreter(
     """Start ``python -c`` running ``call`` (e.g. ``"sys.exit(main())"``) after importing
     ``function`` from ``module``; returns the process and the trainer's end of its pipe."""
     boot = _BOOT.format(module=module, function=function, call=call)
-    ours, theirs = socket.socketpair()
-    try:
-        popen = subprocess.Popen(
-            [sys.executable, "-c", boot, PACKAGE_ROOT, str(theirs.fileno()), str(os.getpid())],
-            pass_fds=(theirs.fileno(),),
+    return handed_pipe(
+        lambda fd: subprocess.Popen(
+            [sys.executable, "-c", boot, PACKAGE_ROOT, str(fd), str(os.getpid())],
+            pass_fds=(fd,),
             stdin=subprocess.DEVNULL,
             env=dict(environ),
         )
+    )
+
+
+def handed_pipe(hand_over: Callable[[int], T]) -> tuple[T, Connection]:
+    """A pipe to another process: ``hand_over(fd)`` gives it one end (by ``fd``, which is
+    closed here afterwards); returns what that returned, and the trainer's end. On a failure
+    both ends are closed."""
+    ours, theirs = socket.socketpair()
+    try:
+        handed = hand_over(theirs.fileno())
     except BaseException:
         ours.close()
         raise
     finally:
         theirs.close()
-    return popen, Connection(ours.detach())
+    return handed, Connection(ours.detach())

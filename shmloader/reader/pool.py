@@ -49,6 +49,8 @@ class ReaderInfo:
     """What the pool knows of one reader slot (stats read this)."""
 
     index: int
+    # 0 until known: a forked reader's pid comes with its server's answer (``pids()`` waits
+    # for it). Never signal it unchecked: ``os.kill(0, ...)`` signals the whole process group.
     pid: int = 0
     restarts: int = 0
     # Deaths since the slot last read a task: the pool gives up on a crash loop, not on a long

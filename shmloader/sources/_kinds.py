@@ -69,13 +69,15 @@ def _cast(name: str, expected: str, value: Any, dst: np.dtype) -> Any:
     their kind (they carry no width), but must fit.
     """
     from_python = not isinstance(value, (np.ndarray, np.generic))
+    raw: Any = value  # a Python int as it is; anything else as numpy, converted once
     if from_python and type(value) is int and not isinstance(value, bool):
-        src = np.dtype(np.int64)  # its kind; the fit is checked by the conversion below
+        src = np.dtype(np.int64)  # its kind; the fit is checked below
     else:
         try:
-            src = np.asarray(value).dtype
+            raw = np.asarray(value)
         except (ValueError, TypeError) as exc:
             raise DecodeError(f"column {name!r}: cannot store {describe(value)}: {exc}") from exc
+        src = raw.dtype
     if src.kind not in _NUMERIC_KINDS:
         raise SchemaMismatchError(
             f"column {name!r}: cannot store {describe(value)} of dtype {src} (only bool, "
@@ -85,26 +87,24 @@ def _cast(name: str, expected: str, value: Any, dst: np.dtype) -> Any:
         ok = dst.kind in _PYTHON_TARGETS[src.kind] if from_python else np.can_cast(src, dst, "safe")
         if not ok:
             raise _mismatch(name, expected, value, f"{src} cannot be cast to {dst} safely")
-        if from_python and dst.kind in "iu":
-            _check_fits(name, expected, value, dst)
+        if from_python and dst.kind in "iu" and not _fits(raw, dst):
+            raise _mismatch(name, expected, value, f"does not fit {dst}")
     try:
-        return np.asarray(value, dtype=dst)
+        return np.asarray(raw, dtype=dst)
     except OverflowError as exc:
         raise _mismatch(name, expected, value, f"does not fit {dst}") from exc
 
 
-def _check_fits(name: str, expected: str, value: Any, dst: np.dtype) -> None:
-    """Python integers (a number, or a list of them) within ``dst``'s range. numpy 2 refuses
-    one outside it; numpy 1 wraps it around (300 into uint8 gave 44) with only a warning."""
-    try:
-        values = np.asarray(value)
-    except OverflowError as exc:  # beyond int64 and uint64
-        raise _mismatch(name, expected, value, f"does not fit {dst}") from exc
-    if values.size == 0 or values.dtype.kind not in "iub":
-        return
+def _fits(raw: Any, dst: np.dtype) -> bool:
+    """Whether Python integers (an int, or numpy's array of a list of them) lie in ``dst``'s
+    range. numpy 2 refuses one outside it; numpy 1 wraps it around (300 into uint8 gave 44)
+    with only a warning."""
     info = np.iinfo(dst)
-    if int(values.min()) < info.min or int(values.max()) > info.max:
-        raise _mismatch(name, expected, value, f"does not fit {dst}")
+    if isinstance(raw, int):
+        return bool(info.min <= raw <= info.max)
+    if raw.size == 0 or raw.dtype.kind not in "iub":
+        return True
+    return bool(info.min <= int(raw.min()) and int(raw.max()) <= info.max)
 
 
 class Kind:

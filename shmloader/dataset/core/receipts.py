@@ -10,7 +10,7 @@ them and the sampler that sets them, with no torch import.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -61,7 +61,8 @@ class SampleIndices(list[int]):
     ``Sampler[list[int]]``, so a user's ``DataLoader(ds, batch_sampler=ds.batch_sampler(64))``
     type-checks), which keeps the sorted int64 array it was made from as ``array``, with its
     receipt's mark. The gather reads the array, not the list: no conversion back, and the mark
-    travels with it. Pickled (to a DataLoader worker) as the array alone."""
+    travels with it. Pickled (to a DataLoader worker) as the array alone, which arrives as
+    that array: the worker only gathers it, and the list would be made there for nothing."""
 
     __slots__ = ("array",)
 
@@ -69,8 +70,13 @@ class SampleIndices(list[int]):
         super().__init__(array.tolist())
         self.array = array
 
-    def __reduce__(self) -> tuple[type[SampleIndices], tuple[np.ndarray]]:
-        return SampleIndices, (self.array,)
+    def __reduce__(self) -> tuple[Callable[[np.ndarray], np.ndarray], tuple[np.ndarray]]:
+        return _the_array, (self.array,)
+
+
+def _the_array(array: np.ndarray) -> np.ndarray:
+    """What a pickled :class:`SampleIndices` becomes: its array (with its mark)."""
+    return array
 
 
 def as_array(indices: Sequence[int] | np.ndarray) -> Sequence[int] | np.ndarray:
@@ -79,8 +85,8 @@ def as_array(indices: Sequence[int] | np.ndarray) -> Sequence[int] | np.ndarray:
 
 
 def receipt_of(indices: Sequence[int] | np.ndarray) -> Receipt:
-    """How the rows of ``indices`` (a batch handed to ``__getitems__``) are told consumed."""
-    indices = as_array(indices)
+    """How the rows of ``indices`` (a batch handed to ``__getitems__``, its array: see
+    :func:`as_array`) are told consumed."""
     if isinstance(indices, TrackedBatch):
         return Receipt.REQUESTS
     if isinstance(indices, LoopBatch):

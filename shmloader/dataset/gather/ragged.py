@@ -33,23 +33,28 @@ def ragged_columns(
     name: str, parts: list[pa.Array], form: RaggedForm
 ) -> dict[str, torch.Tensor | list[torch.Tensor | None]]:
     """The batch's entries for list column ``name``, of the rows ``parts`` (the batch's rows
-    of each segment, in batch order)."""
-    if form.form == "list":
-        return {name: [_row(item) for part in parts for item in part]}
+    of each segment, in batch order): one copy of the values and the offsets of the rows, in
+    every form (no Python work per row but the list's own)."""
     whole = pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
-    if whole.null_count:
+    if whole.null_count and form.form != "list":
         raise DataError(
             f"column {name!r} has a null row, which ragged={form.form!r} cannot hold "
             "(ragged='list' gives None for it)"
         )
     offsets = to_numpy(whole.offsets).astype(np.int64)
+    # The child's values the rows span (a null row's too, so offsets and values agree).
+    values = np.array(to_numpy(whole.values.slice(offsets[0], offsets[-1] - offsets[0])))
     offsets -= offsets[0]
-    values = np.array(to_numpy(whole.flatten()))  # copied: see the module docstring
+    lengths = np.diff(offsets)
+    if form.form == "list":
+        rows: list[torch.Tensor | None] = list(torch.from_numpy(values).split(lengths.tolist()))
+        for null in np.flatnonzero(to_numpy(whole.is_null())).tolist():
+            rows[null] = None
+        return {name: rows}
     extra = form.extra_column(name)
     assert extra is not None
     if form.form == "offsets":
         return {name: torch.from_numpy(values), extra: torch.from_numpy(offsets)}
-    lengths = np.diff(offsets)
     return {name: torch.from_numpy(_padded(values, offsets, lengths, form.pad_value, name)),
             extra: torch.from_numpy(lengths)}  # fmt: skip
 
@@ -69,8 +74,3 @@ def _padded(
     place = np.arange(len(values)) - np.repeat(offsets[:-1], lengths)
     out[row_of, place] = values
     return out
-
-
-def _row(item: pa.Scalar) -> torch.Tensor | None:
-    # Copied: a tensor must not keep a released segment's mapping alive.
-    return None if not item.is_valid else torch.tensor(to_numpy(item.values))

@@ -120,10 +120,10 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         """The pass's batches. Under a plain DataLoader with workers whose deliveries its
         requests tell (delivery.py), an iterator that reports each batch as the loop receives
         it; so rows its workers prefetched for a pass left early come again."""
+        if self._claimed:
+            return _listed(self.loop_pass())
         self.settle()  # the last pass's end, as a wrapper told it
         self._wrapper = None
-        if self._claimed:
-            return _listed(self._start(Receipt.LOOP))
         if self.on_received is None:
             return _listed(self._start(Receipt.GATHER))
         wrapper = wrapper_of(self)  # ConfigError for one that would drop batches
@@ -170,9 +170,10 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
             self.on_received(self.issued.popleft())
 
     def loop_pass(self) -> Iterator[np.ndarray]:
-        """A pass of ``shmloader.DataLoader``'s own loop gathered in its process (no workers):
-        the batches as arrays, which that loop gathers and reports itself (``Receipt.LOOP``)."""
-        self.settle()
+        """A pass of ``shmloader.DataLoader``'s own loop (``Receipt.LOOP``): the batches as
+        arrays, which that loop gathers itself (no workers: ``_in_process``) or torch hands to
+        its workers (as lists, ``__iter__`` under ``claimed``); the loop reports each."""
+        self.settle()  # the last pass's end, as a wrapper told it
         self._wrapper = None
         return self._start(Receipt.LOOP)
 
