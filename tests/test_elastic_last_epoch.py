@@ -71,14 +71,20 @@ def test_the_survivor_delivers_what_a_trainer_that_died_in_the_last_epoch_held(
         master,
         common,
     ):
-        # A slow trainer: by the time the fast one ends its pass, every task left is in the
-        # slow one's hands (its readers lease none ahead once the queue is empty).
+        # A slow trainer, held after its first batch until the fast one runs: it cannot do
+        # the epoch alone while the other starts (on a loaded machine, many seconds). Once
+        # the fast one ends its pass, every task left is in the slow one's hands (its
+        # readers lease none ahead once the queue is empty), and it takes each in hand a
+        # step of a second before it finishes it: the state polled for lasts that long.
+        go = tmp_path / "go"
         slow = {**common, "dataset": {**common["dataset"], "shuffle_window": 1}}
-        dying = Trainer(tmp_path, "dying", **slow, sleep=1.0)
-        dying.wait_for("pass")
+        dying = Trainer(tmp_path, "dying", **slow, sleep=1.0, pause_at=[0, 1, str(go)])
+        dying.wait_for("paused")
         survivor = Trainer(
             tmp_path, "survivor", **common, kind=kind, loader={"num_workers": workers}
         )
+        survivor.wait_for("pass")
+        go.touch()
         _until_only_taken_tasks_are_left(master)
         dying.proc.kill()
         dying.proc.wait()
