@@ -33,12 +33,15 @@ def role_of(proc: psutil.Process) -> str:
     return "reader" if "shmloader.reader" in cmdline else "worker"
 
 
-def usage_by_role(shm_dir: str | None = None) -> tuple[dict[str, int], dict[str, float], int]:
+def usage_by_role(
+    shm_dir: str | None = None,
+) -> tuple[dict[str, int], dict[str, float], dict[str, int]]:
     """PSS (bytes) and CPU seconds so far of this process ("trainer") and its descendants,
-    summed per role; with ``shm_dir``, also the part of their PSS that maps shared memory."""
+    summed per role; with ``shm_dir``, also the part of each role's PSS that maps shared
+    memory."""
     pss = {"trainer": 0, "worker": 0, "reader": 0}
     cpu = {"trainer": 0.0, "worker": 0.0, "reader": 0.0}
-    mapped = 0
+    mapped = {"trainer": 0, "worker": 0, "reader": 0}
     me = psutil.Process()
     for proc in [me, *me.children(recursive=True)]:
         role = "trainer" if proc is me else role_of(proc)
@@ -48,7 +51,7 @@ def usage_by_role(shm_dir: str | None = None) -> tuple[dict[str, int], dict[str,
             pss[role] += proc.memory_full_info().pss
             times = proc.cpu_times()
             if shm_dir:
-                mapped += shmem_pss(proc.pid)
+                mapped[role] += shmem_pss(proc.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
         cpu[role] += times.user + times.system
@@ -87,13 +90,22 @@ def dir_bytes(path: str | None) -> int:
     return total
 
 
+def once(sample: tuple[dict[str, int], int, dict[str, float], dict[str, int]]) -> int:
+    """A sample's every-page-once bytes: the processes' PSS without their mappings of the
+    store's files, plus those files (mapped or not, each counted once, whoever maps it)."""
+    pss, files, _cpu, mapped = sample
+    return sum(pss.values()) - sum(mapped.values()) + files
+
+
 @dataclass
 class Sampler:
     """Samples every ``interval`` seconds; ``peak()`` since the last ``mark()``."""
 
     interval: float = 0.5
     shm_dir: str | None = None
-    samples: list[tuple[dict[str, int], int, dict[str, float], int]] = field(default_factory=list)
+    samples: list[tuple[dict[str, int], int, dict[str, float], dict[str, int]]] = field(
+        default_factory=list
+    )
     _since: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -121,13 +133,20 @@ class Sampler:
         peak = {role: max(s[0][role] for s in window) / MiB for role in window[-1][0]}
         peak["total"] = max(sum(s[0].values()) for s in window) / MiB
         peak["shm_files"] = max(s[1] for s in window) / MiB
-        # Every page once: the processes' PSS without their mappings of store files, plus
-        # the store's files (mapped or not, each counted once, whoever maps it).
-        peak["once"] = max(sum(s[0].values()) - s[3] + s[1] for s in window) / MiB
+        peak["once"] = max(once(s) for s in window) / MiB
         # A restarted process starts from zero again: never count negative time.
         after = window[-1][2]
         cpu = {role: max(after[role] - before.get(role, 0.0), 0.0) for role in after}
         return peak, cpu
+
+    def parts_at_peak(self) -> dict[str, float]:
+        """Where the memory of the sample with the highest every-page-once figure (over the
+        whole run) was, in MiB: each role's PSS less its mappings of the store's files, and
+        those files apart ("store")."""
+        pss, files, _cpu, mapped = max(self.samples, key=once)
+        parts = {role: (pss[role] - mapped[role]) / MiB for role in pss}
+        parts["store"] = files / MiB
+        return parts
 
     def stop(self) -> None:
         self._stop.set()

@@ -80,7 +80,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     import importlib
 
     import torch.utils.data  # noqa: F401 - every contender's, before the clock
-    from _bench_memory import Sampler
+    from _bench_memory import Sampler, once
     from _bench_peers import LOADERS, Job, shmloader_loader
 
     layout = LAYOUTS[spec["dataset"]]
@@ -137,7 +137,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             closing.close()
     # Every page once: the processes' PSS without their mappings of the store's files,
     # plus those files (see _bench_memory.Sampler.mark), over the whole run.
-    peak_all = max(sum(s[0].values()) - s[3] + s[1] for s in sampler.samples) / (1 << 20)
+    peak_all = max(once(s) for s in sampler.samples) / (1 << 20)
     expected = (spec["records"], spec["records"] * (spec["records"] - 1) // 2)
     later_rows = sum(rows for rows, _ in epochs[1:])
     return {
@@ -149,6 +149,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         "cpu_us_per_sample": 1e6 * sum(cpu.values()) / max(window_rows, 1),
         "first_epoch_exact": first_epoch == expected if first_epoch else None,
         "epochs": len(epochs),
+        "peak_parts_mib": sampler.parts_at_peak(),
     }
 
 
@@ -195,10 +196,26 @@ def table(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
                 f"{med['peak_pss_mib']:6.0f} MiB {med['cpu_us_per_sample']:7.1f} us  "
                 f"{'/'.join(str(e) for e in sorted(exact, key=str))}"
             )
+        lines.extend(_memory_parts(by_name))
         if all(c.name in by_name for c in CONTENDERS):  # not with --only
             lines.extend(_ratios(by_name))
         lines.extend(_cache_ratios(by_name))
     return "\n".join(lines)
+
+
+def _memory_parts(by_name: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Where each contender's peak PSS was (medians of the rounds, MiB): the trainer, its
+    DataLoader workers, shmloader's readers and their fork server, and the store's files."""
+    lines = [f"  peak PSS by part: {'trainer':>8s} {'workers':>8s} {'readers':>8s} {'store':>8s}"]
+    for name, runs in by_name.items():
+        parts = [r["peak_parts_mib"] for r in runs if "peak_parts_mib" in r]
+        if parts:
+            med = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
+            lines.append(
+                f"  {name:30s}   {med['trainer']:8.0f} {med['worker']:8.0f} "
+                f"{med['reader']:8.0f} {med['store']:8.0f}"
+            )
+    return lines
 
 
 def _median(runs: list[dict[str, Any]], field: str) -> float:

@@ -89,6 +89,31 @@ def test_the_mapping_lives_as_long_as_a_view_of_it(tmp_path: Path) -> None:
     assert copies == records and not _mapped_here(path)
 
 
+def _resident_kib(path: str) -> int:
+    """Resident KiB of this process's mappings of ``path`` (``/proc/self/smaps``)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            first = line.split(maxsplit=1)[0]
+            if "-" in first and ":" not in first:  # a mapping's header line
+                inside = line.rstrip().endswith(path)
+            elif inside and first == "Rss:":
+                total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_a_long_range_read_lets_go_of_the_pages_it_read(tmp_path: Path) -> None:
+    # 24 MiB of records read as views: the mapping holds only the last blocks' pages, and
+    # every view kept still reads its record (its pages come back from the page cache).
+    records = _records(1600, seed=9, sizes=(16000, 16000))
+    path = str(tmp_path / "data.tfrecord")
+    write_records(path, records)
+    views = _runs_payloads(RecordFile(path), 0, 1600, views=True)
+    assert _resident_kib(path) < 12 * 1024
+    assert [bytes(v) for v in views] == records
+
+
 def test_a_source_reads_views_and_copies_in_order_and_stops_at_the_range(
     tmp_path: Path,
 ) -> None:
