@@ -210,6 +210,12 @@ def test_advice_on_a_budget_that_holds_the_readers_back_while_the_loop_waits():
     stats = figures(wait=0.4, on_readers=0.35, busy=0.2, room=0.7, shm_peak=64 * MIB)
     (line,) = stats.advice()
     assert "waited for room in shared memory 70% of theirs" in line and "Raise shm_budget" in line
+    assert "filesystem" not in line
+    # A budget sized to a small /dev/shm (shm_budget="auto"): raising it needs room first.
+    small = dataclasses.replace(stats, shm_free=20 * MIB)
+    (line,) = small.advice()
+    assert "Raise shm_budget" in line
+    assert "Its filesystem has only 20 MiB free: enlarge it first (docker run --shm-size" in line
 
 
 def test_advice_on_a_loop_that_is_the_bottleneck():

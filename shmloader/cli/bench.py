@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ShmloaderError
-from ..shm.sizes import parse_size
 from ..sources.factory import source_for_paths
 from ._help import plain
 
@@ -48,7 +47,10 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--epochs", type=int, default=3, help="passes to measure (default 3)")
     p.add_argument(
-        "--shm-budget", default="1GiB", help="most bytes of segments at once (default 1GiB)"
+        "--shm-budget",
+        default="auto",
+        help="most bytes of segments at once (default auto: 1GiB, or less where /dev/shm is "
+        "smaller)",
     )
     p.add_argument("--views", action="store_true", help="memoryview payloads (record files)")
     p.add_argument(
@@ -121,7 +123,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         source,
         num_readers=args.readers,
         records_per_task=args.records_per_task,
-        shm_budget=parse_size(args.shm_budget),
+        shm_budget=args.shm_budget,
         epochs=args.epochs,
         cache=args.cache,
     ) as ds:

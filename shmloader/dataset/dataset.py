@@ -20,6 +20,7 @@ from .._keywords import suggest_keywords
 from ..errors import ConfigError, DataError, ShmloaderError
 from ..master.config import JobConfig
 from ..reader.pool import ReaderProcess, launch_readers, stop_readers
+from ..shm.space import AUTO_BUDGET
 from ..shm.store import SegmentStore
 from ..sources.base import Source
 from ..sources.hf import HFDataset
@@ -119,7 +120,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         records_per_task: int | None = None,
         shuffle: bool = JobConfig.shuffle,
         seed: int = JobConfig.seed,
-        shm_budget: int | str = "1GiB",
+        shm_budget: int | str = AUTO_BUDGET,
         epochs: int | None = None,
         shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
         master: str | None = None,

@@ -57,6 +57,7 @@ from .names import (
     parse_temp_name,
 )
 from .sizes import format_size
+from .space import room_fixes, space
 
 _MIN_DELAY = 0.0005
 _BLOCKED_EVERY = 0.05  # seconds between looks at whether the consumer waits for a blocked write
@@ -197,6 +198,19 @@ def _pause(seconds: float, should_stop: StopSignal | None) -> None:
         time.sleep(seconds)
 
 
+def _filesystem_too_small(base_dir: str, nbytes: int, budget: int) -> str:
+    """What to add to a segment-never-fits error when the filesystem itself could not hold a
+    budget of two such segments (a container's small /dev/shm, which shm_budget="auto"
+    sized itself to): raising shm_budget alone would then be refused."""
+    have = space(base_dir)
+    if have.free + budget >= 2 * nbytes:
+        return ""
+    return (
+        f". {base_dir} has {format_size(have.free)} free of {format_size(have.total)}, too "
+        f"little for a larger budget: {room_fixes(base_dir, have, 2 * nbytes)}"
+    )
+
+
 def reserve(
     dataset_path: str,
     nbytes: int,
@@ -228,7 +242,7 @@ def reserve(
             f"a segment of {format_size(nbytes)} ({nbytes} bytes) cannot fit in shm_budget "
             f"{format_size(budget)} ({budget} bytes) even when nothing else is in use; raise "
             f"shm_budget, or make tasks smaller (a lower records_per_task) unless a task is one "
-            f"record already",
+            f"record already{_filesystem_too_small(os.path.dirname(dataset_path), nbytes, budget)}",
             never_fits=True,
         )
     start = time.monotonic()

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from ..errors import ConfigError, ShmSpaceError
-from .sizes import format_size
+from .sizes import format_size, parse_size
 
 DEFAULT_BASE_DIR = "/dev/shm"
 BASE_DIR_ENV = "SHMLOADER_SHM_DIR"
+
+AUTO_BUDGET = "auto"
+AUTO_CEILING = 1 << 30  # what "auto" takes where the filesystem has room: 1 GiB
+AUTO_SHARE = 0.75  # of the free space, divided among this machine's ranks
+AUTO_FLOOR = 8 << 20  # below this, "auto" finds no usable room and says so
 
 
 class Space(NamedTuple):
@@ -42,6 +48,34 @@ def mount_point(path: str) -> str:
     return path
 
 
+def budget_bytes(budget: int | str, base_dir: str | None, environ: Mapping[str, str]) -> int:
+    """``shm_budget`` in bytes. ``"auto"`` (the default) is 1 GiB where the shared-memory
+    filesystem has room, else three quarters of what it has free, split among the ranks this
+    machine runs (``$LOCAL_WORLD_SIZE``, which torchrun and accelerate set): a container's
+    64 MB ``/dev/shm`` then holds a dataset of small tasks instead of refusing to start,
+    and the quarter left is for what else uses it (torch's DataLoader workers hand batches
+    over through it). ShmSpaceError when less than 8 MiB comes out; a task larger than the
+    budget is refused when it is read (shm/budget.py), naming both sizes."""
+    if budget != AUTO_BUDGET:
+        return parse_size(budget, what="shm_budget")
+    base = resolve_base_dir(base_dir)
+    have = space(base)
+    try:
+        ranks = max(1, int(environ.get("LOCAL_WORLD_SIZE") or 1))
+    except ValueError:
+        ranks = 1  # the launcher's own check names a bad value
+    sized = min(AUTO_CEILING, int(have.free * AUTO_SHARE) // ranks)
+    if sized >= AUTO_FLOOR:
+        return sized
+    on = f" for each of the {ranks} ranks of this machine" if ranks > 1 else ""
+    raise ShmSpaceError(
+        f"{base} has {format_size(have.free)} free of {format_size(have.total)}: too little "
+        f"for shared-memory segments (shm_budget='auto' takes three quarters of what is "
+        f"free{on}, at most {format_size(AUTO_CEILING)}, and needs {format_size(AUTO_FLOOR)}). "
+        f"Fix one of: {room_fixes(base, have, AUTO_CEILING * ranks)}"
+    )
+
+
 def check_space(base_dir: str, budget: int) -> Space:
     """Fail now, with the fix spelled out, rather than with SIGBUS or ENOSPC mid-epoch.
 
@@ -50,15 +84,21 @@ def check_space(base_dir: str, budget: int) -> Space:
     have = space(base_dir)
     if budget <= have.free:
         return have
-    used = have.total - have.free
-    # Enough for what others already hold plus our budget, rounded up to whole GiB.
-    gib = 1024**3
-    suggest = -(-(used + budget) // gib)
     raise ShmSpaceError(
         f"{base_dir} has {format_size(have.free)} free of {format_size(have.total)}, but "
-        f"shm_budget needs {format_size(budget)} ({budget} bytes). Fix one of: run the container "
-        f"with `docker run --shm-size={suggest}g ...` (Kubernetes: mount an emptyDir with "
-        f"medium: Memory at /dev/shm); enlarge it with `sudo mount -o remount,size={suggest}G "
-        f"{mount_point(base_dir)}`; point ${BASE_DIR_ENV} at a larger tmpfs; or lower "
-        f"shm_budget to at most {format_size(have.free)}."
+        f"shm_budget needs {format_size(budget)} ({budget} bytes). Fix one of: "
+        f"{room_fixes(base_dir, have, budget)}; or lower shm_budget to at most "
+        f"{format_size(have.free)}."
+    )
+
+
+def room_fixes(base_dir: str, have: Space, need: int) -> str:
+    """The ways to give ``base_dir`` room for ``need`` bytes beside what others hold there
+    (rounded up to whole GiB)."""
+    suggest = -(-(have.total - have.free + need) // 1024**3)
+    return (
+        f"run the container with `docker run --shm-size={suggest}g ...` (Kubernetes: mount an "
+        f"emptyDir with medium: Memory at /dev/shm); enlarge it with `sudo mount -o "
+        f"remount,size={suggest}G {mount_point(base_dir)}`; point ${BASE_DIR_ENV} at a larger "
+        "tmpfs"
     )

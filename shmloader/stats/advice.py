@@ -115,6 +115,9 @@ class Figures(Protocol):
     def shm_peak(self) -> int: ...
 
     @property
+    def shm_free(self) -> int: ...
+
+    @property
     def cpu_cores(self) -> int: ...
 
     @property
@@ -198,7 +201,7 @@ def _feeding(stats: Figures) -> list[str]:
                 f"{waits}, while the readers waited for room in shared memory {room:.0%} of "
                 f"theirs (shm_budget {_mib(stats.shm_budget)}, peak in use "
                 f"{_mib(stats.shm_peak)}): rows handed out hold the budget. Raise "
-                "shm_budget (about two shuffle windows of tasks)."
+                f"shm_budget (about two shuffle windows of tasks).{_room_to_raise(stats)}"
             ]
         return [
             f"{waits}, but the readers were busy only {busy:.0%} of theirs and waited for "
@@ -276,6 +279,17 @@ def _health(stats: Figures) -> list[str]:
             "above the longest stall."
         )
     return lines
+
+
+def _room_to_raise(stats: Figures) -> str:
+    """Where the shared-memory filesystem has less free than the budget already is, raising
+    shm_budget needs a larger filesystem first (the default budget sized itself to it)."""
+    if stats.shm_free >= stats.shm_budget:
+        return ""
+    return (
+        f" Its filesystem has only {_mib(stats.shm_free)} free: enlarge it first "
+        "(docker run --shm-size=..., docs/how-to/shared-memory.md)."
+    )
 
 
 def _mib(nbytes: int) -> str:

@@ -19,7 +19,7 @@ from ...errors import ConfigError
 from ...master.config import DEFAULT_RECORDS_PER_TASK, JobConfig, check_count
 from ...master.credentials import Credentials
 from ...master.tasks import DdpPolicy
-from ...shm.sizes import parse_size
+from ...shm.space import budget_bytes
 from ...sources.arrow import ArrowSource
 from ...sources.base import Source
 from ...sources.hf import HFDataset, is_hf_dataset, refuse_other_hf
@@ -160,7 +160,7 @@ class DatasetOptions:
             reader_bounds=reader_bounds,
             job=job,
             records_per_task_given=records_per_task is not None,
-            shm_budget=parse_size(shm_budget, what="shm_budget"),
+            shm_budget=budget_bytes(shm_budget, shm_dir, os.environ),
             shuffle_window=window,
             master=master,
             master_host=master_host,
