@@ -198,12 +198,14 @@ def _pause(seconds: float, should_stop: StopSignal | None) -> None:
         time.sleep(seconds)
 
 
-def _filesystem_too_small(base_dir: str, nbytes: int, budget: int) -> str:
+def _filesystem_too_small(dataset_path: str, nbytes: int) -> str:
     """What to add to a segment-never-fits error when the filesystem itself could not hold a
     budget of two such segments (a container's small /dev/shm, which shm_budget="auto"
-    sized itself to): raising shm_budget alone would then be refused."""
+    sized itself to): raising shm_budget alone would then be refused. Room is what is free
+    plus what this store holds already."""
+    base_dir = os.path.dirname(dataset_path)
     have = space(base_dir)
-    if have.free + budget >= 2 * nbytes:
+    if have.free + usage(dataset_path) >= 2 * nbytes:
         return ""
     return (
         f". {base_dir} has {format_size(have.free)} free of {format_size(have.total)}, too "
@@ -242,7 +244,7 @@ def reserve(
             f"a segment of {format_size(nbytes)} ({nbytes} bytes) cannot fit in shm_budget "
             f"{format_size(budget)} ({budget} bytes) even when nothing else is in use; raise "
             f"shm_budget, or make tasks smaller (a lower records_per_task) unless a task is one "
-            f"record already{_filesystem_too_small(os.path.dirname(dataset_path), nbytes, budget)}",
+            f"record already{_filesystem_too_small(dataset_path, nbytes)}",
             never_fits=True,
         )
     start = time.monotonic()
