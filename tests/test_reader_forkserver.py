@@ -16,8 +16,9 @@ import pytest
 from _dataset_helpers import REPO_ROOT, dataset, ids_of, subprocess_env, wait_gone, write_dataset
 
 import shmloader
+from shmloader.reader.forkserver import KILLED, ForkServer
 from shmloader.reader.messages import STOP
-from shmloader.reader.pool import ReaderLauncher
+from shmloader.reader.pool import ReaderLauncher, reader_environment
 
 
 def test_readers_are_forks_of_one_server_that_tells_how_each_exited() -> None:
@@ -43,6 +44,23 @@ def test_readers_are_forks_of_one_server_that_tells_how_each_exited() -> None:
     assert wait_gone([server]) == []
 
 
+def test_a_server_that_stops_answering_is_killed_not_waited_for() -> None:
+    # Stopped (SIGSTOP), the server is alive but never answers the fork request: the
+    # reader's pid is then -1 after the wait, the server is killed, and a launcher starts
+    # another for the next reader.
+    server = ForkServer(reader_environment(os.environ), answer_seconds=1.0)
+    os.kill(server.popen.pid, signal.SIGSTOP)
+    try:
+        reader, conn = server.fork()
+        conn.close()
+        assert reader.pid == -1
+        assert reader.poll() == KILLED and not server.alive
+        assert server.popen.returncode == -signal.SIGKILL
+    finally:
+        server.close(30.0)
+    assert wait_gone([server.popen.pid]) == []
+
+
 def test_a_reader_still_running_when_its_server_is_closed_goes_with_it() -> None:
     launcher = ReaderLauncher()
     reader = launcher.launch()
@@ -55,7 +73,8 @@ def test_a_reader_still_running_when_its_server_is_closed_goes_with_it() -> None
 _TRAINER = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
-from shmloader.reader.pool import ReaderLauncher
+from shmloader.reader.forkserver import KILLED, ForkServer
+from shmloader.reader.pool import ReaderLauncher, reader_environment
 launcher = ReaderLauncher()
 readers = [launcher.launch(), launcher.launch()]
 print(launcher.server_pid, *[r.process.pid for r in readers], flush=True)

@@ -49,6 +49,9 @@ from .interpreter import handed_pipe, start_interpreter
 
 KILLED = -signal.SIGKILL  # the exit code of a reader whose server died (the death signal)
 _POLL = 0.05  # seconds a waiter holds the channel before another may look
+# How long a fork request may go unanswered before the server counts as hung. Its imports
+# come first (under a second; many on a loaded machine), then each fork takes milliseconds.
+ANSWER_SECONDS = 60.0
 
 
 class ForkedReader:
@@ -62,8 +65,13 @@ class ForkedReader:
 
     @property
     def pid(self) -> int:
-        """Its pid (waits for the server's answer to the fork request, if not there yet)."""
+        """Its pid (waits for the server's answer to the fork request, if not there yet): -1
+        if the server died first, or did not answer for ``answer_seconds`` (alive but stopped
+        or stuck), when it is killed: its readers go with it, and the pool starts another."""
+        deadline = time.monotonic() + self._server.answer_seconds
         while self._pid is None:
+            if time.monotonic() >= deadline:
+                self._server.abandon()
             self._server.look(_POLL)
         return self._pid
 
@@ -99,7 +107,8 @@ class ForkServer:
     """The trainer's end of a fork server it started (from the calling thread: the server
     dies with it, and the readers with the server)."""
 
-    def __init__(self, environ: Mapping[str, str]) -> None:
+    def __init__(self, environ: Mapping[str, str], answer_seconds: float = ANSWER_SECONDS) -> None:
+        self.answer_seconds = answer_seconds
         self.popen, self._conn = start_interpreter(
             "shmloader.reader.forkserver",
             "serve",
@@ -161,6 +170,14 @@ class ForkServer:
             self._gone_now()
         finally:
             self._lock.release()
+
+    def abandon(self) -> None:
+        """Kill a server that stopped answering: what was asked of it and not answered is as
+        good as killed (its readers die with it: the parent-death signal)."""
+        self.popen.kill()
+        self.popen.wait()
+        with self._lock:
+            self._gone_now()
 
     def _gone_now(self) -> None:
         self._gone = True
