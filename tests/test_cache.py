@@ -131,6 +131,37 @@ def test_writers_write_over_cached_segments_only_when_out_of_room(tmp_path: Path
         assert store.open(fourth.name).equals(_batch(3))
 
 
+def test_a_cached_task_is_taken_as_a_write_would_be_leaving_room_for_one_more(
+    tmp_path: Path,
+) -> None:
+    """A reader ahead in a later epoch takes a cached task only where a write would fit:
+    room for one more segment stays, unless the sampler waits for this very task. Taken
+    regardless, cached tasks of a later epoch filled the budget while the task waited for,
+    not cached, had no room to be decoded into (a ShmSpaceError dead end)."""
+    seg = ipc_file_size(_batch(0))
+    with SegmentStore.create(4 * seg, base_dir=tmp_path) as store:
+        pinned = [store.write(_batch(10 + i)) for i in range(2)]  # ready, not taken yet
+        for n in range(2):
+            info = store.write(_batch(n))
+            assert info is not None
+            store.cache(info.name, _key(n))
+            store.release(info.name, cache_as=_key(n))
+        assert store.occupancy() == (2 * seg, 0, 2 * seg)
+        later = lambda: False  # noqa: E731 - not the task the sampler waits for
+        first = store.take_cached(_key(0), new_segment_name(), urgent=later)
+        assert first is not None  # 3 in use: the fourth's room stays
+        assert store.take_cached(_key(1), new_segment_name(), urgent=later) is None
+        assert store.occupancy() == (3 * seg, 0, seg)
+        # The task waited for is written, over the cached one left.
+        waited = store.write(_batch(5), timeout=5, urgent=lambda: True)
+        assert waited is not None and store.held() <= store.budget
+        # And a cached task the sampler waits for is taken into the last room.
+        assert all(p is not None for p in pinned)
+        store.release(waited.name, cache_as=_key(1))
+        assert store.take_cached(_key(1), new_segment_name(), urgent=lambda: True) is not None
+        assert store.occupancy() == (4 * seg, 0, 0)
+
+
 def test_a_segment_released_without_its_key_keeps_its_other_name(tmp_path: Path) -> None:
     """A reader killed after taking a cached task, before announcing it: its segment is
     released as a spare would be, and the copy the epoch before still reads stays whole."""

@@ -362,7 +362,8 @@ class Reader:
         name = new_segment_name()
         # As for a write: should this reader die before its Ready, the trainer removes it.
         self.conn.send(Sealing(lease.lease_id, name))
-        found = self.config.store.take_cached(key, name)
+        store = self.config.store
+        found = store.take_cached(key, name, urgent=lambda: _key(lease) in store.wanted())
         if found is None:
             return False
         info, schema = found

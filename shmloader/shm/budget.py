@@ -389,16 +389,37 @@ def make_cached(dataset_path: str, segment_path: str, key: str) -> None:
             os.rename(segment_path, cached)
 
 
-def take_cached(dataset_path: str, key: str, segment_path: str) -> bool:
+def take_cached(
+    dataset_path: str,
+    key: str,
+    segment_path: str,
+    budget: int,
+    urgent: Callable[[], bool] | None = None,
+) -> bool:
     """Make the segment cached under ``key`` the sealed segment ``segment_path``; False if
-    none is (never cached, written over to make room, or taken by another reader)."""
+    none is (never cached, written over to make room, or taken by another reader), or if
+    taking it would break :func:`reserve`'s rule for a writer with ``urgent``.
+
+    A cached segment is room a writer may take; once taken, it is a segment in use. So it is
+    taken as a write would be: leaving room for one more segment as large as the largest,
+    unless ``urgent()`` (the consumer waits for this task). Otherwise readers serving a later
+    epoch from the cache could fill the budget with segments the consumer cannot take yet,
+    while the task it waits for, not cached, finds no room to be decoded into: a dead end.
+    Not taken, the task is read and written the usual way, which waits for room."""
+    cached = os.path.join(dataset_path, cached_name(key))
     with locked(dataset_path):
         try:
-            os.rename(os.path.join(dataset_path, cached_name(key)), segment_path)
+            nbytes = os.stat(cached).st_size
         except FileNotFoundError:
             if not os.path.isdir(dataset_path):
                 raise closed_error(dataset_path) from None
             return False
+        if urgent is not None:
+            used, _spares, largest, _cached = scan(dataset_path)
+            keep = max(nbytes, largest, hints.largest(dataset_path))
+            if used + nbytes + keep > budget and not urgent():
+                return False
+        os.rename(cached, segment_path)
         _note_peak(dataset_path, usage(dataset_path))
         return True
 

@@ -396,11 +396,15 @@ class StoreHandle:
         its task (:meth:`take_cached`), also while it is read (budget.py)."""
         _budget.link_cached(self.path, self._segment_path(name), key)
 
-    def take_cached(self, key: str, name: str) -> tuple[SegmentInfo, pa.Schema] | None:
+    def take_cached(
+        self, key: str, name: str, urgent: Callable[[], bool] | None = None
+    ) -> tuple[SegmentInfo, pa.Schema] | None:
         """The segment cached under ``key``, sealed again as ``name`` (a fresh segment name):
-        its rows and size, and its schema; None if the cache does not hold it (any more)."""
+        its rows and size, and its schema; None if the cache does not hold it (any more), or
+        if taking it now would leave too little room (``urgent``: as for :meth:`write`; see
+        :func:`shmloader.shm.budget.take_cached`)."""
         path = self._segment_path(name)
-        if not _budget.take_cached(self.path, key, path):
+        if not _budget.take_cached(self.path, key, path, self.budget, urgent):
             return None
         nbytes = os.stat(path).st_size
         with pa.memory_map(path, "r") as mm:  # the footer and the batch's header: no data
