@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 from _bench_decoders import DECODE, DECODE_BATCH, Layout
 
-RECORDS_PER_TASK = 4096  # shmloader's tasks, as in bench_dataplane.py
+# shmloader's tasks: its default (None: sized from the data), or a fixed count where a
+# contender's name ends in "tasks of N" (4096: the fixed default of shmloader 0.1).
+RECORDS_PER_TASK: int | None = None
 SHUFFLE_BUFFER = 1000  # webdataset's sample shuffle buffer, as its docs show
 
 Batches = Callable[[], Iterable[Any]]  # one epoch's batches, each a dict with "label"
@@ -289,8 +291,11 @@ def grain_loader(job: Job) -> Batches:
 
 
 # -- shmloader: the same TFRecord files, readers in shared memory, shmloader.DataLoader ----------
-def shmloader_loader(job: Job, batch_decode: bool, cache: bool = False) -> tuple[Batches, Any]:
-    """shmloader over the TFRecord files; ``cache``: decoded tasks kept across epochs."""
+def shmloader_loader(
+    job: Job, batch_decode: bool, cache: bool = False, records_per_task: int | None = None
+) -> tuple[Batches, Any]:
+    """shmloader over the TFRecord files; ``cache``: decoded tasks kept across epochs;
+    ``records_per_task``: None for the default."""
     import shmloader
 
     name = job.layout.name
@@ -299,7 +304,7 @@ def shmloader_loader(job: Job, batch_decode: bool, cache: bool = False) -> tuple
     dataset = shmloader.SharedTaskDataset(
         source,
         num_readers=job.workers,
-        records_per_task=RECORDS_PER_TASK,
+        records_per_task=records_per_task or RECORDS_PER_TASK,
         seed=job.seed,
         epochs=None,
         cache=cache,
@@ -330,6 +335,9 @@ CONTENDERS = [
     Contender("shmloader decode_batch", write_tfrecord, "tfrecord", False),
     Contender("shmloader decode, cache", write_tfrecord, "tfrecord", False),
     Contender("shmloader decode_batch, cache", write_tfrecord, "tfrecord", False),
+    Contender("shmloader decode, tasks of 4096", write_tfrecord, "tfrecord", False),
+    Contender("shmloader decode_batch, tasks of 4096", write_tfrecord, "tfrecord", False),
+    Contender("shmloader decode_batch, cache, tasks of 4096", write_tfrecord, "tfrecord", False),
 ]
 LOADERS: dict[str, Callable[[Job], Batches]] = {
     "torch per sample": torch_per_sample,

@@ -3,7 +3,7 @@ from memory (``cache=True``), beside the hand-vectorised Dataset of ``peers.py``
 
 Run by hand (not a test), from the repository root, in the bench venv (docs/performance.md):
 ``python benchmarks/bench_gather_floor.py [--dataset tabular|images] [--rounds 5]
-[--records-per-task N]``.
+[--fixed-tasks N]``.
 
 Per batch of a shuffled epoch, medians of the rounds, in one process and one run:
 
@@ -13,8 +13,9 @@ Per batch of a shuffled epoch, medians of the rounds, in one process and one run
 - **copy floor**: the least any loader that hands out a batch of shuffled rows in tensors of
   their own must do: one ``take`` per column from decoded columns already in memory, with
   sorted random indices, and no bookkeeping at all.
-- **shmloader, cache=True**: whole epochs from the cache through ``shmloader.DataLoader``
-  without workers (the readers serve every task from shared memory: no read, no decode).
+- **shmloader cache**: whole epochs from the cache through ``shmloader.DataLoader`` without
+  workers (the readers serve every task from shared memory: no read, no decode), with tasks
+  sized from the data (the default) and of a fixed ``--fixed-tasks`` records.
 
 The ratio of the fixed-stride batch to the copy floor bounds what any design that copies the
 rows of a shuffled batch can gain over the hand-vectorised Dataset.
@@ -23,6 +24,7 @@ rows of a shuffled batch can gain over the hand-vectorised Dataset.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -49,7 +51,10 @@ def main() -> None:
     parser.add_argument("--dataset", choices=sorted(BATCH), default="tabular")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
-        "--records-per-task", type=int, default=4096, help="shmloader's (default 4096)"
+        "--fixed-tasks",
+        type=int,
+        default=4096,
+        help="records per task of the fixed-size contender (default 4096, shmloader 0.1's)",
     )
     args = parser.parse_args()
 
@@ -87,34 +92,38 @@ def main() -> None:
         source = shmloader.RecordFileSource(
             os.path.join(folder, "data.tfrecord"), decode_batch=DECODE_BATCH[layout.name]
         )
-        with shmloader.SharedTaskDataset(
-            source, records_per_task=args.records_per_task, seed=0, epochs=None, cache=True
-        ) as ds:
-            loader = shmloader.DataLoader(ds, batch_size=batch)
+        contenders: list[tuple[str, Callable[[], None]]] = [
+            ("fixed-stride, one fancy index", fixed_stride),
+            ("copy floor", copy_floor),
+        ]
+        with contextlib.ExitStack() as stack:
+            # Both task sizes side by side (both datasets' readers idle while the other runs).
+            for label, per_task in (("sized", None), (str(args.fixed_tasks), args.fixed_tasks)):
+                ds = stack.enter_context(
+                    shmloader.SharedTaskDataset(
+                        source, records_per_task=per_task, seed=0, epochs=None, cache=True
+                    )
+                )
+                loader = shmloader.DataLoader(ds, batch_size=batch)
 
-            def cached() -> None:
-                for _ in loader:
-                    pass
+                def cached(loader: shmloader.DataLoader = loader) -> None:
+                    for _ in loader:
+                        pass
 
-            cached()  # the epoch that decodes and fills the cache
-            cached()
+                cached()  # the epoch that decodes and fills the cache
+                cached()
+                name = f"shmloader cache, tasks {label} ({ds.records_per_task})"
+                contenders.append((name, cached))
             figures: dict[str, list[float]] = {}
             for _ in range(args.rounds):  # interleaved, so each sees the same machine state
-                for name, run in [
-                    ("fixed-stride, one fancy index", fixed_stride),
-                    ("copy floor", copy_floor),
-                    ("shmloader, cache=True", cached),
-                ]:
+                for name, run in contenders:
                     figures.setdefault(name, []).append(_per_batch(run, batches))
     medians = {name: statistics.median(times) for name, times in figures.items()}
     base = medians["fixed-stride, one fancy index"]
-    print(
-        f"{args.dataset}: {records:,} records, batches of {batch}, tasks of "
-        f"{args.records_per_task} records, medians of {args.rounds}"
-    )
-    print(f"  {'':32s} {'ms/batch':>9s} {'samples/s':>11s} {'vs fixed-stride':>16s}")
+    print(f"{args.dataset}: {records:,} records, batches of {batch}, medians of {args.rounds}")
+    print(f"  {'':42s} {'ms/batch':>9s} {'samples/s':>11s} {'vs fixed-stride':>16s}")
     for name, seconds in medians.items():
-        print(f"  {name:32s} {1e3 * seconds:9.3f} {batch / seconds:11,.0f} {base / seconds:15.2f}x")
+        print(f"  {name:42s} {1e3 * seconds:9.3f} {batch / seconds:11,.0f} {base / seconds:15.2f}x")
 
 
 if __name__ == "__main__":

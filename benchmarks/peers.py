@@ -63,6 +63,7 @@ IMPORTS = {
     "shmloader decode_batch": ["shmloader"],
     "shmloader decode, cache": ["shmloader"],
     "shmloader decode_batch, cache": ["shmloader"],
+    **{f"{name}, tasks of 4096": ["shmloader"] for name in (*SHMLOADER, CACHED[1])},
 }
 FIELDS = (
     "samples_s",
@@ -96,7 +97,10 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     closing = None
     name = spec["name"]
     if name.startswith("shmloader"):
-        batches, closing = shmloader_loader(job, "decode_batch" in name, name.endswith("cache"))
+        fixed = name.partition(", tasks of ")[2]
+        batches, closing = shmloader_loader(
+            job, "decode_batch" in name, ", cache" in name, int(fixed) if fixed else None
+        )
     else:
         batches = LOADERS[name](job)
     first_batch = window_start = window_rows = warm_until = now = 0.0
@@ -200,6 +204,7 @@ def table(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
         if all(c.name in by_name for c in CONTENDERS):  # not with --only
             lines.extend(_ratios(by_name))
         lines.extend(_cache_ratios(by_name))
+        lines.extend(_task_size_ratios(by_name))
     return "\n".join(lines)
 
 
@@ -256,6 +261,27 @@ def _cache_ratios(by_name: dict[str, list[dict[str, Any]]]) -> list[str]:
             ]
             if parts:
                 lines.append(f"  {cached}, {what}: " + ", ".join(parts))
+    return lines
+
+
+def _task_size_ratios(by_name: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Each shmloader contender with tasks sized from the data against itself with the fixed
+    4096 records a task of shmloader 0.1, where the run has both."""
+    lines = []
+    for sized in (*SHMLOADER, CACHED[1]):
+        fixed = f"{sized}, tasks of 4096"
+        if sized not in by_name or fixed not in by_name:
+            continue
+        parts = [
+            f"{what} {_median(by_name[sized], f) / _median(by_name[fixed], f):.2f}"
+            for f, what in (
+                ("epoch1_samples_s", "epoch 1"),
+                ("later_samples_s", "epochs >= 2"),
+                ("first_batch_s", "first batch"),
+                ("peak_pss_mib", "peak PSS"),
+            )
+        ]
+        lines.append(f"  {sized}, tasks sized / tasks of 4096: " + ", ".join(parts))
     return lines
 
 

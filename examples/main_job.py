@@ -73,7 +73,6 @@ def main() -> None:
         with shmloader.SharedTaskDataset(
             source,
             num_readers=args.readers,
-            records_per_task=4096,
             shuffle=True,
             seed=7,
             shm_budget="512MiB",

@@ -43,7 +43,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0)")
     p.add_argument("--batch-size", type=int, default=256, help="rows per batch (default 256)")
     p.add_argument(
-        "--records-per-task", type=int, default=4096, help="records per task (default 4096)"
+        "--records-per-task",
+        type=int,
+        default=None,
+        help="records per task (default: sized from the data, as the dataset's)",
     )
     p.add_argument("--epochs", type=int, default=3, help="passes to measure (default 3)")
     p.add_argument(

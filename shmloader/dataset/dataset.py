@@ -7,6 +7,7 @@ The dataset object lives in the trainer; DataLoader workers get only its :class:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import weakref
@@ -170,6 +171,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._loaded: dict[str, Any] = {}  # the state loaded last, as given
         self._rows_known: tuple[ResumePoint, FirstPass] | None = None  # _rows_before_start
         self._runtime: Runtime | None = None
+        self._job: JobConfig | None = None  # options.job, its task size sized (see job)
         self._sampler: TaskSampler | None = None
         self._rows: RowStream | None = None  # a plain DataLoader's own sampler's (natural.py)
         self._batchers: weakref.WeakSet[TaskBatchSampler] = weakref.WeakSet()
@@ -205,8 +207,12 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
     @property
     def job(self) -> JobConfig:
-        """The job's own parameters, as the embedded master runs them (``JobConfig``)."""
-        return self.options.job
+        """The job's own parameters, as the embedded master runs them (``JobConfig``). Its
+        ``records_per_task``, where not given, is sized from the data on the first ask (the
+        source's plan is made then): see :attr:`records_per_task`."""
+        if self._job is None:
+            self._job = self.options.sized_job()
+        return self._job
 
     @property
     def num_readers(self) -> int | Literal["auto"]:
@@ -215,23 +221,26 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
     @property
     def records_per_task(self) -> int:
-        """Records per task (4096 unless given)."""
+        """Records per task: as given, else sized from the data (about 8 MiB of the files per
+        task, and at least 8 tasks an epoch per rank; 4096 where the files' sizes are not
+        known). A standalone master splits by its own (``shmloader master
+        --records-per-task``), and this says what was given here (4096 if nothing was)."""
         return self.job.records_per_task
 
     @property
     def shuffle(self) -> bool:
         """Whether each epoch's order is shuffled."""
-        return self.job.shuffle
+        return self.options.job.shuffle
 
     @property
     def seed(self) -> int:
         """The seed of the order: the same seed, the same order each epoch."""
-        return self.job.seed
+        return self.options.job.seed
 
     @property
     def epochs(self) -> int | None:
         """Epochs the embedded master plans (None: no end)."""
-        return self.job.epochs
+        return self.options.job.epochs
 
     @property
     def shm_budget(self) -> int:
@@ -271,22 +280,22 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     @property
     def world_size(self) -> int | None:
         """DDP ranks (None: elastic trainers, or one)."""
-        return self.job.world_size
+        return self.options.job.world_size
 
     @property
     def ddp_policy(self) -> DdpPolicy:
         """How DDP ranks get equal shares: ``"pad"`` or ``"drop"``."""
-        return self.job.ddp_policy
+        return self.options.job.ddp_policy
 
     @property
     def lease_timeout(self) -> float:
         """Seconds a lease lasts without renewal."""
-        return self.job.lease_timeout
+        return self.options.job.lease_timeout
 
     @property
     def max_retries(self) -> int:
         """Retries of a failed task before it is quarantined."""
-        return self.job.max_retries
+        return self.options.job.max_retries
 
     @property
     def shm_dir(self) -> str | None:
@@ -327,7 +336,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
                 launched, self._launched = self._launched, []
                 try:
-                    runtime = Runtime(self.options, self._resume, self._store, launched)
+                    options = dataclasses.replace(self.options, job=self.job)
+                    runtime = Runtime(options, self._resume, self._store, launched)
                 except BaseException:
                     stop_readers(launched, _UNCONFIGURED_STOP)  # no-op once a pool stopped them
                     raise

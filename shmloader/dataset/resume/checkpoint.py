@@ -245,18 +245,26 @@ def resume_point(facts: DatasetFacts, state: dict[str, Any]) -> ResumePoint:
     positions. Other world size or rank, or a merged state: the embedded master leaves the
     consumed records out of the epoch's schedule (``reschedule``)."""
     _check_format(state, "the state")
+    # First: without that master nothing else of the state can be used.
+    if state.get("position") == "master" and not facts.master_given:
+        raise ConfigError(
+            "this state was saved by a trainer that shared the epochs of the master at "
+            f"{state.get('master')} with other trainers (elastic mode): that master keeps "
+            "the position. Connect to it (master=...) to go on where the job stands"
+        )
     mine, theirs = facts.identity, state.get("dataset", {})
     diffs = [k for k in mine if k not in _WORLD and mine[k] != theirs.get(k)]
     if diffs:
-        raise ConfigError(f"the state was saved for another dataset; differing: {diffs}")
+        fix = ""
+        if "records_per_task" in diffs:  # tasks sized from the data, or given another size
+            fix = (
+                f"; records_per_task is {theirs.get('records_per_task')} in the state, "
+                f"{mine['records_per_task']} here: give records_per_task="
+                f"{theirs.get('records_per_task')} to load it"
+            )
+        raise ConfigError(f"the state was saved for another dataset; differing: {diffs}{fix}")
     handover = Handover.from_state(state)
     if state.get("position") == "master":
-        if not facts.master_given:
-            raise ConfigError(
-                "this state was saved by a trainer that shared the epochs of the master at "
-                f"{state.get('master')} with other trainers (elastic mode): that master keeps "
-                "the position. Connect to it (master=...) to go on where the job stands"
-            )
         return ResumePoint(handover=handover)  # the master hands out what is left, less this
     epoch = int(state["epoch"])
     if not (state.get("merged") or state.get("resumed")) and all(

@@ -10,6 +10,7 @@ the combinations that do not fit (``metrics_port=`` beside a standalone master, 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Literal, cast
 from ...errors import ConfigError
 from ...master.config import DEFAULT_RECORDS_PER_TASK, JobConfig, check_count
 from ...master.credentials import Credentials
+from ...master.task_size import file_bytes, records_per_task_for
 from ...master.tasks import DdpPolicy
 from ...shm.space import budget_bytes
 from ...sources.arrow import ArrowSource
@@ -60,6 +62,16 @@ class DatasetOptions:
     def standalone_master(self) -> str | None:
         """The address of a master this job did not start (``master="host:port"``), else None."""
         return self.master if self.master is not None and self.rendezvous is None else None
+
+    def sized_job(self) -> JobConfig:
+        """``job`` with its ``records_per_task``, where not given, sized from the data
+        (master/task_size.py); as it is where given, or where a standalone master plans the
+        tasks (its own size then counts; the plan check at registration accepts it)."""
+        if self.records_per_task_given or self.standalone_master is not None:
+            return self.job
+        plan = self.source.plan()
+        size = records_per_task_for(plan, file_bytes(plan), self.job.world_size)
+        return dataclasses.replace(self.job, records_per_task=size)
 
     @property
     def ready_ahead(self) -> int:

@@ -1,0 +1,60 @@
+"""How many records a task holds when ``records_per_task`` is not given: sized from the data.
+
+A task is what a reader leases, decodes into one segment and announces, and what the trainer
+admits, renames, releases and completes at the master: a fixed cost of about half a
+millisecond of the trainer's time per task whatever its size. With a fixed count of records,
+small records made that cost dominate (264-byte rows in tasks of 4096: 1 MiB tasks, epochs
+from the cache at half the speed of tasks of 65,536), and large ones made tasks huge (12 KB
+images: 50 MiB tasks, eight of them in a shuffle window). So a task aims at a size in bytes,
+:data:`TASK_BYTES` of the files the plan reads, and an epoch keeps at least
+:data:`TASKS_PER_RANK` tasks for each rank, so that a small dataset still spreads over the
+readers and the ranks. ``benchmarks/bench_gather_floor.py --records-per-task N`` measures the
+first effect; docs/performance.md has the figures.
+
+The size is a pure function of the plan and the files' sizes, so every rank of a job, and a
+job resumed from a checkpoint, comes to the same one. Files whose size is not known (not on
+this machine's file system) keep :data:`~shmloader.master.config.DEFAULT_RECORDS_PER_TASK`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+from .. import _fs
+from ..sources.base import Shard
+from .config import DEFAULT_RECORDS_PER_TASK
+
+TASK_BYTES = 8 << 20  # bytes of the files read per task
+TASKS_PER_RANK = 8  # an epoch has at least this many tasks per rank (where it has the records)
+
+
+def records_per_task_for(
+    plan: Sequence[Shard], file_bytes: Mapping[str, int] | None, world_size: int | None
+) -> int:
+    """Records per task for ``plan``, whose files hold ``file_bytes`` (path -> bytes; None:
+    not known), shared by ``world_size`` ranks (None: one)."""
+    records = sum(shard.num_records for shard in plan)
+    if not file_bytes or records == 0:
+        return DEFAULT_RECORDS_PER_TASK
+    per_record = sum(file_bytes.values()) / records
+    by_bytes = int(TASK_BYTES / per_record) if per_record > 0 else records
+    by_count = -(-records // (TASKS_PER_RANK * (world_size or 1)))
+    return max(1, min(by_bytes, by_count))
+
+
+def file_bytes(plan: Sequence[Shard]) -> dict[str, int] | None:
+    """The size of each file of ``plan`` (a shard's ``path``), or None if one is not a file on
+    this machine (a remote store, or a path a source of the user's own made up)."""
+    sizes: dict[str, int] = {}
+    for shard in plan:
+        if shard.path in sizes:
+            continue
+        local = _fs.local_path(shard.path)
+        if local is None:
+            return None
+        try:
+            sizes[shard.path] = os.path.getsize(local)
+        except OSError:
+            return None
+    return sizes
