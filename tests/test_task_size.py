@@ -1,5 +1,5 @@
 """Tasks sized from the data where ``records_per_task`` is not given (master/task_size.py):
-about 8 MiB of the files per task, and at least 8 tasks an epoch per rank.
+about 32 MiB of the files per task, and at least 8 tasks an epoch per rank.
 
 The function is pure (plan, files' sizes, ranks); the dataset's use of it runs over real
 files, a real embedded master and real readers, with the delivered ids checked.
@@ -31,15 +31,15 @@ def _plan(*counts: int) -> list[shmloader.Shard]:
 
 
 def test_a_task_holds_about_its_bytes_of_the_files() -> None:
-    # 264-byte rows: 8 MiB hold 31,775 of them (where there were 4096, 1 MiB a task).
-    plan = _plan(600_000, 400_000)
-    sizes = {"f0": 600_000 * 264, "f1": 400_000 * 264}
+    # 264-byte rows: 32 MiB hold 127,100 of them (where there were 4096, 1 MiB a task).
+    plan = _plan(6_000_000, 4_000_000)
+    sizes = {"f0": 6_000_000 * 264, "f1": 4_000_000 * 264}
     assert records_per_task_for(plan, sizes, None) == TASK_BYTES // 264
-    # 12 KB images: 682 a task (where there were 4096, 50 MiB a task).
+    # 12 KB images: 2,728 a task (where there were 4096, 50 MiB a task).
     plan = _plan(100_000)
     assert records_per_task_for(plan, {"f0": 100_000 * 12_300}, None) == TASK_BYTES // 12_300
     # A record larger than a task's bytes is a task of its own.
-    assert records_per_task_for(_plan(100), {"f0": 100 * 20 * MiB}, None) == 1
+    assert records_per_task_for(_plan(100), {"f0": 100 * 40 * MiB}, None) == 1
 
 
 def test_an_epoch_keeps_tasks_for_each_rank() -> None:

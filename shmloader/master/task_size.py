@@ -4,8 +4,10 @@ A task is what a reader leases, decodes into one segment and announces, and what
 admits, renames, releases and completes at the master: a fixed cost of about half a
 millisecond of the trainer's time per task whatever its size. With a fixed count of records,
 small records made that cost dominate (264-byte rows in tasks of 4096: 1 MiB tasks, epochs
-from the cache at half the speed of tasks of 65,536), and large ones made tasks huge (12 KB
-images: 50 MiB tasks, eight of them in a shuffle window). So a task aims at a size in bytes,
+from the cache at half the speed of tasks of 30,000), and large ones made tasks huge (150 KB
+images: 600 MiB tasks, eight of them in a shuffle window). Smaller targets cost records of a
+few KB their speed: 12 KB images from the cache went at 0.6x in tasks of 8 MiB (681 images)
+against tasks of 4096. So a task aims at a size in bytes,
 :data:`TASK_BYTES` of the files the plan reads, and an epoch keeps at least
 :data:`TASKS_PER_RANK` tasks for each rank, so that a small dataset still spreads over the
 readers and the ranks. ``benchmarks/bench_gather_floor.py --records-per-task N`` measures the
@@ -25,7 +27,7 @@ from .. import _fs
 from ..sources.base import Shard
 from .config import DEFAULT_RECORDS_PER_TASK
 
-TASK_BYTES = 8 << 20  # bytes of the files read per task
+TASK_BYTES = 32 << 20  # bytes of the files read per task
 TASKS_PER_RANK = 8  # an epoch has at least this many tasks per rank (where it has the records)
 
 
