@@ -11,7 +11,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from _dataset_helpers import dataset, decode, ids_of, shm_entries, write_dataset
+from _dataset_helpers import dataset, ids_of, shm_entries, write_dataset
+from _decoders import decode, decode_padded, encode_padded
 
 import shmloader
 from shmloader.master.client import MasterClient
@@ -19,9 +20,13 @@ from shmloader.master.config import DEFAULT_RECORDS_PER_TASK
 from shmloader.master.task_size import (
     TASK_BYTES,
     TASKS_PER_RANK,
+    WINDOWS_IN_BUDGET,
     file_bytes,
     records_per_task_for,
+    task_bytes,
 )
+from shmloader.shm import space
+from shmloader.shm.space import AUTO_CEILING, AUTO_SHARE, budget_bytes, nominal_budget
 
 MiB = 1 << 20
 
@@ -48,6 +53,22 @@ def test_an_epoch_keeps_tasks_for_each_rank() -> None:
     assert records_per_task_for(plan, sizes, None) == 10_000 // TASKS_PER_RANK
     assert records_per_task_for(plan, sizes, 4) == -(-10_000 // (4 * TASKS_PER_RANK))
     assert records_per_task_for(_plan(3), {"f0": 30}, 8) == 1
+
+
+def test_a_small_budget_gets_small_tasks(tmp_path: Path) -> None:
+    # A budget holds 4 shuffle windows of tasks: 1 GiB and 8 tasks a window, 32 MiB a task;
+    # a container's 64 MiB /dev/shm ("auto": 48 MiB), 1.5 MiB.
+    assert task_bytes(1 << 30, 8) == TASK_BYTES == (1 << 30) // (WINDOWS_IN_BUDGET * 8)
+    assert task_bytes(48 * MiB, 8) == 48 * MiB // 32
+    assert task_bytes(64 << 30, 8) == TASK_BYTES and task_bytes(10, 8) == 1
+    rows = _plan(1_000_000)
+    assert records_per_task_for(rows, {"f0": 264_000_000}, None, 48 * MiB // 32) == 5957
+    # "auto" is sized for as the filesystem's size gives it, not what is free now: the same
+    # tasks on every run on this machine, whatever other programs hold.
+    total = space(str(tmp_path)).total
+    assert nominal_budget("auto", str(tmp_path), {}) == min(AUTO_CEILING, int(total * AUTO_SHARE))
+    assert nominal_budget("auto", str(tmp_path), {}) >= budget_bytes("auto", str(tmp_path), {})
+    assert nominal_budget("3MiB", str(tmp_path), {"LOCAL_WORLD_SIZE": "4"}) == 3 * MiB
 
 
 def test_unknown_sizes_keep_the_fixed_default(tmp_path: Path) -> None:
@@ -81,6 +102,23 @@ def test_a_dataset_without_records_per_task_plans_sized_tasks_and_delivers_each_
             client.close()
         # Every file in tasks of that size, none across two files.
         assert progress.num_tasks == sum(-(-n // size) for n in (300, 200, 160))
+    assert Counter(got) == Counter(expected)
+    assert shm_entries(tmp_path / "shm") == []
+
+
+def test_tasks_sized_to_a_small_budget_run_within_it(tmp_path: Path) -> None:
+    # Records of 40 KB, a 16 MiB budget, windows of 2 tasks: 2 MiB a task, 52 records.
+    expected = write_dataset(tmp_path / "data", [300, 200, 160], encoder=encode_padded)
+    src = shmloader.RecordFileSource(str(tmp_path / "data" / "*.tfrecord"), decode=decode_padded)
+    options = {"records_per_task": None, "shuffle_window": 2, "shm_budget": "16MiB"}
+    with dataset(tmp_path / "data", tmp_path / "shm", src=src, **options) as ds:
+        plan = ds.source.plan()
+        aim = task_bytes(16 * MiB, 2)
+        assert ds.records_per_task == records_per_task_for(plan, file_bytes(plan), None, aim)
+        assert 40 <= ds.records_per_task <= 60
+        got = [i for batch in shmloader.DataLoader(ds, batch_size=32) for i in ids_of(batch)]
+        stats = ds.stats()
+        assert stats.shm_peak <= ds.shm_budget
     assert Counter(got) == Counter(expected)
     assert shm_entries(tmp_path / "shm") == []
 

@@ -60,10 +60,7 @@ def budget_bytes(budget: int | str, base_dir: str | None, environ: Mapping[str, 
         return parse_size(budget, what="shm_budget")
     base = resolve_base_dir(base_dir)
     have = space(base)
-    try:
-        ranks = max(1, int(environ.get("LOCAL_WORLD_SIZE") or 1))
-    except ValueError:
-        ranks = 1  # the launcher's own check names a bad value
+    ranks = _local_ranks(environ)
     sized = min(AUTO_CEILING, int(have.free * AUTO_SHARE) // ranks)
     if sized >= AUTO_FLOOR:
         return sized
@@ -74,6 +71,24 @@ def budget_bytes(budget: int | str, base_dir: str | None, environ: Mapping[str, 
         f"free{on}, at most {format_size(AUTO_CEILING)}, and needs {format_size(AUTO_FLOOR)}). "
         f"Fix one of: {room_fixes(base, have, AUTO_CEILING * ranks)}"
     )
+
+
+def nominal_budget(budget: int | str, base_dir: str | None, environ: Mapping[str, str]) -> int:
+    """What tasks sized from the data are sized for (master/task_size.py): ``shm_budget`` as
+    given, and for ``"auto"`` what it comes to on this filesystem when nothing else uses it
+    (its size, not what is free): the same on every run on this machine, so that a job's
+    tasks, its order and its checkpoints do not move with what other programs hold."""
+    if budget != AUTO_BUDGET:
+        return parse_size(budget, what="shm_budget")
+    total = space(resolve_base_dir(base_dir)).total
+    return min(AUTO_CEILING, int(total * AUTO_SHARE) // _local_ranks(environ))
+
+
+def _local_ranks(environ: Mapping[str, str]) -> int:
+    try:
+        return max(1, int(environ.get("LOCAL_WORLD_SIZE") or 1))
+    except ValueError:
+        return 1  # the launcher's own check names a bad value
 
 
 def check_space(base_dir: str, budget: int) -> Space:

@@ -19,9 +19,9 @@ from typing import Literal, cast
 from ...errors import ConfigError
 from ...master.config import DEFAULT_RECORDS_PER_TASK, JobConfig, check_count
 from ...master.credentials import Credentials
-from ...master.task_size import file_bytes, records_per_task_for
+from ...master.task_size import file_bytes, records_per_task_for, task_bytes
 from ...master.tasks import DdpPolicy
-from ...shm.space import budget_bytes
+from ...shm.space import budget_bytes, nominal_budget
 from ...sources.arrow import ArrowSource
 from ...sources.base import Source
 from ...sources.hf import HFDataset, is_hf_dataset, refuse_other_hf
@@ -43,6 +43,9 @@ class DatasetOptions:
     # records_per_task= chosen, not the default: a standalone master's must then be the same.
     records_per_task_given: bool
     shm_budget: int  # bytes
+    # What tasks sized from the data aim at: shm_budget as given, or "auto" on this
+    # filesystem as if empty (shm/space.py nominal_budget): steady from run to run.
+    sizing_budget: int
     shuffle_window: int  # tasks shuffled together
     master: str | None  # as given: "host:port", "torchrun" or None (embedded)
     master_host: str | None  # where an embedded master listens (None: loopback)
@@ -70,7 +73,8 @@ class DatasetOptions:
         if self.records_per_task_given or self.standalone_master is not None:
             return self.job
         plan = self.source.plan()
-        size = records_per_task_for(plan, file_bytes(plan), self.job.world_size)
+        aim = task_bytes(self.sizing_budget, self.shuffle_window)
+        size = records_per_task_for(plan, file_bytes(plan), self.job.world_size, aim)
         return dataclasses.replace(self.job, records_per_task=size)
 
     @property
@@ -173,6 +177,7 @@ class DatasetOptions:
             job=job,
             records_per_task_given=records_per_task is not None,
             shm_budget=budget_bytes(shm_budget, shm_dir, os.environ),
+            sizing_budget=nominal_budget(shm_budget, shm_dir, os.environ),
             shuffle_window=window,
             master=master,
             master_host=master_host,
