@@ -222,9 +222,10 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     @property
     def records_per_task(self) -> int:
         """Records per task: as given, else sized from the data (about 32 MiB of the files per
-        task, and at least 8 tasks an epoch per rank; 4096 where the files' sizes are not
-        known). A standalone master splits by its own (``shmloader master
-        --records-per-task``), and this says what was given here (4096 if nothing was)."""
+        task, less where ``shm_budget`` is small, and at least 8 tasks an epoch per rank;
+        4096 where the files' sizes are not known: docs/dataset.md, "Task size"). A
+        standalone master splits by its own (``shmloader master --records-per-task``), and
+        this says what was given here (4096 if nothing was)."""
         return self.job.records_per_task
 
     @property

@@ -14,7 +14,7 @@ BASE_DIR_ENV = "SHMLOADER_SHM_DIR"
 
 AUTO_BUDGET = "auto"
 AUTO_CEILING = 1 << 30  # what "auto" takes where the filesystem has room: 1 GiB
-AUTO_SHARE = 0.75  # of the free space, divided among this machine's ranks
+AUTO_SHARE = 0.75  # of the free space (of the size, for task sizing), among the machine's ranks
 AUTO_FLOOR = 8 << 20  # below this, "auto" finds no usable room and says so
 
 
