@@ -301,7 +301,8 @@ def plot(results: dict[str, dict[str, list[dict[str, Any]]]], prefix: str) -> No
         "peak_pss_mib": "peak summed PSS, MiB (lower is better)",
     }
     for field, title in titles.items():
-        fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4))
+        # Wide enough for the longest contender names beside each axis.
+        fig, axes = plt.subplots(1, len(results), figsize=(7.5 * len(results), 4.5))
         for ax, (dataset, by_name) in zip(axes, results.items(), strict=True):
             names = list(by_name)
             values = [_median(by_name[n], field) for n in names]
@@ -309,9 +310,9 @@ def plot(results: dict[str, dict[str, list[dict[str, Any]]]], prefix: str) -> No
             ax.barh(names, values, color=colours)
             ax.invert_yaxis()
             ax.set_title(f"{dataset} (batch {BATCH[dataset]})")
-            ax.set_xlabel(title)
+        fig.suptitle(title)
         fig.tight_layout()
-        fig.savefig(f"{prefix}-{field.replace('_', '-')}.png", dpi=90)
+        fig.savefig(f"{prefix}-{field.replace('_', '-')}.png", dpi=90, bbox_inches="tight")
         plt.close(fig)
 
 
