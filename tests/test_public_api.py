@@ -40,6 +40,17 @@ def test_import_and_sources_do_not_import_torch():
     assert out.stdout.strip() == "False"
 
 
+def test_the_dataset_loads_numpy_random_before_its_threads_start():
+    # numpy 2 loads numpy.random on first use; torch's DataLoader workers seed it as they
+    # start. Loaded by one of the trainer's threads while a worker was forked, it left the
+    # worker waiting for ever on the import lock it inherited (a resumed run with workers, 1
+    # in 10). The dataset module loads it, in the thread that imports it, before any thread.
+    code = (
+        "import sys, shmloader; shmloader.SharedTaskDataset; print('numpy.random' in sys.modules)"
+    )
+    assert _in_fresh_python(code).stdout.strip() == "True"
+
+
 def test_a_reader_imports_the_master_client_without_the_server_side():
     # Readers only talk to a master: the dispatcher, journal and gRPC server stay unimported
     # (about 50 ms less of every reader's start-up, on the way to the first batch).

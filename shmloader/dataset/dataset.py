@@ -15,6 +15,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+
+# numpy 2 loads numpy.random on its first use. Loaded here, by the thread that imports the
+# dataset, before any thread of ours starts: torch's DataLoader workers seed numpy.random as
+# they start, and a worker forked while another thread of the trainer was importing it (the
+# embedded master building an epoch's order as readers lease, say) waited for ever on the
+# module's import lock it inherited, and outlived the trainer.
+import numpy.random
 import torch.utils.data
 
 from .._keywords import suggest_keywords
