@@ -61,6 +61,7 @@ class ForkedReader:
     def __init__(self, server: ForkServer) -> None:
         self._server = server
         self._pid: int | None = None  # known once the server answered the request
+        self._asked_at = time.monotonic()  # the server's answer is awaited from here
         self.returncode: int | None = None
 
     @property
@@ -68,7 +69,7 @@ class ForkedReader:
         """Its pid (waits for the server's answer to the fork request, if not there yet): -1
         if the server died first, or did not answer for ``answer_seconds`` (alive but stopped
         or stuck), when it is killed: its readers go with it, and the pool starts another."""
-        deadline = time.monotonic() + self._server.answer_seconds
+        deadline = self._asked_at + self._server.answer_seconds
         while self._pid is None:
             if time.monotonic() >= deadline:
                 self._server.abandon()

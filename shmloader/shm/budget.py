@@ -405,22 +405,21 @@ def take_cached(
     unless ``urgent()`` (the consumer waits for this task). Otherwise readers serving a later
     epoch from the cache could fill the budget with segments the consumer cannot take yet,
     while the task it waits for, not cached, finds no room to be decoded into: a dead end.
-    Not taken, the task is read and written the usual way, which waits for room."""
-    cached = os.path.join(dataset_path, cached_name(key))
+    Not taken, the task is read and written the usual way, which waits for room. A cached
+    name of a segment still in use (the epoch before reads it) costs no room: taken freely."""
+    name = cached_name(key)
     with locked(dataset_path):
-        try:
-            nbytes = os.stat(cached).st_size
-        except FileNotFoundError:
-            if not os.path.isdir(dataset_path):
-                raise closed_error(dataset_path) from None
-            return False
-        if urgent is not None:
-            used, _spares, largest, _cached = scan(dataset_path)
+        used, _spares, largest, cached = scan(dataset_path)  # one look, under the lock
+        nbytes = cached.get(name, 0)  # 0: shared with a segment in use (scan), or none
+        if nbytes and urgent is not None:
             keep = max(nbytes, largest, hints.largest(dataset_path))
             if used + nbytes + keep > budget and not urgent():
                 return False
-        os.rename(cached, segment_path)
-        _note_peak(dataset_path, usage(dataset_path))
+        try:
+            os.rename(os.path.join(dataset_path, name), segment_path)
+        except FileNotFoundError:
+            return False  # never cached, written over, or taken by another reader
+        _note_peak(dataset_path, used + nbytes)
         return True
 
 
