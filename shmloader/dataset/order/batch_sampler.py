@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,7 +17,7 @@ import torch.utils.data
 
 from ...errors import ConfigError, ShmSpaceError
 from ..core.receipts import ConsumedWhen, Receipt, SampleIndices, of_the_loop, tracked
-from .delivery import Requests, prefetch_depth
+from .delivery import RequestCounts, Requests, prefetch_depth
 from .sampler import FLUSH, LET_GO, TaskSampler
 from .wrappers import Wrapper, wrapper_of
 
@@ -84,6 +86,9 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         # A wrapper between torch's DataLoader and the loop that holds batches back
         # (wrappers.py): receipts come that many batches later, the last at its end.
         self._wrapper: Wrapper | None = None
+        # What torch asked of a wrapped pass's requests (delivery.py).
+        self._counts: RequestCounts | None = None
+        self._warned_held_back = False  # see _end_wrapped_pass
         self._warned_early = False  # see _count_in_flight
         self._warned_untold = False  # see _warn_untold
         self._held = 0  # rows kept back for the next batch
@@ -122,19 +127,27 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         it; so rows its workers prefetched for a pass left early come again."""
         if self._claimed:
             return _listed(self.loop_pass())
-        self.settle()  # the last pass's end, as a wrapper told it
-        self._wrapper = None
+        self._end_wrapped_pass()
         if self.on_received is None:
             return _listed(self._start(Receipt.GATHER))
         wrapper = wrapper_of(self)  # ConfigError for one that would drop batches
         prefetch = prefetch_depth(self)
         depth = prefetch.depth
+        ahead = 0
         if depth is not None and wrapper is not None:
-            depth += wrapper.ahead
+            ahead = wrapper.ahead
             self._wrapper = wrapper
-        if depth:
+        if depth is not None and depth + ahead:
             batches = self._start(Receipt.REQUESTS)
-            return Requests(batches, depth, self.issued, self.on_received)
+            requests = Requests(batches, depth, ahead, self.issued, self.on_received)
+            if self._wrapper is not None:
+                # torch's iterator, which holds these requests, goes as the wrapper's pass
+                # ends or is left (break), while the wrapper still says whether the loop had
+                # its last batch: settle then, in the loop's thread (not a late collection's).
+                self._counts = requests.counts
+                here = threading.get_ident()
+                weakref.finalize(requests, self._settle_in, here, requests.counts)
+            return requests
         if depth is None:
             self._warn_untold(prefetch.why)
         return _listed(self._start(Receipt.GATHER))
@@ -164,17 +177,48 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         iterator has ended. Called as a pass begins, and before a state is taken or the
         dataset closes."""
         wrapper = self._wrapper
-        if wrapper is None or not wrapper.ends.end_of_dataloader or self.on_received is None:
+        if wrapper is None or not wrapper.loop_got_the_last() or self.on_received is None:
             return
         while self.issued:
             self.on_received(self.issued.popleft())
+
+    def _settle_in(self, thread: int, counts: RequestCounts) -> None:
+        if threading.get_ident() == thread:
+            self.settle()
+            counts.asked_at_end = True
+
+    def _end_wrapped_pass(self) -> None:
+        """As a pass begins: receive what the last one's wrapper handed to the loop
+        (:meth:`settle`), and say (once) where that cannot be told. The wrapper says whether
+        its loop had the last batch only until its next pass begins, which is now; it was
+        asked as torch's iterator went, unless something kept that iterator past the pass.
+        Then a loop that left the pass (``break``) after torch had returned every batch may or
+        may not have had the one the wrapper held back: its rows count as not delivered, and
+        come again in this pass."""
+        self.settle()
+        counts, self._counts = self._counts, None
+        held = sum(len(batch) for batch in self.issued)
+        in_doubt = counts is not None and counts.returned_all and not counts.asked_at_end
+        if self._wrapper is not None and in_doubt and held and not self._warned_held_back:
+            self._warned_held_back = True
+            log.warning(
+                "a pass over ds.batch_sampler(%d) under a wrapper that holds a batch back "
+                "(accelerate's prepare) was left after torch had handed the wrapper its last "
+                "batch, and its DataLoader iterator was kept past the pass, so whether the "
+                "loop had that batch cannot be told: its %d rows count as not delivered and "
+                "come again in this pass. Let the iterator go when you leave a pass, or take "
+                "the dataset's state (ds.state_dict(), accelerator.save_state()) before the "
+                "next one, and they count exactly (said once)",
+                self.batch_size,
+                held,
+            )
+        self._wrapper = None
 
     def loop_pass(self) -> Iterator[np.ndarray]:
         """A pass of ``shmloader.DataLoader``'s own loop (``Receipt.LOOP``): the batches as
         arrays, which that loop gathers itself (no workers: ``_in_process``) or torch hands to
         its workers (as lists, ``__iter__`` under ``claimed``); the loop reports each."""
-        self.settle()  # the last pass's end, as a wrapper told it
-        self._wrapper = None
+        self._end_wrapped_pass()
         return self._start(Receipt.LOOP)
 
     def in_process(self) -> Iterator[np.ndarray]:
@@ -318,6 +362,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         return batch
 
     def __len__(self) -> int:
+        self.settle()  # a wrapper's last batch the loop has is not owed to the next pass
         n = self.sampler.pass_rows(rest_alone=True)  # as __iter__ will walk it
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 

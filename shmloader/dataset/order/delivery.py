@@ -31,6 +31,7 @@ from __future__ import annotations
 import sys
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import FrameType
 from typing import NamedTuple
 
@@ -107,37 +108,62 @@ def _depth(loader: torch.utils.data.DataLoader[object]) -> Prefetch:
     return Prefetch(int(loader.prefetch_factor or 2) * loader.num_workers)
 
 
+@dataclass
+class RequestCounts:
+    """What torch asked of a pass's :class:`Requests`, kept apart from them: they go with
+    torch's iterator, the counts stay with the batcher."""
+
+    prefetch: int  # requests torch makes ahead as it starts
+    requests: int = 0
+    handed_out: int = 0  # batches torch was given
+    done: bool = False  # the pass's batches ran out
+    # The wrapper around the loader was asked whether its loop had the last batch as torch's
+    # iterator went, when it still knew (batch_sampler.py, TaskBatchSampler._settle_in).
+    asked_at_end: bool = False
+
+    @property
+    def returned_all(self) -> bool:
+        """Whether torch has returned every batch of the pass: past the ``prefetch`` it asks
+        for ahead, it asks once for each batch it returns."""
+        return self.done and self.requests - self.prefetch >= self.handed_out
+
+
 class Requests:
     """The iterator a plain DataLoader gets from a batch sampler (``TaskBatchSampler``): its
     batches, and for each request from ``depth`` on, the batch issued ``depth`` requests
     earlier handed to ``received`` (torch returns it to the loop now). Requests after the
-    batches ran out still count: torch makes one per batch it returns."""
+    batches ran out still count: torch makes one per batch it returns. ``depth`` is torch's
+    ``prefetch`` (the requests it makes ahead as it starts) and the batches a wrapper holds
+    back from the loop (``ahead``, wrappers.py)."""
 
     def __init__(
         self,
         batches: Iterator[np.ndarray],
-        depth: int,
+        prefetch: int,
+        ahead: int,
         issued: deque[np.ndarray],
         received: Callable[[np.ndarray], None],
     ) -> None:
         self._batches = batches
-        self._depth = depth
+        self._depth = prefetch + ahead
         self._issued = issued  # the batcher appends each batch it issues
         self._received = received
-        self._requests = 0
-        self._done = False
+        self.counts = RequestCounts(prefetch)
 
     def __iter__(self) -> Requests:
         return self
 
     def __next__(self) -> list[int]:
-        n, self._requests = self._requests, self._requests + 1
+        counts = self.counts
+        n, counts.requests = counts.requests, counts.requests + 1
         if n >= self._depth and self._issued:
             self._received(self._issued.popleft())
-        if self._done:
+        if counts.done:
             raise StopIteration
         try:
-            return SampleIndices(next(self._batches))
+            batch = SampleIndices(next(self._batches))
         except StopIteration:
-            self._done = True
+            counts.done = True
             raise
+        counts.handed_out += 1
+        return batch

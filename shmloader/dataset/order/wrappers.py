@@ -8,7 +8,10 @@ loop then has one batch fewer than torch handed over, and a ``break`` or a check
 count the one held back. :func:`wrapper_of` finds such a wrapper where it says so itself
 (accelerate's ``GradientState.active_dataloader`` is the prepared loader being iterated), so
 that the batch sampler counts receipts one batch later, and the last one once the wrapper says
-it reached its end (``end_of_dataloader``).
+the loop has it: its ``end_of_dataloader`` is set as it yields the last batch, and its
+``iteration`` counts the passes it ran to their end. torch's requests cannot tell the last
+batch of a pass with workers: torch asks for the next batch as it returns one, and accelerate
+holds the last one back until its loop asks past it, after torch's last request.
 
 Wrappers that would hand batches out and drop them are refused, with the fix: accelerate's
 sharding across processes (``BatchSamplerShard``: every process keeps one batch in
@@ -41,19 +44,30 @@ SKIPPED = (
 
 
 class EndOfLoader(Protocol):
-    """A wrapper that says when its iteration reached the last batch."""
+    """A wrapper that says when its iteration reached the last batch (``end_of_dataloader``,
+    until its next pass begins) and how many passes it ran to their end (``iteration``)."""
 
     @property
     def end_of_dataloader(self) -> bool: ...
 
+    @property
+    def iteration(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class Wrapper:
-    """A wrapper iterating a batch sampler's DataLoader: it holds ``ahead`` batches back from
-    the loop, and ``ends`` says once it yields the last one (its iteration ended)."""
+    """A wrapper iterating a batch sampler's DataLoader in a pass: it holds ``ahead`` batches
+    back from the loop, and ``ends`` says once it yields the last one; ``began`` is its
+    ``iteration`` as the pass began."""
 
     ahead: int
     ends: EndOfLoader
+    began: int
+
+    def loop_got_the_last(self) -> bool:
+        """Whether the loop has the pass's last batch: the wrapper yielded it (and the loop
+        has not begun another pass since), or the pass ran to its end."""
+        return self.ends.end_of_dataloader or self.ends.iteration != self.began
 
 
 def wrapper_of(batch_sampler: object) -> Wrapper | None:
@@ -69,7 +83,7 @@ def wrapper_of(batch_sampler: object) -> Wrapper | None:
         return None
     drawn = getattr(base, "batch_sampler", None)
     if drawn is batch_sampler:
-        return Wrapper(ahead=1, ends=loader)
+        return Wrapper(ahead=1, ends=loader, began=loader.iteration)
     if getattr(drawn, "batch_sampler", None) is batch_sampler:
         kind = type(drawn).__name__
         if kind == "SkipBatchSampler":
