@@ -72,9 +72,11 @@ def exclusive(path: str) -> Iterator[None]:
 
 def hold(path: str) -> int | None:
     """Take an exclusive flock on ``path`` (created if missing) without waiting, to keep until
-    :func:`release`: its descriptor, or None if someone else holds the lock."""
+    :func:`release`: its descriptor, or None if someone else holds the lock. A file it
+    creates is the owner's alone (0600), like the journal beside it: nobody else can take the
+    lock and hold a master off its directory."""
     with _guard:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import shmloader
 from shmloader.errors import ConfigError, CorruptRecordError
 from shmloader.formats.tfrecord import decode_frames
 from shmloader.master import Dispatcher, JobConfig
@@ -234,3 +235,19 @@ def test_a_closed_journal_refuses_to_record(tmp_path: Path) -> None:
     j.close()
     assert d.sink is None  # the dispatcher goes on in memory, journaling nothing
     d.register("x", 1.0)
+
+
+def test_a_journaled_master_writes_files_only_its_owner_may_read(tmp_path: Path) -> None:
+    """The state names the job's files and trainers: 0600 files in a 0700 directory (the one
+    the master creates; its parents are the user's business)."""
+    directory = tmp_path / "state" / "journal"
+    with shmloader.Master(PLAN, records_per_task=4, journal=directory):
+        pass
+    with _open(directory, snapshot_every=3) as j:  # a restart, and compactions, rewrite them
+        _drive(j.dispatcher)
+    names = set(os.listdir(directory))
+    assert {"config.json", "lock"} < names
+    assert _files(directory, "journal-") and _files(directory, "snapshot-")
+    modes = {name: oct(os.stat(directory / name).st_mode & 0o777) for name in names}
+    assert modes == dict.fromkeys(names, oct(0o600))
+    assert oct(directory.stat().st_mode & 0o777) == oct(0o700)

@@ -4,17 +4,21 @@ whose heartbeats carry their figures."""
 
 from __future__ import annotations
 
+import http.client
 import re
+import ssl
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
 
 import pytest
 from _dataset_helpers import dataset, ids_of, source, write_dataset
+from _tls import make_pki
 from prometheus_client.parser import text_string_to_metric_families
 
 import shmloader
@@ -22,8 +26,23 @@ import shmloader
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def scrape(url: str) -> Samples:
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
+def get(
+    url: str, authorization: str | None = None, context: ssl.SSLContext | None = None
+) -> tuple[int, str, str | None]:
+    """Status, body and ``WWW-Authenticate`` of a GET, sending ``authorization`` if given
+    (HTTPS: trusting what ``context`` trusts)."""
+    headers = {} if authorization is None else {"Authorization": authorization}
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as r:
+            return r.status, r.read().decode(), r.headers["WWW-Authenticate"]
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(), exc.headers["WWW-Authenticate"]
+
+
+def scrape(url: str, token: str | None = None, context: ssl.SSLContext | None = None) -> Samples:
+    status, text, _ = get(url, None if token is None else f"Bearer {token}", context)
+    assert status == 200, text
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
@@ -175,3 +194,59 @@ def test_metrics_are_refused_where_the_master_is_not_ours_and_on_a_bad_port(tmp_
             shmloader.MasterError, match=f"cannot serve metrics on 127.0.0.1:{port}"
         ):
             taken.start()
+
+
+def test_with_a_token_metrics_are_served_only_to_requests_that_carry_it(tmp_path):
+    write_dataset(tmp_path / "data", [10])
+    plan = source(tmp_path / "data")
+    with shmloader.Master(plan, records_per_task=5, metrics_port=0, token="s3cret") as master:
+        url = master.metrics_url
+        assert url is not None
+        status, body, challenge = get(url)
+        assert status == 401 and challenge == 'Bearer realm="shmloader master"'
+        assert "no token" in body and "'Authorization: Bearer <token>'" in body
+        for wrong in ("Bearer s3cre", "Bearer s3cret2", "s3cret", "Basic czNjcmV0"):
+            status, body, _ = get(url, wrong)
+            assert status == 401 and "wrong token" in body, wrong
+        assert value(scrape(url, "s3cret"), "shmloader_epoch_records") == 10
+    with shmloader.Master(plan, records_per_task=5, metrics_port=0) as master:
+        assert master.metrics_url is not None  # without a token, served to anyone, as before
+        assert value(scrape(master.metrics_url), "shmloader_epoch_records") == 10
+
+
+def test_an_embedded_master_asks_its_token_of_metrics_too(tmp_path):
+    write_dataset(tmp_path / "data", [100])
+    with dataset(tmp_path / "data", tmp_path / "shm", metrics_port=0, token="s3cret") as ds:
+        url = ds.metrics_url
+        assert url is not None
+        assert get(url)[0] == 401 and get(url, "Bearer other")[0] == 401
+        assert value(scrape(url, "s3cret"), "shmloader_epoch_records") == 100
+
+
+def test_a_master_with_tls_serves_metrics_over_https_with_its_certificate(tmp_path, capfd):
+    """The token a scraper sends never crosses the network in clear: plain HTTP gets no
+    metrics, and failing the handshake neither stops the server nor prints a traceback."""
+    write_dataset(tmp_path / "data", [10])
+    pki = make_pki(tmp_path / "pki")
+    tls = (pki.key.read_bytes(), pki.cert.read_bytes())
+    with shmloader.Master(
+        source(tmp_path / "data"), records_per_task=5, token="s3cret", tls=tls, metrics_port=0
+    ) as master:
+        url = master.metrics_url
+        assert url == f"https://127.0.0.1:{master.metrics_port}/metrics"
+        plain = url.replace("https://", "http://", 1)
+        for authorization in (None, "Bearer s3cret"):
+            try:
+                status, body, _ = get(plain, authorization)
+            except (OSError, http.client.HTTPException):
+                continue  # the handshake failed and the server closed the connection
+            assert status != 200 and "shmloader_" not in body
+        context = ssl.create_default_context(cafile=str(pki.ca))
+        assert value(scrape(url, "s3cret", context), "shmloader_epoch_records") == 10
+        status, body, challenge = get(url, context=context)
+        assert status == 401 and "no token" in body and challenge is not None
+        # A client that does not trust the master's CA fails its handshake, not the server.
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            get(url, "Bearer s3cret")
+        assert value(scrape(url, "s3cret", context), "shmloader_epoch_records") == 10
+    assert "Traceback" not in capfd.readouterr().err

@@ -62,7 +62,9 @@ def register(subparsers: Any) -> None:
         "--metrics-port",
         type=int,
         metavar="P",
-        help="serve Prometheus metrics of the whole job at http://HOST:P/metrics (0: any port)",
+        help="serve Prometheus metrics of the whole job at http://HOST:P/metrics (0: any "
+        "port; https:// with --tls-cert, the same certificate); with a token, only to "
+        "requests with 'Authorization: Bearer TOKEN'",
     )
     p.add_argument("--world-size", type=int, metavar="N", help="DDP: equal shares for N ranks")
     p.add_argument("--ddp-policy", choices=DDP_POLICIES, default=JobConfig.ddp_policy)

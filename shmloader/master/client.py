@@ -48,7 +48,7 @@ from ._convert import (
     register_from_msg,
 )
 from .address import check_address
-from .credentials import Credentials
+from .credentials import Credentials, bearer
 from .figures import TrainerFigures
 from .progress import Progress
 from .wire import MAX_ERROR_CHARS, REASON_KEY, UNKNOWN_CONSUMER, HandBack
@@ -165,7 +165,7 @@ class MasterClient:
                 self._channel = grpc.secure_channel(address, creds, options=_CHANNEL_OPTIONS)
             self._stub = pb_grpc.MasterStub(self._channel)
         self._metadata: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {token}"),) if token else ()
+            (("authorization", bearer(token)),) if token else ()
         )
         self._pid = os.getpid()
         self._lock = threading.Lock()

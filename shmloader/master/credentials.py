@@ -10,6 +10,7 @@ clear beyond this machine, where anyone on the path could read it and lease the 
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import os
 from dataclasses import dataclass, field
@@ -33,6 +34,19 @@ def from_env(given: str | None, variable: str) -> str | None:
     if given is not None:
         return given
     return os.environ.get(variable) or None
+
+
+def bearer(token: str) -> str:
+    """The ``authorization`` value that carries ``token``: what a client sends with every gRPC
+    call, and a scraper with every request for the master's ``/metrics``."""
+    return f"Bearer {token}"
+
+
+def carries_token(authorization: bytes, token: str) -> bool:
+    """Whether an ``authorization`` value (its bytes as they came) is ``bearer(token)``: the
+    one rule of gRPC calls and ``/metrics`` alike. Compared with ``hmac.compare_digest``, so
+    the time taken says nothing about the token."""
+    return hmac.compare_digest(authorization, bearer(token).encode())
 
 
 @dataclass(frozen=True)
@@ -142,6 +156,8 @@ __all__ = [
     "TLS_FIX",
     "TOKEN_ENV",
     "Credentials",
+    "bearer",
+    "carries_token",
     "from_env",
     "hosts_of",
     "is_local",

@@ -7,6 +7,8 @@ A journal directory holds::
     journal-<seq>.log             frames of {"seq": n, "update": {...}} from update <seq> on
     lock                          flock()ed by the master that owns the directory
 
+Files are created 0600, and the directory 0700 where the journal creates it.
+
 :class:`Journal` is the dispatcher's :class:`~shmloader.master.updates.UpdateSink`: each
 update is written (one ``os.write`` of one frame) before the dispatcher applies it, and the
 dispatcher calls :meth:`Journal.commit` at the end of every request, where the fsync policy
@@ -45,6 +47,10 @@ FSYNC_POLICIES: tuple[str, ...] = get_args(Fsync)
 JOURNAL_FORMAT = 1
 _SEGMENT = re.compile(r"^journal-(\d{20})\.log$")
 _SNAPSHOT = re.compile(r"^snapshot-(\d{20})\.json$")
+# The owner's alone: the state names the job's files and its trainers, no business of the
+# machine's other users. A directory that exists already keeps its mode.
+_FILE_MODE = 0o600
+_DIR_MODE = 0o700
 
 
 def _dumps(data: Any) -> bytes:
@@ -122,7 +128,7 @@ class Journal:
                 f"{snapshot_every}, {batch_records}, {batch_seconds}"
             )
         path = os.path.abspath(os.fspath(directory))
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(path, mode=_DIR_MODE, exist_ok=True)
         journal = cls(
             path,
             Dispatcher(plan, config),
@@ -371,7 +377,7 @@ class Journal:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
         # The new segment opens before the old one closes: if it cannot, records go on into
         # the old one (recovery skips those the snapshot holds), not nowhere.
-        new_fd = os.open(self._file(segment), flags, 0o644)
+        new_fd = os.open(self._file(segment), flags, _FILE_MODE)
         old_fd, self._fd = self._fd, new_fd
         self._segment, self._size = segment, 0
         if old_fd is not None:
@@ -410,7 +416,7 @@ class Journal:
 
     def _write_atomic(self, name: str, data: bytes) -> None:
         tmp = self._file(name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
         try:
             _write_all(fd, data)
             os.fsync(fd)

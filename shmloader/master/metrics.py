@@ -7,6 +7,15 @@ dispatcher's progress and the last figures each trainer's heartbeat carried
 (``TrainerFigures``), under the service's lock; nothing is kept between scrapes, so the
 figures are those of the moment.
 
+A master with a token asks it of ``/metrics`` too: a request without the header
+``Authorization: Bearer <token>`` gets 401 (the same rule as gRPC calls,
+``credentials.carries_token``). prometheus_client's own ``start_http_server`` has no hook for
+that, so its WSGI app is served here, behind a check, the way that function serves it (a
+thread per request, no request log). A master that serves TLS serves ``/metrics`` over HTTPS
+with the same certificate and key, so the token a scraper sends never crosses the network in
+clear; each connection's handshake runs in that connection's thread (with a timeout), so a
+client that fails it or never finishes it holds up no other, and is not logged.
+
 Names follow Prometheus's conventions: the ``shmloader_`` prefix, ``_total`` for counters,
 base units (bytes, seconds). The job's own (tasks, leases, epochs) have no labels but
 ``state`` and ``epoch``; a trainer's carry ``consumer`` (and ``role`` for memory).
@@ -14,18 +23,37 @@ base units (bytes, seconds). The job's own (tasks, leases, epochs) have no label
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
+import ssl
+import sys
+import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
+from pathlib import Path
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import start_http_server
+from prometheus_client import make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from .credentials import bearer, carries_token
 from .figures import TrainerFigures
 from .progress import Progress
 from .service import MasterService
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
+log = logging.getLogger(__name__)
+
+# Seconds a connection may take for each step (the TLS handshake, reading the request, sending
+# the reply) before its thread gives up on it: Prometheus's scrape_timeout is 10 s by default.
+_TIMEOUT = 30.0
 
 # Dispatcher counter -> (metric name, help).
 _LEASE_COUNTERS = {
@@ -197,12 +225,120 @@ class JobCollector(Collector):
         yield pss
 
 
+class RequireToken:
+    """WSGI middleware: the wrapped app answers only requests whose ``Authorization`` header
+    carries the master's token; the others get 401 and what to send instead. Without it,
+    anyone who reaches the port reads the job's figures even where every gRPC call needs
+    the token."""
+
+    def __init__(self, app: WSGIApplication, token: str) -> None:
+        self._app = app
+        self._token = token
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        given = environ.get("HTTP_AUTHORIZATION")
+        # WSGI hands headers over as latin-1 strings: encoded back, they are the bytes sent.
+        if isinstance(given, str) and carries_token(
+            given.encode("latin-1", "replace"), self._token
+        ):
+            return self._app(environ, start_response)
+        what = "no token" if not given else "wrong token"
+        body = (
+            f"401 Unauthorized: {what}. This shmloader master's /metrics needs its token: "
+            f"send the header 'Authorization: {bearer('<token>')}' (Prometheus: "
+            "authorization: {credentials_file: FILE} in the scrape config).\n"
+        ).encode()
+        start_response(
+            "401 Unauthorized",
+            [
+                ("Content-Type", "text/plain; charset=utf-8"),
+                ("Content-Length", str(len(body))),
+                ("WWW-Authenticate", 'Bearer realm="shmloader master"'),
+            ],
+        )
+        return [body]
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    """A thread per request, as prometheus_client's own server: a slow scraper does not hold
+    up the next. ``daemon_threads``: a request in progress neither keeps the process alive
+    nor makes ``server_close`` wait for it. With ``tls``, the listening socket is wrapped:
+    every connection it accepts is TLS, its handshake left to the connection's thread."""
+
+    daemon_threads = True
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[WSGIRequestHandler],
+        family: int,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        self.address_family = family  # read by the base class as it makes the socket
+        super().__init__(address, handler)
+        if tls is not None:
+            # Not in accept(): a client that never finishes its handshake would stop the
+            # serving thread there, and every scrape after it.
+            self.socket = tls.wrap_socket(
+                self.socket, server_side=True, do_handshake_on_connect=False
+            )
+            self.base_environ["HTTPS"] = "on"  # wsgi.url_scheme: https
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A connection that failed (a handshake of plain HTTP or with a CA the client does
+        not trust, a client gone or too slow): one line at debug level, not socketserver's
+        traceback on stderr. The server serves on."""
+        log.debug("metrics: a connection from %s failed: %s", client_address, sys.exc_info()[1])
+
+
+class _SilentHandler(WSGIRequestHandler):
+    """Logs no request: wsgiref writes every one to stderr, a line per scrape. Finishes a TLS
+    connection's handshake first, in the connection's own thread."""
+
+    timeout = _TIMEOUT
+
+    def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.settimeout(self.timeout)
+            self.request.do_handshake()
+        super().setup()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def tls_context(tls: tuple[bytes, bytes]) -> ssl.SSLContext:
+    """A server context for the master's ``(private key PEM, certificate chain PEM)``: the
+    same certificate its gRPC serves. OSError if they do not load (not PEM, a key that is not
+    the certificate's)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    key, chain = tls
+    # load_cert_chain reads files only: the PEMs are written, each readable by its owner
+    # alone in a directory of its own, for as long as loading them takes.
+    with tempfile.TemporaryDirectory(prefix="shmloader-metrics-") as folder:
+        paths = []
+        for name, pem in (("chain.pem", chain), ("key.pem", key)):
+            path = Path(folder) / name
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(pem)
+            paths.append(path)
+        try:
+            context.load_cert_chain(paths[0], paths[1])
+        except ssl.SSLError as exc:
+            raise OSError(f"cannot load the TLS certificate and key: {exc}") from exc
+    return context
+
+
 @dataclass
 class MetricsServer:
-    """``/metrics`` of one master, served over HTTP from a thread of its own."""
+    """``/metrics`` of one master, served over HTTP (HTTPS: ``scheme``) from a thread of its
+    own."""
 
     server: WSGIServer
     thread: threading.Thread
+    scheme: str = "http"
 
     @property
     def port(self) -> int:
@@ -214,9 +350,32 @@ class MetricsServer:
         self.thread.join(5)
 
 
-def serve_metrics(service: MasterService, host: str, port: int) -> MetricsServer:
-    """Serve ``service``'s job at ``http://host:port/metrics`` (port 0: any free one)."""
+def serve_metrics(
+    service: MasterService,
+    host: str,
+    port: int,
+    token: str | None = None,
+    tls: tuple[bytes, bytes] | None = None,
+) -> MetricsServer:
+    """Serve ``service``'s job at ``http://host:port/metrics`` (port 0: any free one), to
+    requests that carry ``token`` where there is one; with ``tls`` (the master's ``(private
+    key PEM, certificate chain PEM)``) at ``https://``, with that certificate. OSError if
+    ``host:port`` cannot be bound or ``tls`` does not load."""
+    context = None if tls is None else tls_context(tls)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(JobCollector(service))
-    server, thread = start_http_server(port, addr=host, registry=registry)
-    return MetricsServer(server, thread)
+    app: WSGIApplication = make_wsgi_app(registry)
+    if token is not None:
+        app = RequireToken(app, token)
+    # The first address the host resolves to, of whichever family (HTTPServer alone knows
+    # IPv4 only): what prometheus_client's start_http_server binds too.
+    family, _, _, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    server = _Server((str(address[0]), port), _SilentHandler, family, context)
+    server.set_app(app)
+    thread = threading.Thread(
+        target=server.serve_forever, name="shmloader-master-metrics", daemon=True
+    )
+    thread.start()
+    return MetricsServer(server, thread, "http" if context is None else "https")

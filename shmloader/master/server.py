@@ -3,14 +3,14 @@
 One object owns the dispatcher (or the journal that recovers it), the gRPC server, the lock
 every request takes, and a timer thread that calls ``expire`` about once a second (which also
 lets the journal's "batch" fsync policy act while the job is idle). It binds loopback unless
-told otherwise; with ``token`` every call must carry ``authorization: Bearer <token>``, with
-``tls`` the channel is encrypted. The standard ``grpc.health.v1`` service reports SERVING
-until shutdown starts.
+told otherwise; with ``token`` every call must carry ``authorization: Bearer <token>`` (and
+so must every request for ``/metrics``), with ``tls`` the channel is encrypted (and
+``/metrics`` is HTTPS, with the same certificate). The standard ``grpc.health.v1`` service
+reports SERVING until shutdown starts.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 import socket
@@ -31,6 +31,7 @@ from ..errors import ConfigError, MasterError
 from ..sources.base import Shard, Source
 from . import forked
 from .config import JobConfig
+from .credentials import carries_token
 from .dispatcher import Dispatcher
 from .journal import FSYNC_POLICIES, Fsync, Journal
 from .local import LocalStub
@@ -71,7 +72,9 @@ class Master:
     With ``journal=DIR`` the state is journaled there and recovered on the next start with the
     same plan and schedule settings. ``tls`` is ``(private key PEM, certificate chain PEM)``.
     ``metrics_port``: serve Prometheus metrics of the whole job at ``http://host:port/metrics``
-    (0: any free port, then ``metrics_port`` tells it). ``first_epoch`` and ``resume`` (task
+    (0: any free port, then ``metrics_port`` tells it), with a ``token`` only to requests
+    that carry it, with ``tls`` at ``https://`` with the same certificate (``metrics_url``
+    tells it). ``first_epoch`` and ``resume`` (task
     id -> consumed record ranges, a merged loader state's ``"consumed"``) continue a
     checkpoint's epoch with any world size.
     """
@@ -203,7 +206,9 @@ class Master:
         from .metrics import serve_metrics  # prometheus_client: only for a master that serves
 
         try:
-            self._metrics = serve_metrics(service, self.host, self.metrics_port or 0)
+            self._metrics = serve_metrics(
+                service, self.host, self.metrics_port or 0, self._token, self._tls
+            )
         except OSError as exc:
             raise MasterError(
                 f"cannot serve metrics on {_bracket(self.host)}:{self.metrics_port}: {exc}"
@@ -213,10 +218,11 @@ class Master:
 
     @property
     def metrics_url(self) -> str | None:
-        """Where the job's Prometheus metrics are served (None: they are not)."""
+        """Where the job's Prometheus metrics are served (None: they are not): ``https://``
+        where the master serves TLS."""
         if self._metrics is None:
             return None
-        return f"http://{_bracket(self.host)}:{self._metrics.port}/metrics"
+        return f"{self._metrics.scheme}://{_bracket(self.host)}:{self._metrics.port}/metrics"
 
     def _serve(self, service: MasterService) -> None:
         # Ours to shut down: gRPC's stop() leaves the pool's threads waiting for work for as
@@ -416,11 +422,11 @@ def _bracket(host: str) -> str:
 class _TokenCheck(grpc.ServerInterceptor):
     """Refuse (UNAUTHENTICATED) any call without ``authorization: Bearer <token>``.
 
-    Compared with ``hmac.compare_digest`` so the time taken says nothing about the token.
+    The rule is ``credentials.carries_token``'s (constant time), which ``/metrics`` follows too.
     """
 
     def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+        self._token = token
 
     def intercept_service(
         self, continuation: Callable[[Any], Any], details: grpc.HandlerCallDetails
@@ -432,7 +438,7 @@ class _TokenCheck(grpc.ServerInterceptor):
         for key, value in details.invocation_metadata or ():
             if key == "authorization":
                 given = value if isinstance(value, str) else ""
-        if hmac.compare_digest(given.encode(), self._expected):
+        if carries_token(given.encode(), self._token):
             return handler
         return _refusal(handler)
 
