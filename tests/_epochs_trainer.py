@@ -27,7 +27,8 @@ from _dataset_helpers import data_loader, dataset, ids_of
 #: wrapper: "" (none), "accelerate", "fabric". loop: "plain", "save_every_5" (save_state every 5
 #: batches), "break_before_last" / "break_after_last" (the first pass is left by a break
 #: before / right after its last batch), "islice_zip" (each epoch taken as islice(dl, 4),
-#: zip(range(3), dl) and the rest).
+#: zip(range(3), dl) and the rest), "iterator_kept" (the first pass taken with next() on an
+#: iterator the loop keeps past the pass, the next pass begun without a len() in between).
 FORMS: dict[str, tuple[str, str, str]] = {
     "shmloader": ("shmloader", "", "plain"),
     "batch_sampler": ("batch_sampler", "", "plain"),
@@ -40,6 +41,7 @@ FORMS: dict[str, tuple[str, str, str]] = {
     "accelerate_batch_sampler_save_state": ("batch_sampler", "accelerate", "save_every_5"),
     "accelerate_break_before_last": ("shmloader", "accelerate", "break_before_last"),
     "accelerate_break_after_last": ("shmloader", "accelerate", "break_after_last"),
+    "accelerate_iterator_kept": ("shmloader", "accelerate", "iterator_kept"),
 }
 
 
@@ -77,13 +79,19 @@ def passes(
                 ],
             )
         return
+    if loop == "iterator_kept":
+        batches = len(dl)
+        kept = iter(dl)  # alive until this generator ends: past the next pass's start
+        yield batches, [next(kept) for _ in range(batches)]
     stops: list[int | None] = [None] * epochs
     if loop.startswith("break_"):
         last = len(dl)
         stops.insert(0, last - 1 if loop == "break_before_last" else last)
     step = 0
-    for stop in stops:
-        length, got = len(dl), []
+    for p, stop in enumerate(stops):
+        # After an iterator kept, the pass begins at once: len() would settle the doubt.
+        length = None if loop == "iterator_kept" and p == 0 else len(dl)
+        got = []
         for batch in dl:
             got.append(batch)
             step += 1

@@ -47,15 +47,24 @@ def passes_of(run: Trainer, form: str) -> list[dict[str, Any]]:
     return sorted(lines, key=lambda line: line["pass"])
 
 
-def epochs_of(form: str, passes: list[dict[str, Any]]) -> list[list[int]]:
+def epochs_of(form: str, passes: list[dict[str, Any]], workers: int) -> list[list[int]]:
     """The ids of each epoch: one pass each, but a first pass left by a break before its last
     batch is an epoch with the pass after it, and one left right after its last batch is an
-    epoch alone, followed by an empty pass once the epochs are over."""
+    epoch alone, followed by an empty pass once the epochs are over; with an iterator kept
+    past the first pass, see below."""
     ids = [p["ids"] for p in passes]
     loop = FORMS[form][2]
     if loop == "break_before_last":
         assert passes[0]["batches"] == BATCHES - 1 and passes[1]["batches"] == 1
         return [ids[0] + ids[1], *ids[2:]]
+    if loop == "iterator_kept" and workers:
+        # Whether the loop had the last batch cannot be told (torch returned it before the
+        # loop asked for it): it comes again, with a warning.
+        assert passes[1]["batches"] == 1 and set(ids[1]) <= set(ids[0])
+        return [ids[0], *ids[2:]]
+    if loop == "iterator_kept":  # torch is asked as the loop asks: exact
+        assert passes[-1]["batches"] == 0
+        return ids[:-1]
     if loop == "break_after_last":
         assert passes[-1]["batches"] == 0 and passes[-1]["len"] == 0
         return ids[:-1]
@@ -86,11 +95,15 @@ def test_every_loop_form_gives_every_epoch_whole_in_every_pass(
         for p in passes[1:] if left else passes:
             if p["len"] is not None:  # what len() said before the pass is what it gave
                 assert p["len"] == p["batches"], (form, p["pass"], p["len"], p["batches"])
-        epochs = epochs_of(form, passes)
+        epochs = epochs_of(form, passes, workers)
         assert len(epochs) == EPOCHS, (form, [p["batches"] for p in passes])
         for e, ids in enumerate(epochs):
             missing = Counter(expected) - Counter(ids)
             extra = Counter(ids) - Counter(expected)
             assert not missing and not extra, (form, e, len(missing), len(extra))
         assert shm_entries(tmp_path / "shm" / form) == []
-    assert "come again" not in run.output()  # no break here leaves a batch in doubt
+    # Only the iterator kept past a pass with workers leaves a batch in doubt, said once.
+    doubts = [line for line in run.output().splitlines() if "come again" in line]
+    assert len(doubts) == (1 if workers else 0), doubts
+    if workers:
+        assert f"its {sum(SIZES) % BATCH} rows count as not delivered" in doubts[0]
