@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _decoders import GOOD, POISON, SCHEMA, decode, decode_or_crash, decode_slow, encode
+from _decoders import GOOD, POISON, SCHEMA, decode_or_crash, decode_slow, encode
+from _decoders import decode as plain_decode
 
 import shmloader
 from shmloader.shm.names import start_token
@@ -52,21 +53,28 @@ def write_dataset(
 
 
 def source(
-    directory: Path, *, on_error: str = "raise", slow: bool = False, crash: bool = False
+    directory: Path,
+    *,
+    on_error: str = "raise",
+    slow: bool = False,
+    crash: bool = False,
+    decode: Callable[[bytes], Any] | None = None,
 ) -> Any:
-    """The files' source; ``slow``: 2 ms per record; ``crash``: poison records kill the reader."""
+    """The files' source; ``slow``: 2 ms per record; ``crash``: poison records kill the reader
+    (``os._exit(3)``); ``decode``: another decode function of ``_decoders``."""
     return shmloader.RecordFileSource(
         str(directory / "*.tfrecord"),
-        decode=decode_or_crash if crash else decode_slow if slow else decode,
+        decode=decode or (decode_or_crash if crash else decode_slow if slow else plain_decode),
         schema=SCHEMA,
         on_error=on_error,
     )
 
 
 def dataset(directory: Path, shm_dir: Path, **kwargs: Any) -> Any:
-    """A small, fast dataset: short leases, small tasks, a tmp_path store. ``on_error`` and
-    ``slow`` (2 ms per record) go to the source, the rest to SharedTaskDataset; ``src``: a
-    source of the test's own over the files instead (another schema or decode)."""
+    """A small, fast dataset: short leases, small tasks, a tmp_path store. ``on_error``,
+    ``slow`` (2 ms per record), ``crash`` and ``decode`` go to the source (:func:`source`), the
+    rest to SharedTaskDataset; ``src``: a source of the test's own over the files instead
+    (another schema)."""
     shm_dir.mkdir(parents=True, exist_ok=True)
     options: dict[str, Any] = {
         "num_readers": 2,
@@ -83,6 +91,7 @@ def dataset(directory: Path, shm_dir: Path, **kwargs: Any) -> Any:
         on_error=kwargs.pop("on_error", "raise"),
         slow=kwargs.pop("slow", False),
         crash=kwargs.pop("crash", False),
+        decode=kwargs.pop("decode", None),
     )
     options.update(kwargs)
     return shmloader.SharedTaskDataset(src, **options)

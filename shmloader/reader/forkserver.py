@@ -250,8 +250,8 @@ def serve(fd: int, parent: int) -> int:
             elif said[0] == "kill" and said[1] in children:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(said[1], signal.SIGKILL)
-    except (BrokenPipeError, ConnectionResetError):
-        return 0  # the trainer is gone
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        return 0  # the trainer is gone (EOFError: from recv_handle, as it died mid-request)
     finally:
         for pid in children:  # readers left when the trainer let go of us: they hold nothing
             with contextlib.suppress(ProcessLookupError):

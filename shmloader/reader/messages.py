@@ -29,11 +29,15 @@ RETIRE = "retire"
 
 @dataclass(frozen=True)
 class Started:
-    """The reader holds ``lease_id`` and is reading it (its segment is not sealed yet)."""
+    """The reader holds ``lease_id`` and is reading it (its segment is not sealed yet): records
+    ``[start, stop)`` of ``path``, what the pool names should the reader die on the task."""
 
     lease_id: int
     epoch: int
     task_id: int
+    path: str
+    start: int
+    stop: int
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,11 @@
 
 One pipe per reader (no shared queue lock that a SIGKILLed reader could leave held), and one
 thread in the trainer that waits on all pipes and process sentinels at once. A reader that
-dies is replaced; the segment it was writing is removed; the task it held comes back from the
-master when its lease expires, so nothing is lost and nothing is delivered twice.
+dies is replaced, and its death told (death.py) to ``on_reader_death``: the trainer removes
+the segment it was writing and tells the master the task failed, naming the death, so the
+task is tried again at once and a quarantine names its cause. Tasks it held and had not
+begun come back from the master when their leases expire; nothing is lost and nothing is
+delivered twice.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any, Protocol
 from ..errors import ConfigError, ShmloaderError
 from .by_value import pickle_config
 from .config import ReaderConfig
+from .death import ReaderDeath
 from .forkserver import ForkServer
 from .interpreter import start_interpreter
 from .messages import (
@@ -35,6 +39,7 @@ from .messages import (
     Started,
     Unusable,
 )
+from .position import last_record
 
 STOP_SECONDS = 5.0  # how long readers get to stop on their own before they are killed
 BLAS_THREADS = "OPENBLAS_NUM_THREADS"  # numpy's wheels bundle OpenBLAS
@@ -68,6 +73,7 @@ class ReaderInfo:
     since: float | None = None
     ended: float | None = None
     current_lease: int | None = None
+    task: Started | None = None  # the task of current_lease: named should the reader die on it
     sealing: str | None = None  # segment being written for current_lease, not announced yet
     started_at: float | None = None  # time.monotonic() when it began current_lease
     finished: bool = False
@@ -209,8 +215,10 @@ def stop_readers(
 class ReaderPool:
     """Runs ``num_readers`` readers; ``on_message(info, message)`` is called on its thread.
 
-    A reader that dies is started again; ``max_restarts`` deaths of one slot in a row, with no
-    task read in between, end the pool with an error (a crash loop, not bad luck).
+    A reader that dies is started again, after ``on_reader_death(info, death)``; ``max_restarts``
+    deaths of one slot in a row, with no task read in between, end the pool with an error (a
+    crash loop, not bad luck). ``positions``: the folder where readers note the record they
+    decode (their store's, ``ReaderConfig.store.path``), for a death to name it.
     """
 
     def __init__(
@@ -219,10 +227,11 @@ class ReaderPool:
         num_readers: int,
         on_message: Callable[[ReaderInfo, Message], None],
         *,
-        on_reader_death: Callable[[ReaderInfo, int], None] | None = None,
+        on_reader_death: Callable[[ReaderInfo, ReaderDeath], None] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
         max_restarts: int = 10,
         launched: Sequence[ReaderProcess] = (),
+        positions: str | None = None,
     ) -> None:
         if num_readers < 1:
             raise ShmloaderError(f"num_readers must be at least 1, got {num_readers}")
@@ -231,6 +240,8 @@ class ReaderPool:
         self._on_death = on_reader_death
         self._on_error = on_error
         self._max_restarts = max_restarts
+        # Where readers note the record they decode (position.py): their store's folder.
+        self._positions = positions
         self.readers = [ReaderInfo(i) for i in range(num_readers)]
         # Readers to add (ReaderPool.add), started by the relay thread: a reader dies with the
         # thread that started it (the parent-death signal).
@@ -291,7 +302,7 @@ class ReaderPool:
         # Known once the reader is up: a forked one's pid comes with its server's answer, and
         # the start-up need not wait for that (the server may still be importing).
         info.pid = 0
-        info.current_lease = info.started_at = None
+        info.current_lease = info.started_at = info.task = None
         if info.since is None:
             info.since = time.monotonic()
         self._procs[info.index] = proc
@@ -414,12 +425,13 @@ class ReaderPool:
                 info.pid = proc.process.pid
         if isinstance(message, Started):
             info.current_lease = message.lease_id
+            info.task = message
             info.started_at = time.monotonic()
             info.sealing = None  # a task it gave way from named a segment it never wrote
         elif isinstance(message, Sealing):
             info.sealing = message.segment
         elif isinstance(message, Ready):
-            info.current_lease = info.started_at = None
+            info.current_lease = info.started_at = info.task = None
             info.sealing = None
             info.deaths_in_a_row = 0
             info.unusable = False
@@ -430,7 +442,7 @@ class ReaderPool:
             info.busy_seconds += message.read_seconds - message.room_wait_seconds
             info.room_wait_seconds += message.room_wait_seconds
         elif isinstance(message, Failed):
-            info.current_lease = info.started_at = None
+            info.current_lease = info.started_at = info.task = None
             info.sealing = None
             info.failures += 1
         elif isinstance(message, Finished):
@@ -467,17 +479,27 @@ class ReaderPool:
         ):
             info.ended = time.monotonic()
             return
+        death = self._death(info, code)
         if self._on_death is not None:
-            self._on_death(info, code)
+            self._on_death(info, death)
         if info.deaths_in_a_row >= self._max_restarts:
             raise ShmloaderError(
                 f"reader {index} died {info.deaths_in_a_row + 1} times in a row without "
-                f"reading a task (last exit code {code}); giving up — see the readers' error "
-                "output above"
+                f"reading a task; giving up. The last one (pid {death.pid}) {death.how} "
+                f"{death.where}: {death.fix} (the readers' error output above may say more)"
             )
         info.deaths_in_a_row += 1
         info.restarts += 1
         self._spawn(info)
+
+    def _death(self, info: ReaderInfo, code: int) -> ReaderDeath:
+        """How ``info``'s reader died, and on what (its pipe was drained: its last Started
+        is known)."""
+        task = info.task
+        record = None
+        if task is not None and self._positions is not None:
+            record = last_record(self._positions, info.index, task.lease_id)
+        return ReaderDeath(info.index, info.pid, code, task, record)
 
     def pids(self) -> list[int]:
         """The running readers' pids (waiting for a forked one's, if not known yet), which

@@ -33,17 +33,17 @@ from ..shm.store import SegmentInfo
 from ..sources._tensor_types import schema_forms
 from ..sources.base import ReadResult, Shard
 from ..sources.skipped import SkippedRecord
-from .by_value import unpickle_config
+from .by_value import PickledConfig, unpickle_config
 from .cache_key import cache_key
 from .config import ReaderConfig
 from .failure import as_ours, describe_error, pack_exception, retry_may_help
 from .heap import keep_freed_memory
 from .messages import (
     RETIRE,
-    STOP,
     Failed,
     Finished,
     MasterLost,
+    Message,
     Ready,
     Sealing,
     Started,
@@ -51,6 +51,7 @@ from .messages import (
     lease_clock,
     task_key,
 )
+from .position import RecordPosition
 from .unchanged import check_unchanged
 
 PR_SET_PDEATHSIG = 1
@@ -149,13 +150,54 @@ def _key(lease: Any) -> str:
     return task_key(lease.epoch, lease.seq)
 
 
+class TrainerGone(Exception):
+    """The trainer's end of the reader's pipe is closed: the trainer died (a SIGKILL, a crash)
+    or let go of it. An expected end, not an error: the reader exits quietly, with code 0. Its
+    fork server kills it a moment later anyway; a traceback of each reader's ``EOFError`` or
+    ``ConnectionResetError`` in the trainer's terminal would only bury what killed the trainer.
+    """
+
+
+class TrainerPipe:
+    """The reader's end of its pipe to the trainer: messages out, the pool's words in (its
+    configuration, then "stop" or "retire"). A closed far end raises :class:`TrainerGone`,
+    whichever way the pipe met it."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    def send(self, message: Message) -> None:
+        try:
+            self._conn.send(message)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise TrainerGone from exc
+
+    def poll(self) -> bool:
+        """Whether the pool said something (or closed its end: :meth:`receive` then raises)."""
+        try:
+            return self._conn.poll()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise TrainerGone from exc
+
+    def receive(self) -> PickledConfig | str:
+        """What the pool says next, waiting for it."""
+        try:
+            said: PickledConfig | str = self._conn.recv()
+        except (EOFError, ConnectionResetError) as exc:
+            raise TrainerGone from exc
+        return said
+
+
 class Reader:
     """One reader's loop; ``run`` returns when the master is finished or the pool says stop."""
 
-    def __init__(self, config: ReaderConfig, conn: Connection, parent: int) -> None:
+    def __init__(self, config: ReaderConfig, conn: TrainerPipe, parent: int) -> None:
         self.config = config
         self.conn = conn
         self.parent = parent
+        # The record being decoded, on a task that failed before, for the pool to name should
+        # this reader die on it (position.py).
+        self._position = RecordPosition(config.store.path, config.index)
         self.client = MasterClient(
             config.master_address,
             token=config.credentials.token,
@@ -180,7 +222,7 @@ class Reader:
         if os.getppid() != self.parent:
             self._stop = True
         elif self.conn.poll():
-            said = self.conn.recv()  # a pool sends "stop" or "retire"
+            said = self.conn.receive()  # a pool sends "stop" or "retire"
             if said == RETIRE:
                 self._retiring = True
             else:
@@ -229,7 +271,8 @@ class Reader:
                 lease = self._queue.pop(0)
                 done = False
                 try:
-                    done = self._serve(lease)
+                    with self._watching(lease):
+                        done = self._serve(lease)
                 finally:
                     if done or self.should_stop():
                         self._renewer.drop(lease.lease_id)
@@ -272,9 +315,19 @@ class Reader:
         self._take(reply.leases, asked_at)
         return any(_key(other) in wanted for other in reply.leases)
 
+    def _watching(self, lease: Any) -> contextlib.AbstractContextManager[None]:
+        """A task that failed before (it may have killed its reader) is served noting each
+        record it decodes (position.py): from reading to writing, since a source may decode
+        as the store writes (sources/streamed.py)."""
+        if lease.attempt > 1:
+            return self._position.watching(lease.lease_id)
+        return contextlib.nullcontext()
+
     def _serve(self, lease: Any) -> bool:
         """Read, write and announce ``lease``'s task; False if it gave way (see _give_way)."""
-        self.conn.send(Started(lease.lease_id, lease.epoch, lease.task_id))
+        self.conn.send(
+            Started(lease.lease_id, lease.epoch, lease.task_id, lease.path, lease.start, lease.stop)
+        )
         began = time.monotonic()
         gave_way = False
 
@@ -315,7 +368,7 @@ class Reader:
             )
             if info is not None:
                 _check_count(lease, info.num_rows, result.skipped, lambda: store.release(info.name))
-        except StoreClosedError:
+        except (StoreClosedError, TrainerGone):
             raise
         except Exception as raised_here:
             exc = as_ours(raised_here, lease.path, lease.start, lease.stop)
@@ -446,22 +499,27 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with _connection(fd) as conn:
         try:
-            first = conn.recv()
-        except EOFError:  # the trainer closed the pipe without a word: it is gone
+            return _serve_trainer(TrainerPipe(conn), parent)
+        except TrainerGone:  # the trainer closed the pipe, or died: nobody to read for
             return 0
-        # Stopped before it was configured: the dataset was closed before its first use, or
-        # the trainer failed to start.
-        if first == STOP:
-            return 0
-        try:
-            config = unpickle_config(first)
-        except ConfigError as exc:
-            conn.send(Unusable(str(exc)))  # the trainer raises it; a traceback here adds nothing
-            return 1
-        # Everything imported so far lives as long as the reader: keep the garbage collector's
-        # full passes off it. A task makes thousands of short-lived objects (one payload view
-        # per record), and each full pass walked every module object too: 4% of a reader's
-        # samples in a py-spy profile of the data-plane benchmark's images.
-        gc.freeze()
-        Reader(config, conn, parent).run()
+
+
+def _serve_trainer(pipe: TrainerPipe, parent: int) -> int:
+    """Wait for the configuration, then read for the trainer until told to stop."""
+    first = pipe.receive()
+    # "stop" before it was configured: the dataset was closed before its first use, or the
+    # trainer failed to start.
+    if not isinstance(first, PickledConfig):
+        return 0
+    try:
+        config = unpickle_config(first)
+    except ConfigError as exc:
+        pipe.send(Unusable(str(exc)))  # the trainer raises it; a traceback here adds nothing
+        return 1
+    # Everything imported so far lives as long as the reader: keep the garbage collector's
+    # full passes off it. A task makes thousands of short-lived objects (one payload view per
+    # record), and each full pass walked every module object too: 4% of a reader's samples in
+    # a py-spy profile of the data-plane benchmark's images.
+    gc.freeze()
+    Reader(config, pipe, parent).run()
     return 0

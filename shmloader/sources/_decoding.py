@@ -11,12 +11,16 @@ here once, and a failure reads the same whichever source hit it:
 * conversion by :class:`BatchBuilder` reports positions in the list it was given;
   :func:`locate` turns those back into file, record and offset;
 * the schema, when not given, comes from the first record that decodes, in plan order, with
-  the first failures quoted if none does (:func:`infer_schema_from`).
+  the first failures quoted if none does (:func:`infer_schema_from`);
+* within :func:`watching_records`, each record's index is told before its decode, for a
+  reader to publish: a decode that kills the process (a crash in native code, ``os._exit``)
+  raises nothing that could name the record (reader/position.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -31,6 +35,24 @@ INFER_ATTEMPTS = 1000  # records that may fail to decode while inferring a schem
 # Records whose schemas are merged (columns.merge_inferred): enough for a column whose length
 # varies to show it, few enough to cost nothing at start-up.
 INFER_SAMPLE = 16
+
+# Told each record's index (in its file) before the record is decoded; None: not watched, and
+# records decode at full speed (one ``map`` over them).
+_watch: Callable[[int], None] | None = None
+
+
+@contextlib.contextmanager
+def watching_records(watch: Callable[[int], None]) -> Iterator[None]:
+    """Within the block, :func:`decode_to_batch` calls ``watch(index)`` before it decodes each
+    record, ``index`` its place in its file. A reader publishes it where its pool finds it
+    should the decode kill the process (reader/position.py); a call per record costs more
+    than a plain ``map``, so a reader watches only tasks that failed before."""
+    global _watch
+    previous, _watch = _watch, watch
+    try:
+        yield
+    finally:
+        _watch = previous
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,11 +143,17 @@ def decode_to_batch(
     raising = on_error == "raise"
     failures: list[tuple[int, Exception]] = []
     decoded: list[Any] | None = None
+    watch = _watch
     if parse is None and decode is not None:
         # The common case at C speed; if any record fails, the items are decoded again one
         # by one to tell which (decode functions are expected to be pure).
         try:
-            decoded = list(map(decode, items))
+            if watch is None:
+                decoded = list(map(decode, items))
+            else:
+                decoded = [
+                    _watched(watch, at, decode, item) for item, at in zip(items, where, strict=True)
+                ]
         except Exception:
             decoded = None
     kept: Sequence[int]  # positions in ``items`` of the records that decoded
@@ -136,7 +164,7 @@ def decode_to_batch(
     if decoded is not None:
         records, kept = decoded, range(len(items))
     else:
-        records, kept = _decode_each(path, items, parse, decode, raising, failures)
+        records, kept = _decode_each(path, items, where, parse, decode, raising, failures, watch)
     if raising:
         try:
             batch = builder.from_records(records)
@@ -156,18 +184,29 @@ def decode_to_batch(
     return batch
 
 
+def _watched(watch: Callable[[int], None], at: At, decode: Callable[[Any], Any], item: Any) -> Any:
+    """``decode(item)``, the record's index told to ``watch`` first."""
+    watch(at.index)
+    return decode(item)
+
+
 def _decode_each(
     path: str,
     items: Sequence[Any],
+    where: Sequence[At],
     parse: Callable[[str, Any], Any] | None,
     decode: Callable[[Any], Any] | None,
     raising: bool,
     failures: list[tuple[int, Exception]],
+    watch: Callable[[int], None] | None,
 ) -> tuple[list[Any], list[int]]:
-    """Records that decode, their positions in ``items``; failures appended to ``failures``."""
+    """Records that decode, their positions in ``items``; failures appended to ``failures``;
+    each record's index told to ``watch`` (if any) before it is parsed."""
     records: list[Any] = []
     kept: list[int] = []
     for pos, item in enumerate(items):
+        if watch is not None:
+            watch(where[pos].index)
         try:
             if parse is not None:
                 item = parse(path, item)

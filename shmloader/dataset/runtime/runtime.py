@@ -26,6 +26,7 @@ import numpy as np
 from ...errors import MasterError
 from ...master import forked
 from ...reader.config import ReaderConfig
+from ...reader.death import ReaderDeath
 from ...reader.messages import Failed, MasterLost, Message, Ready
 from ...reader.pool import STOP_SECONDS, ReaderInfo, ReaderPool, ReaderProcess
 from ...reader.unchanged import identities
@@ -120,6 +121,7 @@ class Runtime:
                 on_reader_death=self._on_reader_death,
                 on_error=self._readers_failed,
                 launched=launched,
+                positions=store.path,
             ).launch()
             address = self._master_address()
             self.address = address
@@ -427,8 +429,6 @@ class Runtime:
             self.task_errors.reader_failed(message, info.index, self.plane.ready)
             if not message.retry:
                 return  # raised in the loop now; a warning would only say it twice
-            if self._maintenance is not None:
-                self._maintenance.look_at_the_master()  # was it the last try?
             log.warning(
                 "reader %d failed task %d (epoch %d, %s): %s; the master tries it again, up "
                 "to max_retries times in an epoch (then the loop raises)",
@@ -438,19 +438,47 @@ class Runtime:
                 message.path,
                 message.error,
             )
-            self.task_errors.fail_if_quarantined(self.master_client.progress(), self.plane.ready)
+            self._raise_if_quarantined()
         elif isinstance(message, MasterLost):
             self.plane.ready.fail(MasterError(f"reader {info.index}: {message.error}"))
 
-    def _on_reader_death(self, info: ReaderInfo, code: int) -> None:
+    def _raise_if_quarantined(self) -> None:
+        """After a retried failure, which may have been the task's last try: the loop raises
+        now if the master quarantined the task, not at the maintenance thread's next look."""
+        if self._maintenance is not None:
+            self._maintenance.look_at_the_master()
+        self.task_errors.fail_if_quarantined(self.master_client.progress(), self.plane.ready)
+
+    def _on_reader_death(self, info: ReaderInfo, death: ReaderDeath) -> None:
         # A reader killed mid-write leaves its reservation (tmp-<pid>-...): remove it now, or
         # it would hold budget until some writer happened to wait long enough to reap it.
         reap_dead_writers(self.store.path)
         # Killed after sealing but before announcing: nobody will ever read that segment (its
-        # task comes back through lease expiry and is read again), so release it.
+        # task is read again), so release it.
         if info.sealing is not None:
             self.handle.release(info.sealing, missing_ok=True)
             info.sealing = None
+        if info.unusable:  # it said why (messages.Unusable); the pool starts another
+            return
+        task = death.task
+        if task is None:
+            log.warning("%s; a new reader is started. Fix: %s", death, death.fix)
+            return
+        log.warning(
+            "%s; the master tries the task again, up to max_retries times in an epoch (then "
+            "the loop raises), and a new reader is started. Fix: %s",
+            death,
+            death.fix,
+        )
+        self.task_errors.reader_died(death)
+        # The lease's failure, told now rather than left to lapse: the master hands the task
+        # out again at once, not after lease_timeout, and a quarantine's last error is the
+        # death, not "lease N expired".
+        try:
+            self.master_client.fail(task.lease_id, str(death))
+        except MasterError:  # lapsed meanwhile (LeaseError), or no master: it expires as before
+            return
+        self._raise_if_quarantined()
 
     def _hold_readers_back(self) -> bool:
         """Raise or lower the store's ``ahead`` hint: readers lease no new task while
