@@ -16,7 +16,8 @@ package-relative ones (``from . import x_pb2``) so ``shmloader._proto`` is self-
 The generated code checks the protobuf runtime it runs on: the runtime must not be older than
 the protoc bundled with grpcio-tools (the ``# Protobuf Python Version`` header line), and
 ``*_pb2_grpc.py`` needs ``grpcio`` at least the grpcio-tools version. Regenerating with a newer
-grpcio-tools therefore raises the dependency floors in pyproject.toml.
+grpcio-tools therefore raises the dependency floors in pyproject.toml; ``--check`` compares
+the code without those stamps, so a newer grpcio-tools on the same protoc is not "stale".
 
 Usage::
 
@@ -27,7 +28,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import filecmp
 import os
 import re
 import subprocess
@@ -44,6 +44,15 @@ KEEP = frozenset({"__init__.py"})
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 _SERVICE_RE = re.compile(r"^\s*service\s+\w+\s*\{", re.MULTILINE)
 _VERSION_RE = re.compile(r"^# Protobuf Python Version: (\S+)$", re.MULTILINE)
+# What a generator stamps with its own version: the header line, the protobuf runtime check's
+# major, minor and patch, and the grpcio floor of *_pb2_grpc.py. A newer grpcio-tools of the
+# same protoc stamps a newer version on the same code; that is no staleness (and regenerating
+# would raise the floors users need), so the check compares the code with the stamps masked.
+_STAMPS = (
+    _VERSION_RE,
+    re.compile(r"(?<=ValidateProtobufRuntimeVersion\()(\s*[\w.]+,\s*\d+,\s*\d+,\s*\d+,)"),
+    re.compile(r"^GRPC_GENERATED_VERSION = .*$", re.MULTILINE),
+)
 
 
 def proto_files(proto_dir: Path = PROTO_DIR) -> list[Path]:
@@ -126,6 +135,14 @@ def _version_of(path: Path) -> str | None:
     return match.group(1) if match else None
 
 
+def _unstamped(path: Path) -> str:
+    """The file's text with the generator's version stamps masked (see ``_STAMPS``)."""
+    text = path.read_text(encoding="utf-8")
+    for stamp in _STAMPS:
+        text = stamp.sub("<stamp>", text)
+    return text
+
+
 def check(out_dir: Path = OUT_DIR) -> list[str]:
     """Problems that make ``out_dir`` differ from a fresh generation (empty: up to date)."""
     with tempfile.TemporaryDirectory(prefix="shmloader-gen-protos-") as tmp:
@@ -138,7 +155,7 @@ def check(out_dir: Path = OUT_DIR) -> list[str]:
             for name in sorted(existing - fresh)
         ]
         for name in sorted(fresh & existing):
-            if filecmp.cmp(fresh_dir / name, out_dir / name, shallow=False):
+            if _unstamped(fresh_dir / name) == _unstamped(out_dir / name):
                 continue
             problem = f"{name}: differs from a fresh generation"
             old, new = _version_of(out_dir / name), _version_of(fresh_dir / name)

@@ -56,6 +56,23 @@ def test_check_lists_changed_missing_and_orphaned_files(tmp_path: Path) -> None:
     assert "(committed by protoc for protobuf 0.0.0-old-" in problem
 
 
+def test_a_newer_generators_version_stamp_is_not_staleness(tmp_path: Path) -> None:
+    """grpcio-tools stamps its own version into the code it generates: another release of the
+    same protoc gives the same code with another stamp, which --check passes (regenerating
+    would only raise the grpcio floor users need)."""
+    out = tmp_path / "_proto"
+    shutil.copytree(ROOT / "shmloader" / "_proto", out)
+    stub = out / "master_pb2_grpc.py"
+    text = stub.read_text()
+    assert "GRPC_GENERATED_VERSION = '" in text
+    stub.write_text(
+        text.replace("GRPC_GENERATED_VERSION = '", "GRPC_GENERATED_VERSION = '99.0.0-or-")
+    )
+    assert gen.check(out) == []
+    stub.write_text(text.replace("class MasterStub", "class RenamedStub"))
+    assert gen.check(out) == ["master_pb2_grpc.py: differs from a fresh generation"]
+
+
 def test_services_imports_and_descriptor_names(tmp_path: Path) -> None:
     """A proto importing another and declaring a service yields an importable package."""
     proto_dir = tmp_path / "genprobe" / "proto"
