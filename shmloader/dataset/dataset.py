@@ -34,7 +34,7 @@ from ..sources.base import Source
 from ..sources.hf import HFDataset
 from .core.indices import ROW_BITS, encode_indices
 from .core.ragged_form import Ragged
-from .core.receipts import Receipt, as_array, receipt_of
+from .core.receipts import IndexBatch, Receipt, issued_batch
 from .gather import ring
 from .gather.gather import gather, segment_views
 from .gather.gatherer import Gatherer
@@ -519,19 +519,25 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             return _one_row(batch)
         return _one_row(read_record(self.source, index, self.columns))
 
-    def __getitems__(self, indices: Sequence[int] | np.ndarray) -> dict[str, Any] | RingBatch:
+    def __getitems__(
+        self, indices: Sequence[int] | np.ndarray | IndexBatch
+    ) -> dict[str, Any] | RingBatch:
         """The batch: a dict of tensors; in a worker of ``shmloader.DataLoader``, a
         :class:`~shmloader.dataset.gather.ring.RingBatch`, which reaches the training process
         as one.
-        How its rows count as consumed travels with ``indices`` (delivery.py).
+        How its rows count as consumed travels with a batch the batch sampler issued (its
+        ``IndexBatch``'s receipt, delivery.py); other indices count once gathered.
 
         Positions of a torch sampler (``DataLoader(ds, batch_size=64)``, no ``sampler=``) take
         the next rows of the dataset's order, in the training process; a worker refuses them
         (natural.py)."""
-        indices = as_array(indices)  # a batch sampler's list keeps its array
+        issued = issued_batch(indices)
+        if issued is not None:
+            return self._gather(issued.indices, ring=True, receipt=issued.receipt)
+        assert not isinstance(indices, IndexBatch)  # for mypy: issued_batch took those
         if are_positions(indices):
             return self._natural_batch(indices)
-        return self._gather(indices, ring=True, receipt=receipt_of(indices))
+        return self._gather(indices, ring=True, receipt=Receipt.GATHER)
 
     def _natural_batch(self, positions: Sequence[int] | np.ndarray) -> dict[str, Any]:
         """As many of the next rows of the dataset's order as there are ``positions``, for a
@@ -561,7 +567,10 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         process. ``consumed=False``: the rows count as consumed only once the caller reports
         that its loop received them (``shmloader.DataLoader`` does)."""
         receipt = Receipt.GATHER if consumed else Receipt.LOOP
-        batch = self._gather(as_array(indices), ring=False, receipt=receipt)
+        issued = issued_batch(indices)
+        batch = self._gather(
+            indices if issued is None else issued.indices, ring=False, receipt=receipt
+        )
         assert isinstance(batch, dict)  # no ring outside a worker
         return batch
 

@@ -1,16 +1,18 @@
-"""How a batch's rows come to count as consumed: values the batch of indices itself carries.
+"""How a batch's rows come to count as consumed: a value that travels with the batch.
 
 The batch sampler chooses one :class:`Receipt` per pass (``order/delivery.py`` says how it is
-chosen) and marks each batch of indices with it, so that whichever process gathers the batch
-knows whether to write the gather ledger, without asking the trainer. The marks are numpy
-subclasses (pickled to DataLoader workers as such), defined here, below the gather that reads
-them and the sampler that sets them, with no torch import.
+chosen) and hands each batch out as an :class:`IndexBatch`, its sorted indices and that
+receipt, so that whichever process gathers the batch knows whether to write the gather ledger,
+without asking the trainer. The receipt is a field, never a property of the array: a copy of
+the indices on the way cannot drop it. Defined here, below the gather that reads it and the
+sampler that sets it, with no torch import.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,58 +39,45 @@ class Receipt(enum.Enum):
     LOOP = "loop"
 
 
-class TrackedBatch(np.ndarray):
-    """A batch of sample indices whose rows count as consumed when the loop receives the batch
-    (told by torch's requests, :class:`Requests`), not when a worker gathers it. A plain int64
-    array otherwise; pickled to workers as this class."""
+@dataclass(frozen=True, slots=True)
+class IndexBatch:
+    """A batch of sample indices as the batch sampler issued it: ``indices``, sorted int64
+    (``slot << 32 | row``), and the pass's ``receipt``. What a DataLoader worker receives for
+    a batch (a :class:`SampleIndices` pickles to it)."""
 
-
-class LoopBatch(np.ndarray):
-    """A batch of sample indices of ``shmloader.DataLoader``'s own pass, whose loop reports it
-    gathered and consumed as it hands it over. A plain int64 array otherwise."""
-
-
-def tracked(batch: np.ndarray) -> TrackedBatch:
-    return batch.view(TrackedBatch)
-
-
-def of_the_loop(batch: np.ndarray) -> LoopBatch:
-    return batch.view(LoopBatch)
+    indices: np.ndarray
+    receipt: Receipt
 
 
 class SampleIndices(list[int]):
     """A batch of sample indices as a batch sampler hands it to torch: a list of ints (torch's
     ``Sampler[list[int]]``, so a user's ``DataLoader(ds, batch_sampler=ds.batch_sampler(64))``
-    type-checks), which keeps the sorted int64 array it was made from as ``array``, with its
-    receipt's mark. The gather reads the array, not the list: no conversion back, and the mark
-    travels with it. Pickled (to a DataLoader worker) as the array alone, which arrives as
-    that array: the worker only gathers it, and the list would be made there for nothing."""
+    type-checks), which keeps the :class:`IndexBatch` it was made from as ``batch``. The gather
+    reads that, not the list: no conversion back, and the receipt travels with it. Pickled (to
+    a DataLoader worker) as the ``IndexBatch`` alone: the worker only gathers it, and the list
+    would be made there for nothing."""
 
-    __slots__ = ("array",)
+    __slots__ = ("batch",)
 
-    def __init__(self, array: np.ndarray) -> None:
-        super().__init__(array.tolist())
-        self.array = array
+    def __init__(self, batch: IndexBatch) -> None:
+        super().__init__(batch.indices.tolist())
+        self.batch = batch
 
-    def __reduce__(self) -> tuple[Callable[[np.ndarray], np.ndarray], tuple[np.ndarray]]:
-        return _the_array, (self.array,)
-
-
-def _the_array(array: np.ndarray) -> np.ndarray:
-    """What a pickled :class:`SampleIndices` becomes: its array (with its mark)."""
-    return array
+    def __reduce__(self) -> tuple[Callable[[IndexBatch], IndexBatch], tuple[IndexBatch]]:
+        return _the_batch, (self.batch,)
 
 
-def as_array(indices: Sequence[int] | np.ndarray) -> Sequence[int] | np.ndarray:
-    """The array a :class:`SampleIndices` was made from; anything else as it is."""
-    return indices.array if isinstance(indices, SampleIndices) else indices
+def _the_batch(batch: IndexBatch) -> IndexBatch:
+    """What a pickled :class:`SampleIndices` becomes: its :class:`IndexBatch`."""
+    return batch
 
 
-def receipt_of(indices: Sequence[int] | np.ndarray) -> Receipt:
-    """How the rows of ``indices`` (a batch handed to ``__getitems__``, its array: see
-    :func:`as_array`) are told consumed."""
-    if isinstance(indices, TrackedBatch):
-        return Receipt.REQUESTS
-    if isinstance(indices, LoopBatch):
-        return Receipt.LOOP
-    return Receipt.GATHER
+def issued_batch(indices: Sequence[int] | np.ndarray | IndexBatch) -> IndexBatch | None:
+    """The :class:`IndexBatch` behind a batch handed to ``__getitems__`` (a
+    :class:`SampleIndices` in the trainer, an ``IndexBatch`` in a worker); None for indices
+    the batch sampler did not issue (another sampler's list, torch's positions)."""
+    if isinstance(indices, SampleIndices):
+        return indices.batch
+    if isinstance(indices, IndexBatch):
+        return indices
+    return None

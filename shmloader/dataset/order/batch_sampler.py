@@ -16,7 +16,7 @@ import numpy as np
 import torch.utils.data
 
 from ...errors import ConfigError, ShmSpaceError
-from ..core.receipts import ConsumedWhen, Receipt, SampleIndices, of_the_loop, tracked
+from ..core.receipts import ConsumedWhen, IndexBatch, Receipt, SampleIndices
 from .delivery import RequestCounts, Requests, prefetch_depth
 from .sampler import FLUSH, LET_GO, TaskSampler
 from .wrappers import Wrapper, wrapper_of
@@ -28,9 +28,10 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Batches of a :class:`TaskSampler` for a DataLoader's ``batch_sampler=``.
 
     Each batch is a list of sample indices, *sorted* (a ``SampleIndices``, which keeps the
-    int64 array it was made from): the dataset gathers the array without converting the list
-    or sorting it by segment, and reads each segment's rows in address order (the batch holds
-    the same samples; only their order inside it changes).
+    ``IndexBatch`` it was made from: the int64 array and the pass's receipt): the dataset
+    gathers the array without converting the list or sorting it by segment, and reads each
+    segment's rows in address order (the batch holds the same samples; only their order inside
+    it changes).
 
     ``drop_last`` drops the short last batch of a pass *for its epoch*, as torch means it: its
     rows are handed to ``on_drop``, which marks them consumed. torch's own ``drop_last`` (a
@@ -126,10 +127,10 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         requests tell (delivery.py), an iterator that reports each batch as the loop receives
         it; so rows its workers prefetched for a pass left early come again."""
         if self._claimed:
-            return _listed(self.loop_pass())
+            return _listed(self.loop_pass(), Receipt.LOOP)
         self._end_wrapped_pass()
         if self.on_received is None:
-            return _listed(self._start(Receipt.GATHER))
+            return _listed(self._start(Receipt.GATHER), Receipt.GATHER)
         wrapper = wrapper_of(self)  # ConfigError for one that would drop batches
         prefetch = prefetch_depth(self)
         depth = prefetch.depth
@@ -150,7 +151,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
             return requests
         if depth is None:
             self._warn_untold(prefetch.why)
-        return _listed(self._start(Receipt.GATHER))
+        return _listed(self._start(Receipt.GATHER), Receipt.GATHER)
 
     def state_dict(self) -> dict[str, Any]:
         """The dataset's state as it will be once the loop has every batch this batcher handed
@@ -355,10 +356,8 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
             )
 
     def _issue(self, batch: np.ndarray) -> np.ndarray:
-        if self._receipt is Receipt.GATHER:
-            return batch
-        batch = tracked(batch) if self._receipt is Receipt.REQUESTS else of_the_loop(batch)
-        self.issued.append(batch)
+        if self._receipt is not Receipt.GATHER:  # received later: by the loop or torch's requests
+            self.issued.append(batch)
         return batch
 
     def __len__(self) -> int:
@@ -367,7 +366,8 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
 
-def _listed(batches: Iterator[np.ndarray]) -> Iterator[list[int]]:
-    """The batches as torch's batch samplers hand them out (see ``SampleIndices``)."""
+def _listed(batches: Iterator[np.ndarray], receipt: Receipt) -> Iterator[list[int]]:
+    """The batches as torch's batch samplers hand them out (see ``SampleIndices``), with the
+    pass's receipt."""
     for batch in batches:
-        yield SampleIndices(batch)
+        yield SampleIndices(IndexBatch(batch, receipt))

@@ -1,23 +1,27 @@
-"""How the trainer learns that a batch reached the training loop, carried by the batch itself.
+"""How the trainer learns that a batch reached the training loop, told by the pass's receipt.
 
 The dataset never sees a batch reach the training loop of a plain DataLoader: workers gather
 batches ahead (``prefetch_factor`` each) and torch hands them over in the main process. Counting
 rows as consumed when a worker gathers them loses the prefetched batches when the loop stops
-early (``break``) or saves a checkpoint. Three ways of telling are used, one per pass, and each
-batch of indices carries its way (:func:`receipt_of`) to whichever process gathers it:
+early (``break``) or saves a checkpoint. Three ways of telling are used, one per pass, chosen
+as the pass begins; each batch goes out as an ``IndexBatch`` (core/receipts.py) whose
+``receipt`` field names the pass's way to whichever process gathers it:
 
-- :class:`LoopBatch`: ``shmloader.DataLoader``'s own pass. Its loop reports each batch as it
+- ``Receipt.LOOP``: ``shmloader.DataLoader``'s own pass. Its loop reports each batch as it
   hands it over (after the transform), so the gather reports nothing (no ledger).
-- :class:`TrackedBatch`: a plain DataLoader's pass whose deliveries torch's requests tell.
+- ``Receipt.REQUESTS``: a plain DataLoader's pass whose deliveries torch's requests tell.
   torch's multiprocessing iterator asks its batch sampler for the next batch at fixed moments:
   ``prefetch_factor * num_workers`` times when it starts, then once each time it returns a
   batch to the loop, just before returning it, also after the sampler is exhausted. So the
   ``n``-th request (from 0) says that batch ``n - prefetch_factor * num_workers`` reaches the
-  loop now: :class:`Requests` counts them. That holds for a map-style dataset with
-  ``in_order=True`` (the default); the loader is found on the call stack when torch asks for
-  the sampler's iterator (:func:`prefetch_depth`). The workers' ledger says "gathered", not
-  "consumed" (ledger.py), and a row counts as consumed once it was both gathered and received.
-- a plain int64 array: a plain DataLoader's pass whose deliveries cannot be told (no workers:
+  loop now: :class:`Requests` counts them. torch has no public way of telling a batch sampler
+  which DataLoader draws from it or when a batch reaches the loop; this is how its iterators
+  have asked since torch 1.x, and the support matrix runs it with the oldest and newest torch
+  the package declares. That holds for a map-style dataset with ``in_order=True`` (the
+  default); the loader is found on the call stack when torch asks for the sampler's iterator
+  (:func:`prefetch_depth`). The workers' ledger says "gathered", not "consumed" (ledger.py),
+  and a row counts as consumed once it was both gathered and received.
+- ``Receipt.GATHER``: a plain DataLoader's pass whose deliveries cannot be told (no workers:
   the loop gets each batch as it is gathered, in its own thread; or a loader that could not be
   identified, which :class:`~shmloader.dataset.order.batch_sampler.TaskBatchSampler` says once):
   the gather counts its rows consumed.
@@ -38,7 +42,7 @@ from typing import NamedTuple
 import numpy as np
 import torch.utils.data
 
-from ..core.receipts import SampleIndices
+from ..core.receipts import IndexBatch, Receipt, SampleIndices
 
 # Frames searched above ``iter(batch_sampler)`` for the DataLoader that asks: torch creates the
 # iterator two or three calls below ``DataLoader.__iter__``.
@@ -161,7 +165,7 @@ class Requests:
         if counts.done:
             raise StopIteration
         try:
-            batch = SampleIndices(next(self._batches))
+            batch = SampleIndices(IndexBatch(next(self._batches), Receipt.REQUESTS))
         except StopIteration:
             counts.done = True
             raise
