@@ -17,7 +17,7 @@ import torch.utils.data
 
 from ...errors import ConfigError, ShmSpaceError
 from ..core.receipts import ConsumedWhen, IndexBatch, Receipt, SampleIndices
-from .delivery import RequestCounts, Requests, prefetch_depth
+from .delivery import RequestCounts, Requests, depth_of, prefetch_depth
 from .sampler import FLUSH, LET_GO, TaskSampler
 from .wrappers import Wrapper, wrapper_of
 
@@ -132,7 +132,9 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         if self.on_received is None:
             return _listed(self._start(Receipt.GATHER), Receipt.GATHER)
         wrapper = wrapper_of(self)  # ConfigError for one that would drop batches
-        prefetch = prefetch_depth(self)
+        # A wrapper says which DataLoader it iterates (accelerate's GradientState); a plain
+        # DataLoader is found asking on the call stack (delivery.py).
+        prefetch = depth_of(wrapper.drawn_by) if wrapper is not None else prefetch_depth(self)
         depth = prefetch.depth
         ahead = 0
         if depth is not None and wrapper is not None:

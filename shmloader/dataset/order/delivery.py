@@ -15,10 +15,11 @@ as the pass begins; each batch goes out as an ``IndexBatch`` (core/receipts.py) 
   batch to the loop, just before returning it, also after the sampler is exhausted. So the
   ``n``-th request (from 0) says that batch ``n - prefetch_factor * num_workers`` reaches the
   loop now: :class:`Requests` counts them. torch has no public way of telling a batch sampler
-  which DataLoader draws from it or when a batch reaches the loop; this is how its iterators
-  have asked since torch 1.x, and the support matrix runs it with the oldest and newest torch
-  the package declares. That holds for a map-style dataset with ``in_order=True`` (the
-  default); the loader is found on the call stack when torch asks for the sampler's iterator
+  which DataLoader draws from it or when a batch reaches the loop; this is how its
+  iterators ask, which the support matrix checks with the oldest and newest torch the package
+  declares (.ci/matrix). That holds for a map-style dataset with ``in_order=True`` (the
+  default); the loader is the one a wrapper says it iterates (accelerate's ``GradientState``,
+  wrappers.py), else found on the call stack when torch asks for the sampler's iterator
   (:func:`prefetch_depth`). The workers' ledger says "gathered", not "consumed" (ledger.py),
   and a row counts as consumed once it was both gathered and received.
 - ``Receipt.GATHER``: a plain DataLoader's pass whose deliveries cannot be told (no workers:

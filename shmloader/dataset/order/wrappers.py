@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ...errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch.utils.data
 
 RESHARDED = (
     "accelerate's prepare() shards this DataLoader's batches across its {n} processes "
@@ -58,11 +61,14 @@ class EndOfLoader(Protocol):
 class Wrapper:
     """A wrapper iterating a batch sampler's DataLoader in a pass: it holds ``ahead`` batches
     back from the loop, and ``ends`` says once it yields the last one; ``began`` is its
-    ``iteration`` as the pass began."""
+    ``iteration`` as the pass began; ``drawn_by`` is the torch DataLoader it iterates, whose
+    prefetch tells how far torch's requests run ahead of the batches it returns (delivery.py),
+    without looking for that loader on the call stack."""
 
     ahead: int
     ends: EndOfLoader
     began: int
+    drawn_by: torch.utils.data.DataLoader[object]
 
     def loop_got_the_last(self) -> bool:
         """Whether the loop has the pass's last batch: the wrapper yielded it (and the loop
@@ -83,7 +89,7 @@ def wrapper_of(batch_sampler: object) -> Wrapper | None:
         return None
     drawn = getattr(base, "batch_sampler", None)
     if drawn is batch_sampler:
-        return Wrapper(ahead=1, ends=loader, began=loader.iteration)
+        return Wrapper(ahead=1, ends=loader, began=loader.iteration, drawn_by=base)
     if getattr(drawn, "batch_sampler", None) is batch_sampler:
         kind = type(drawn).__name__
         if kind == "SkipBatchSampler":
