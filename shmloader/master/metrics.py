@@ -28,11 +28,9 @@ import os
 import socket
 import ssl
 import sys
-import tempfile
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
@@ -314,20 +312,21 @@ def tls_context(tls: tuple[bytes, bytes]) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     key, chain = tls
-    # load_cert_chain reads files only: the PEMs are written, each readable by its owner
-    # alone in a directory of its own, for as long as loading them takes.
-    with tempfile.TemporaryDirectory(prefix="shmloader-metrics-") as folder:
-        paths = []
+    # load_cert_chain reads files only: each PEM goes into an anonymous file in memory
+    # (memfd), named by its descriptor, so the private key is never written to a file system.
+    fds = []
+    try:
         for name, pem in (("chain.pem", chain), ("key.pem", key)):
-            path = Path(folder) / name
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(pem)
-            paths.append(path)
-        try:
-            context.load_cert_chain(paths[0], paths[1])
-        except ssl.SSLError as exc:
-            raise OSError(f"cannot load the TLS certificate and key: {exc}") from exc
+            fd = os.memfd_create(f"shmloader-metrics-{name}", os.MFD_CLOEXEC)
+            fds.append(fd)
+            os.write(fd, pem)
+        chain_path, key_path = (f"/proc/self/fd/{fd}" for fd in fds)
+        context.load_cert_chain(chain_path, key_path)
+    except ssl.SSLError as exc:
+        raise OSError(f"cannot load the TLS certificate and key: {exc}") from exc
+    finally:
+        for fd in fds:
+            os.close(fd)
     return context
 
 
