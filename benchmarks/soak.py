@@ -13,7 +13,11 @@ drawn from ``random.Random(seed + round)``, it SIGKILLs one of:
 - a **reader** of a random trainer (the trainer's pool starts another);
 - a **trainer**, right after it saved its state (it is told to stop there), restarted at once
   from that state: well within ``consumer_timeout``, while the master still counts it alive;
-- the **master**, restarted on the same port from its journal.
+- the **master**, restarted on the same port from its journal (after up to ``--master-down``
+  seconds down; the trainers' clients retry meanwhile).
+
+``--kills reader=3,trainer=2,master=1`` (the default) weighs the kinds; ``--kills master=1``
+kills only the master, with every trainer alive all along: nothing may then lapse.
 
 A round ends when every trainer has exited 0 (or fails after ``--round-timeout``: a hang).
 What a killed trainer delivered counts up to its last save (its later steps died with it);
@@ -51,6 +55,7 @@ import shmloader
 from shmloader.shm.reap import reap_stale
 
 HERE = Path(__file__).resolve().parent
+KINDS = ("reader", "trainer", "master")
 TRAINER = HERE / "_soak_trainer.py"
 
 
@@ -119,9 +124,11 @@ class Master:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def kill_and_restart(self) -> None:
+    def kill_and_restart(self, down: float = 0.0) -> None:
+        """SIGKILL, stay down ``down`` seconds (clients retry meanwhile), start again."""
         self.proc.kill()
         self.proc.wait()
+        time.sleep(down)
         self.proc = self._start()
 
     def stop(self) -> None:
@@ -285,7 +292,7 @@ def one_round(args: argparse.Namespace, index: int, totals: Totals) -> None:
                 live = [t for t in trainers if t.proc.poll() is None]
                 if not live:
                     break
-                kind = rng.choices(["reader", "trainer", "master"], weights=[3, 2, 1])[0]
+                kind = rng.choices(KINDS, weights=[args.kills.get(k, 0) for k in KINDS])[0]
                 if kind == "reader":
                     pids = rng.choice(live).readers()
                     if pids:
@@ -295,7 +302,7 @@ def one_round(args: argparse.Namespace, index: int, totals: Totals) -> None:
                     if rng.choice(live).kill_after_save():
                         totals.kills["trainer"] += 1
                 else:
-                    master.kill_and_restart()
+                    master.kill_and_restart(rng.uniform(0.0, args.master_down))
                     totals.kills["master"] += 1
         finally:
             for t in trainers:
@@ -340,6 +347,19 @@ def one_round(args: argparse.Namespace, index: int, totals: Totals) -> None:
         )
 
 
+def _weights(text: str) -> dict[str, float]:
+    """``reader=3,master=1`` as weights by kind; a kind left out is never killed."""
+    weights: dict[str, float] = {}
+    for part in text.split(","):
+        kind, _, weight = part.partition("=")
+        if kind not in KINDS or not weight:
+            raise argparse.ArgumentTypeError(f"{part!r}: give KIND=WEIGHT, KIND one of {KINDS}")
+        weights[kind] = float(weight)
+    if not any(weights.values()):
+        raise argparse.ArgumentTypeError("give at least one kind a weight above 0")
+    return weights
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--rounds", type=int, default=10)
@@ -365,6 +385,18 @@ def main() -> None:
     p.add_argument("--step-seconds", type=float, default=0.01, help="sleep per batch")
     p.add_argument("--round-timeout", type=float, default=300.0)
     p.add_argument("--max-retries", type=int, default=10, help="the master's")
+    p.add_argument(
+        "--kills",
+        type=_weights,
+        default=_weights("reader=3,trainer=2,master=1"),
+        help="what is SIGKILLed, with weights: reader=3,trainer=2,master=1 (the default)",
+    )
+    p.add_argument(
+        "--master-down",
+        type=float,
+        default=0.0,
+        help="a killed master stays down a random time up to this many seconds",
+    )
     p.add_argument("--first-round", type=int, default=0, help="rounds are seeded seed + round")
     p.add_argument("--keep", action="store_true", help="keep each round's files (logs, states)")
     args = p.parse_args()

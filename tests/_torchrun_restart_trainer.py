@@ -1,21 +1,30 @@
-"""One rank of a torchrun job that checkpoints every step, for the restart test.
+"""One rank of a torchrun job that checkpoints every step as the docs' recipe does.
 
-``python -m torch.distributed.run --nproc_per_node 2 --max-restarts 1
-tests/_torchrun_restart_trainer.py DATA SHM OUT`` (with the repo and tests/ on PYTHONPATH).
+``python -m torch.distributed.run [torchrun's options] tests/_torchrun_restart_trainer.py
+DATA SHM OUT [--epochs E] [--ddp] [--step-seconds S]`` (with the repo and tests/ on
+PYTHONPATH).
 
-Each rank trains one epoch of a ``master="torchrun"`` dataset, as a job that must survive a
-rank's death does: after every step it saves the loader's state (written whole, then renamed
-over the last one), and on start it loads the state its rank saved before, if any. It
-appends JSON lines to ``OUT/rank{RANK}.jsonl``: ``{"round": r, "pid": pid}`` on start (``r``:
-torchrun's restart count), ``{"round": r, "step": s, "ids": [...]}`` per step, before the
-state that counts it is saved, and ``{"round": r, "done": true}``. A step whose line is
-written but whose state is not (the rank died between) was not trained on: the state saved
-before it says where the loop resumes, so ``trained()`` counts the lines of each round up to
-the step the next round resumed from.
+Each rank trains ``E`` (default 1) epochs of a ``master="torchrun"`` dataset, as a job that
+must survive a rank's death, or torchrun's restart with more or fewer ranks, does: after every
+step every rank takes the loader's state (the whole job's), and rank 0 saves it (written
+whole, then renamed over the last one); on start every rank loads that one file, whatever
+the number of ranks now. ``--ddp``: each step also all-reduces a tensor over a gloo process
+group, as DDP's backward does, so a rank that died fails the others' next step, and torchrun
+starts a new round.
+
+It appends JSON lines to ``OUT/rank{RANK}.jsonl``: ``{"round": a, "pid": pid}`` on start,
+``{"round": a, "resumed_at": s, "world": n}``, ``{"round": a, "step": s, "ids": [...]}`` per
+step (passes until an empty one), written before the state that counts it is saved, and
+``{"round": a, "done": true}``. ``a`` names the round: the address of the master its rank 0
+started (a new one each round), or ``"?"`` before the first batch. A step done by a round
+that died before its state was saved is done again by the next round (which resumed before
+it), so the step's deliveries that count are those of the last round that did it:
+``tests/test_dataset_torchrun.py``'s ``trained()``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -28,32 +37,56 @@ import shmloader
 
 
 def main() -> int:
-    data, shm, out = (Path(a) for a in sys.argv[1:4])
-    rank = int(os.environ["RANK"])
-    round_ = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    state_path = out / f"state{rank}.json"
-    with open(out / f"rank{rank}.jsonl", "a", buffering=1) as log:
+    parser = argparse.ArgumentParser()
+    for name in ("data", "shm", "out"):
+        parser.add_argument(name, type=Path)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--ddp", action="store_true")
+    parser.add_argument("--step-seconds", type=float, default=0.05)
+    args = parser.parse_args()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    state_path = args.out / "state.json"
+    if args.ddp:
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    with open(args.out / f"rank{rank}.jsonl", "a", buffering=1) as log:
+        round_ = "?"
 
         def emit(**line: object) -> None:
-            log.write(json.dumps({"round": round_, **line}) + "\n")
+            log.write(json.dumps({"round": round_, "t": time.time(), **line}) + "\n")
 
         emit(pid=os.getpid())
-        with dataset(data, shm / f"rank{rank}", master="torchrun", epochs=1) as ds:
+        with dataset(
+            args.data, args.shm / f"rank{rank}", master="torchrun", epochs=args.epochs
+        ) as ds:
             loader = shmloader.DataLoader(ds, batch_size=16)
             step = 0
             if state_path.exists():
                 saved = json.loads(state_path.read_text())
                 loader.load_state_dict(saved["loader"])
                 step = saved["steps"]
-            emit(resumed_at=step)
-            for batch in loader:
-                emit(step=step, ids=ids_of(batch))
-                time.sleep(0.05)  # the training step
-                step += 1
-                tmp = state_path.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"loader": loader.state_dict(), "steps": step}))
-                os.replace(tmp, state_path)
+            got = 1
+            while got:  # passes until an empty one: the epochs are over
+                got = 0
+                for got, batch in enumerate(loader, 1):  # noqa: B007
+                    if round_ == "?":
+                        round_ = str(ds.master_address)
+                        emit(resumed_at=step, world=world)
+                    emit(step=step, ids=ids_of(batch))
+                    if args.ddp:
+                        dist.all_reduce(torch.ones(1))  # the gradients' all-reduce
+                    time.sleep(args.step_seconds)  # the training step
+                    step += 1
+                    state = loader.state_dict()  # every rank: the whole job's state
+                    if rank == 0:
+                        tmp = state_path.with_suffix(".tmp")
+                        tmp.write_text(json.dumps({"loader": state, "steps": step}))
+                        os.replace(tmp, state_path)
         emit(done=True)
+    if args.ddp:
+        dist.destroy_process_group()
     return 0
 
 

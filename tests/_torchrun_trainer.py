@@ -10,8 +10,9 @@ master's address, and ``MASTER_ADDR``) and ``{"done": true}``.
 ``--val``: then a second dataset made the same way (its own master), one pass.
 ``--master-host``, ``--token``: passed to the datasets. ``--late S``: rank 1 waits S seconds
 before it iterates the train dataset.
-``--stop-after B``: save the loader's state to ``OUT/state{RANK}.json`` after B batches of the
-first pass and stop there; ``--resume``: load that state first.
+``--stop-after B``: save the loader's own state (``rank_state_dict()``) to
+``OUT/state{RANK}.json`` after B batches of the first pass and stop there; ``--resume``: load
+that state first.
 No collectives: rank 1 is slower (a sleep per batch), so rank 0 ends first and closes its
 dataset while rank 1 still uses the master it hosts.
 """
@@ -67,7 +68,7 @@ def main() -> int:
                         if rank == 1:
                             time.sleep(0.01)  # the slow rank
                         if args.stop_after == b + 1:
-                            state_path.write_text(json.dumps(loader.state_dict()))
+                            state_path.write_text(json.dumps(loader.rank_state_dict()))
                             out.write(json.dumps({"stopped": True}) + "\n")
                             return 0
                 where = {"address": ds.master_address, "master_addr": os.environ["MASTER_ADDR"]}

@@ -16,6 +16,7 @@ from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
+import psutil
 import pytest
 from _dataset_helpers import (
     REPO_ROOT,
@@ -142,66 +143,203 @@ def test_a_torchrun_job_resumes_from_each_ranks_state(
     check_shares([delivered(lines, "train", 1) for lines in second], expected)
 
 
-def trained(lines: list[dict]) -> list[int]:
-    """The ids a rank of ``_torchrun_restart_trainer.py`` trained on, over every round: each
-    round's steps up to where the next round resumed (the state saved after its last step)."""
-    rounds = sorted({line["round"] for line in lines})
-    resumed = {line["round"]: line["resumed_at"] for line in lines if "resumed_at" in line}
-    ids = []
-    for r in rounds:
-        end = resumed.get(r + 1, math.inf)
-        ids += [
-            i
-            for line in lines
-            if line["round"] == r and line.get("step", end) < end
-            for i in line["ids"]
+def trained(ranks: list[list[dict]]) -> list[int]:
+    """The ids the ranks of ``_torchrun_restart_trainer.py`` trained on, over every round:
+    each step as the last round that did it delivered it (a round that died before its state
+    counted a step did it again in the next round, which resumed before it)."""
+    steps = [line for lines in ranks for line in lines if "step" in line]
+    last = {}  # step -> the round that did it last
+    for line in sorted(steps, key=lambda line: line["t"]):
+        last[line["step"]] = line["round"]
+    return [i for line in steps if last[line["step"]] == line["round"] for i in line["ids"]]
+
+
+def _rounds(ranks: list[list[dict]]) -> list[tuple[int, int]]:
+    """(resumed_at, world size) of each round, in the order they began."""
+    starts = sorted(
+        (line["t"], line["round"], line["resumed_at"], line["world"])
+        for lines in ranks
+        for line in lines
+        if "resumed_at" in line
+    )
+    seen: dict[str, tuple[int, int]] = {}
+    for _, name, at, world in starts:
+        seen.setdefault(name, (at, world))
+    return list(seen.values())
+
+
+def _restart_job(
+    tmp_path: Path, directory: Path, *options: str, nproc: int = 2, machine: str | None = None
+) -> subprocess.Popen[str]:
+    """``_torchrun_restart_trainer.py`` under torchrun: every rank takes the whole job's state
+    after each step, rank 0 saves it, every rank loads it on start. ``options``: torchrun's
+    (before the script), then ``--`` and the trainer's. ``machine``: an agent of an elastic
+    job (``--nnodes 1:2``, c10d rendezvous at that ``host:port``) instead of ``--standalone``."""
+    split = options.index("--") if "--" in options else len(options)
+    launcher, trainer = list(options[:split]), list(options[split + 1 :])
+    script = [str(TESTS_DIR / "_torchrun_restart_trainer.py"), str(directory)]
+    script += [str(tmp_path / "shm"), str(tmp_path), *trainer]
+    if machine is None:
+        launcher = ["--standalone", *launcher]
+    else:
+        launcher = [
+            *("--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", machine),
+            *("--rdzv-id", tmp_path.name, "--rdzv-conf", "last_call_timeout=1"),
+            *("--monitor-interval", "0.5", *launcher),
         ]
-    return ids
+    env = subprocess_env()
+    if machine is not None:
+        # torchrun's agents share their rendezvous store with the workers (torch 2.4 on), and
+        # an agent that was rank 0 before a node joined publishes no address for the new
+        # round: the joining agent waits for it and fails (pytorch/pytorch#147064). With the
+        # sharing off, each round's rank 0 publishes, and its workers serve the store.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    return subprocess.Popen(
+        [*TORCHRUN, "--nproc_per_node", str(nproc), *launcher, *script],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _lines(tmp_path: Path) -> list[list[dict]]:
+    """Every rank file's whole lines (a killed rank may have left half of one)."""
+    return [
+        [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")]
+        for path in sorted(tmp_path.glob("rank*.jsonl"))
+    ]
+
+
+def _until_steps(tmp_path: Path, steps: int, procs: list[subprocess.Popen[str]]) -> None:
+    """Until the job's steps, counted by its highest step line, reach ``steps``."""
+    deadline = time.monotonic() + 180
+    while (
+        max((line.get("step", -1) for lines in _lines(tmp_path) for line in lines), default=-1)
+        < steps
+    ):
+        for proc in procs:
+            assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def _pid_of_rank(tmp_path: Path, rank: int) -> int:
+    """The pid of the last process that started as ``rank``."""
+    text = (tmp_path / f"rank{rank}.jsonl").read_text()
+    lines = [json.loads(x) for x in text.splitlines() if x.endswith("}")]
+    return [line["pid"] for line in lines if "pid" in line][-1]
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 300) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return out
+
+
+def check_epochs(ranks: list[list[dict]], expected: list[int], epochs: int, padded: int) -> None:
+    """Every record ``epochs`` times over the rounds, and at most ``padded`` more deliveries
+    (DDP padding: each schedule pads to a multiple of its ranks)."""
+    seen = Counter(trained(ranks))
+    assert set(seen) == set(expected)
+    assert min(seen.values()) == epochs, [i for i, n in seen.items() if n < epochs]
+    assert sum(seen.values()) - epochs * len(expected) <= padded, seen.most_common(8)
 
 
 def test_a_rank_killed_mid_epoch_is_restarted_and_the_epoch_stays_exactly_once(
     tmp_path: Path, data: tuple[Path, list[int]]
 ) -> None:
     directory, expected = data
-    script = [str(TESTS_DIR / "_torchrun_restart_trainer.py"), str(directory)]
-    script += [str(tmp_path / "shm"), str(tmp_path)]
-    command = [*TORCHRUN, "--standalone", "--nproc_per_node", "2", "--max-restarts", "1"]
-    proc = subprocess.Popen(
-        [*command, *script],
-        cwd=REPO_ROOT,
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    log = tmp_path / "rank1.jsonl"
-    try:
-        deadline = time.monotonic() + 120
-        while True:  # rank 1 well into its share of the epoch: then SIGKILL it
-            text = log.read_text() if log.exists() else ""
-            lines = [json.loads(x) for x in text.splitlines() if x.endswith("}")]  # whole ones
-            if sum("step" in line for line in lines) >= 8:
-                break
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
-            time.sleep(0.02)
-        os.kill(lines[0]["pid"], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    proc = _restart_job(tmp_path, directory, "--max-restarts", "1")
+    _until_steps(tmp_path, 8, [proc])
+    os.kill(_pid_of_rank(tmp_path, 1), signal.SIGKILL)
+    out = _finish(proc)
     assert proc.returncode == 0, out
-    ranks = [
-        [json.loads(x) for x in (tmp_path / f"rank{r}.jsonl").read_text().splitlines()]
-        for r in range(2)
-    ]
-    for lines in ranks:  # the group was restarted once, and the second round finished
-        assert {line["round"] for line in lines} == {0, 1}, lines[-3:]
-        assert lines[-1] == {"round": 1, "done": True}
-    resumed_at = [line for line in ranks[1] if line.get("round") == 1 and "resumed_at" in line]
-    assert resumed_at[0]["resumed_at"] >= 7  # what the dead rank trained on counts, once
-    check_shares([trained(lines) for lines in ranks], expected)
+    ranks = _lines(tmp_path)
+    rounds = _rounds(ranks)
+    assert len(rounds) == 2 and rounds[1][0] >= 7, rounds  # restarted once, from its state
+    for lines in ranks:
+        assert "done" in lines[-1], lines[-3:]
+    # Each schedule pads to an even count: the first, and the second of what was left.
+    check_epochs(ranks, expected, 1, padded=2)
     assert shm_entries(tmp_path / "shm" / "rank0") == shm_entries(tmp_path / "shm" / "rank1") == []
+
+
+def test_the_whole_jobs_state_resumes_a_job_of_another_size_exactly_once(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    # Two ranks; rank 1 SIGKILLed mid-epoch, and torchrun (no restarts) ends the job. A new
+    # job of three ranks loads the state rank 0 saved and finishes both epochs.
+    directory, expected = data
+    first = _restart_job(tmp_path, directory, "--", "--epochs", "2")
+    _until_steps(tmp_path, 8, [first])
+    os.kill(_pid_of_rank(tmp_path, 1), signal.SIGKILL)
+    out = _finish(first)
+    assert first.returncode != 0, out
+    second = _restart_job(tmp_path, directory, "--", "--epochs", "2", nproc=3)
+    out = _finish(second)
+    assert second.returncode == 0, out
+    ranks = _lines(tmp_path)
+    rounds = _rounds(ranks)
+    assert [world for _, world in rounds] == [2, 3] and rounds[1][0] >= 7, rounds
+    # Padding: 1 in the first job, up to 2 in each epoch of the second.
+    check_epochs(ranks, expected, 2, padded=5)
+    for r in range(3):
+        assert shm_entries(tmp_path / "shm" / f"rank{r}") == []
+
+
+def test_an_elastic_job_grows_loses_a_machine_and_stays_exactly_once(
+    tmp_path: Path, data: tuple[Path, list[int]]
+) -> None:
+    # torchrun --nnodes 1:2 as on two machines (two agents meeting through a c10d rendezvous
+    # on this one): the job starts on one, grows to two when the second joins (a new round:
+    # every rank restarts from the state), then loses the second machine (SIGKILL of its
+    # agent and rank: the survivor's next all-reduce fails, and a third round goes on alone).
+    directory, expected = data
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"127.0.0.1:{s.getsockname()[1]}"
+    trainer = ("--", "--epochs", "2", "--ddp", "--step-seconds", "0.1")
+    first = _restart_job(
+        tmp_path, directory, "--max-restarts", "3", *trainer, nproc=1, machine=endpoint
+    )
+    second = None
+    try:
+        _until_steps(tmp_path, 5, [first])
+        second = _restart_job(
+            tmp_path, directory, "--max-restarts", "3", *trainer, nproc=1, machine=endpoint
+        )
+        deadline = time.monotonic() + 180
+        while not [r for r in _rounds(_lines(tmp_path)) if r[1] == 2]:  # the grown round
+            assert first.poll() is None and second.poll() is None
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        grown = max(line.get("step", 0) for lines in _lines(tmp_path) for line in lines)
+        _until_steps(tmp_path, grown + 5, [first, second])
+        # The machine is gone: its agent and its rank (torchrun starts each worker in a
+        # session of its own), at once.
+        agent = psutil.Process(second.pid)
+        for proc in [agent, *agent.children(recursive=True)]:
+            proc.kill()
+        second.communicate()
+        out = _finish(first)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+    assert first.returncode == 0, out
+    ranks = _lines(tmp_path)
+    worlds = [world for _, world in _rounds(ranks)]
+    assert worlds[0] == 1 and 2 in worlds and worlds[-1] == 1, _rounds(ranks)
+    # Padding: up to 1 in each schedule at two ranks.
+    check_epochs(ranks, expected, 2, padded=len(worlds))
 
 
 def test_ranks_on_two_machines_reach_rank_0s_master_on_every_interface(
@@ -245,7 +383,6 @@ def test_one_rank_needs_no_store(
         ({"RANK": "0"}, {}, "missing: WORLD_SIZE, MASTER_ADDR, MASTER_PORT"),
         (TORCHRUN_ENV, {"rank": 1}, "rank=1 contradicts the launcher's RANK=0"),
         (TORCHRUN_ENV, {"world_size": 4}, "world_size=4 contradicts the launcher's WORLD_SIZE=2"),
-        ({**TORCHRUN_ENV, "LOCAL_WORLD_SIZE": "1"}, {}, "run on several machines"),
         ({**TORCHRUN_ENV, "WORLD_SIZE": "two"}, {}, "not a number"),
     ],
 )
@@ -265,6 +402,9 @@ def test_where_rank_0_listens_and_how_the_others_reach_it() -> None:
     anywhere = rendezvous_from_env(rank=0, world_size=2, master_host="0.0.0.0", environ=several)
     # Every interface: the others reach rank 0's machine where they reach the launcher's store.
     assert (anywhere.bind_host, anywhere.advertise_host) == ("0.0.0.0", "node0")
+    # Ranks on several machines and no master_host (a job that grew, say): the same.
+    grown = rendezvous_from_env(rank=None, world_size=None, master_host=None, environ=several)
+    assert (grown.bind_host, grown.advertise_host) == ("0.0.0.0", "node0")
     assert anywhere.key.startswith("shmloader/dataset-")
     given = rendezvous_from_env(rank=0, world_size=2, master_host="10.0.0.5", environ=several)
     assert given.advertise_host == "10.0.0.5"
@@ -324,6 +464,35 @@ def test_the_address_rank_0_publishes_is_taken_once_it_answers() -> None:
     rank1.mark_closed()
     assert rank0.wait_for_ranks(timeout=5) == []
     assert not store.check([rank1.key])
+
+
+def test_the_whole_jobs_state_meets_every_ranks_and_a_missing_rank_is_named() -> None:
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=5))
+    env = {**TORCHRUN_ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port)}
+    rank0 = rendezvous_from_env(rank=None, world_size=None, master_host=None, environ=env)
+    rank1 = dataclasses.replace(rank0, rank=1)
+    rank0.nonce = rank1.nonce = "nonce"  # as publish() and lookup() leave them
+    # Rank 0 calls alone (the usual slip: `if rank == 0: save(loader.state_dict())`).
+    began = time.monotonic()
+    with pytest.raises(shmloader.ConfigError, match=r"ranks \[1\] of 2 did not call it") as caught:
+        rank0.share_state(0, '"zero"', timeout=0.5)
+    assert time.monotonic() - began < 30  # said, not hung
+    assert "rank_state_dict()" in str(caught.value)  # and the way to per-rank states
+    # Both call: each gets every rank's, by rank, for this call and the next.
+    for call in (1, 2, 3):
+        got: list[list[str]] = []
+        other = threading.Thread(
+            target=lambda c=call, into=got: into.append(rank1.share_state(c, f'"one{c}"'))
+        )
+        other.start()
+        mine = rank0.share_state(call, f'"zero{call}"', timeout=30)
+        other.join()
+        assert mine == got[0] == [f'"zero{call}"', f'"one{call}"']
+    # Each rank removed its key of two calls back: the store does not grow with the steps.
+    assert not store.check([f"{rank0.key}/nonce/state/1/0"])
+    assert store.check([f"{rank0.key}/nonce/state/3/1"])
 
 
 @pytest.mark.parametrize(

@@ -12,9 +12,11 @@ from shmloader.errors import ConfigError, CorruptRecordError, LeaseError, Master
 from shmloader.master import Dispatcher, JobConfig, Lease
 from shmloader.master.tasks import task_order
 from shmloader.master.updates import (
+    LeaseExpired,
     LeaseFailed,
     LeaseGranted,
     MasterStarted,
+    Update,
     decode_update,
     encode_update,
 )
@@ -391,11 +393,37 @@ def test_restart_gives_active_leases_a_fresh_deadline_their_holders_complete_the
     assert fresh.state_dict() == d.state_dict()
 
 
+def test_after_a_restart_leases_wait_for_renewals_as_long_as_their_holders_count_alive() -> None:
+    # Clients come back after their retry backoff: a renewal later than lease_timeout after a
+    # restart is a live trainer's, not a stall, while its consumer counts as alive.
+    d = make(lease_timeout=2.0, consumer_timeout=5.0)
+    d.register("a", 0.0)
+    d.register("b", 0.0)
+    (x,) = d.lease("a", 1, 0.0)
+    d.restart(100.0)
+    assert d.get_lease(x.lease_id).deadline == 105.0
+    d.heartbeat("b", 102.5)
+    assert d.expire(103.0) == []  # lease_timeout after the restart: still a's
+    assert x.task.task_id not in ids(d.lease("b", 7, 103.0))
+    d.renew(x.lease_id, 103.5)  # a's first renewal since the restart
+    d.heartbeat("a", 105.0)
+    assert x.lease_id not in _lapsed(d.expire(105.5))
+    assert d.get_lease(x.lease_id).consumer == "a"
+    # the grace is a deadline: a holder that never comes back loses the lease after it
+    d.restart(200.0)
+    assert x.lease_id in _lapsed(d.expire(205.5))
+
+
+def _lapsed(updates: list[Update]) -> list[int]:
+    return [u.lease_id for u in updates if isinstance(u, LeaseExpired)]
+
+
 def test_restart_never_shortens_a_lease_and_old_records_extend_none() -> None:
     d = make()
     d.register("c", 0.0)
     (x,) = d.lease("c", 1, 0.0)  # deadline 10.0
-    shorter = make(lease_timeout=2.0)  # restarted with a shorter lease_timeout
+    # restarted with shorter timeouts
+    shorter = make(lease_timeout=2.0, consumer_timeout=2.0)
     shorter.load_state_dict(d.state_dict())
     shorter.restart(1.0)
     assert shorter.get_lease(x.lease_id).deadline == 10.0

@@ -117,14 +117,16 @@ def test_the_longer_deadlines_come_from_the_records_whatever_the_timeouts_on_rep
     d = Dispatcher(PLAN, config(), sink=sink)
     taken, _ = stalled(d)
     d.renew(taken, 5.0)
-    d.restart(8.0)
-    assert expired(d.expire(8.0 + LEASE + 1)) != []  # the untaken lease
+    d.restart(8.0)  # every lease lasts the restart grace, max(LEASE, CONSUMER), from here
+    d.renew(taken, 8.0 + LEASE)  # its holder renews, the untaken one's never does
+    d.heartbeat("a", 8.0 + LEASE)
+    assert expired(d.expire(8.0 + CONSUMER + 1)) != []  # the untaken lease
     # Replayed with other timeouts (allowed to change between restarts): the same state.
     again = Dispatcher(PLAN, config(lease_timeout=1.0, consumer_timeout=500.0))
     for update in [decode_update(encode_update(u)) for u in sink.updates]:
         again.apply(update)
     assert again.state_dict() == d.state_dict()
-    assert again.get_lease(taken).deadline == 8.0 + CONSUMER
+    assert again.get_lease(taken).deadline == 8.0 + LEASE + CONSUMER
 
 
 def test_a_silent_holders_taken_task_is_other_so_the_others_wait_for_it() -> None:

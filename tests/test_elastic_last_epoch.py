@@ -75,9 +75,16 @@ def test_the_survivor_delivers_what_a_trainer_that_died_in_the_last_epoch_held(
         # the epoch alone while the other starts (on a loaded machine, many seconds). Once
         # the fast one ends its pass, every task left is in the slow one's hands (its
         # readers lease none ahead once the queue is empty), and it takes each in hand a
-        # step of a second before it finishes it: the state polled for lasts that long.
+        # step of a second before it finishes it: the state polled for lasts that long. Its
+        # batches are smaller than a task (8 rows, tasks of 20, one task in hand at a time),
+        # so its last task is in hand over at least one step, whatever rows it began with:
+        # with batches of 32 a last task could be taken and finished within one batch.
         go = tmp_path / "go"
-        slow = {**common, "dataset": {**common["dataset"], "shuffle_window": 1}}
+        slow = {
+            **common,
+            "dataset": {**common["dataset"], "shuffle_window": 1},
+            "batch_size": 8,
+        }
         dying = Trainer(tmp_path, "dying", **slow, sleep=1.0, pause_at=[0, 1, str(go)])
         dying.wait_for("paused")
         survivor = Trainer(

@@ -16,7 +16,10 @@ from shmloader.master.journal import Journal
 from shmloader.sources.base import Shard
 
 PLAN = [Shard("a", 10), Shard("b", 5), Shard("d", 7)]
-CONFIG = JobConfig(records_per_task=4, epochs=2, lease_timeout=10.0, max_retries=1)
+# A restart gives leases max(lease_timeout, consumer_timeout): both 10 s here.
+CONFIG = JobConfig(
+    records_per_task=4, epochs=2, lease_timeout=10.0, consumer_timeout=10.0, max_retries=1
+)
 
 
 def _open(path: Path, **kw: object) -> Journal:
@@ -59,7 +62,7 @@ def test_reopen_recovers_completed_leased_and_failed_work(tmp_path: Path) -> Non
     with _open(tmp_path, now=5.0) as j:
         d = j.dispatcher
         assert _comparable(d.state_dict()) == _comparable(before)
-        # leased stays leased, until at least now + lease_timeout (15.0)
+        # leased stays leased, until at least now + the restart grace (15.0)
         assert d.leases_of("b") == [replace(x, deadline=15.0) for x in held]
         assert d.progress().epochs == counts
         assert counts[0].done_units == 1 and counts[0].leased_units == 3

@@ -57,12 +57,14 @@ def test_a_tick_after_a_long_gap_gives_fresh_deadlines_instead_of_expiring(
     ]
     assert [c.consumer for c in d.progress().consumers] == ["a"]  # not declared dead
     assert d.progress().counters["expired"] == 0
-    assert d.get_lease(plain).deadline == 14.0 + 2.0
-    assert d.get_lease(taken).deadline == 14.0 + 10.0  # a taken lease's hold, from now
-    assert MasterResumed(14.0, 16.0, 12.0) in sink.updates
+    # every lease lasts the restart grace, max(lease_timeout, consumer_timeout), from now
+    assert d.get_lease(plain).deadline == 14.0 + 10.0
+    assert d.get_lease(taken).deadline == 14.0 + 10.0  # also a taken lease's hold
+    assert MasterResumed(14.0, 24.0, 12.0) in sink.updates
     # fresh deadlines are deadlines: a holder that does not renew loses the lease after them
-    d.heartbeat("a", 15.0)
-    tick(MasterService(d), INTERVAL, 16.0, 16.5)
+    d.heartbeat("a", 20.0)
+    d.renew(taken, 20.0)
+    tick(MasterService(d), INTERVAL, 24.0, 24.5)
     assert d.progress().counters["expired"] == 1
     assert [x.lease_id for x in d.leases_of("a")] == [taken]
     # replayed with other timeouts: the same state, decided by the records alone
@@ -86,9 +88,9 @@ def test_a_tick_that_is_merely_late_changes_nothing() -> None:
 def test_the_journal_replays_the_fresh_deadlines(tmp_path: Path) -> None:
     with Journal.open(tmp_path, PLAN, config(), 0.0, fsync="always") as j:
         _, plain = _stall(j.dispatcher)
-    # Reopened just after, with a shorter lease_timeout: the restart's own fresh deadline
+    # Reopened just after, with shorter timeouts: the restart's own fresh deadline
     # (14.5 + 0.5) is earlier, so the lease keeps the one its MasterResumed record gave it.
-    with Journal.open(tmp_path, PLAN, config(lease_timeout=0.5), 14.5) as j:
-        assert j.dispatcher.get_lease(plain).deadline == 16.0
+    with Journal.open(tmp_path, PLAN, config(lease_timeout=0.5, consumer_timeout=0.5), 14.5) as j:
+        assert j.dispatcher.get_lease(plain).deadline == 24.0
         assert [c.consumer for c in j.dispatcher.progress().consumers] == ["a"]
         assert j.dispatcher.progress().counters["expired"] == 0

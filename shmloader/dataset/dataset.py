@@ -8,6 +8,7 @@ The dataset object lives in the trainer; DataLoader workers get only its :class:
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import threading
 import weakref
@@ -44,7 +45,14 @@ from .order.blocks import DEFAULT_SHUFFLE_WINDOW
 from .order.feed import FirstPass
 from .order.natural import SHUFFLED, Refused, RowStream, are_positions, in_sequence
 from .order.sampler import TaskSampler
-from .resume.checkpoint import FRESH_START, DatasetFacts, identity, resume_point, saved_state
+from .resume.checkpoint import (
+    FRESH_START,
+    DatasetFacts,
+    identity,
+    merge_states,
+    resume_point,
+    saved_state,
+)
 from .runtime.options import DatasetOptions
 
 if TYPE_CHECKING:
@@ -185,6 +193,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._lock = threading.Lock()
         self._closed = False
         self._state_at_close: dict[str, Any] | None = None
+        self._state_calls = 0  # whole-job states taken (torchrun): the n-th meets the n-th
         self._owner_pid = os.getpid()
         # The store exists from the start (cheap: a folder in /dev/shm), so DataLoader workers
         # forked before the first batch already know where segments will be; the master starts
@@ -357,13 +366,42 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     # -- checkpoints -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where the loop is: the epoch and the rows of it consumed so far (JSON-able); see
-        ``shmloader.DataLoader.state_dict``, which returns the same. After :meth:`close`, the
-        state it had when it closed (a framework that checkpoints after its loop ended). In a
-        DataLoader worker's copy, ``{}``: the training process's dataset holds the state
-        (torchdata's ``StatefulDataLoader`` asks every worker for its dataset's)."""
+        ``shmloader.DataLoader.state_dict``, which returns the same.
+
+        Under torchrun (``master="torchrun"``, two ranks or more) it is the whole job's state:
+        every rank calls it at the same step, each gets every rank's :meth:`rank_state_dict`
+        merged (:func:`~shmloader.merge_states`), the same on every rank. Save it from one
+        rank and load it into every rank of a job with any number of ranks. A call made on
+        some ranks only is a ConfigError after ``$SHMLOADER_STATE_SECONDS`` (180 s), naming
+        the ranks that did not call.
+
+        After :meth:`close`, the rank's own state when it closed (a framework that checkpoints
+        after its loop ended; rank 0's master may be gone). In a DataLoader worker's copy,
+        ``{}``: the training process's dataset holds the state (torchdata's
+        ``StatefulDataLoader`` asks every worker for its dataset's)."""
         if self._owner_pid != os.getpid():
             return {}  # a DataLoader worker's copy (torchdata asks each worker): see above
+        return self._whole_job(self._state_counting(None))
+
+    def rank_state_dict(self) -> dict[str, Any]:
+        """This trainer's own state, whatever the launcher: what its loop consumed. Under
+        torchrun, to save each rank's state on its own (no rank waits for the others); load
+        ``shmloader.merge_states(every rank's state)`` to resume with another number of ranks,
+        or each rank's own into the same rank of a job of the same size."""
+        if self._owner_pid != os.getpid():
+            return {}
         return self._state_counting(None)
+
+    def _whole_job(self, own: dict[str, Any]) -> dict[str, Any]:
+        """``own`` merged with every other rank's of the same call, under torchrun (see
+        :meth:`state_dict`); ``own`` otherwise, and once closed."""
+        rendezvous = self.options.rendezvous
+        if rendezvous is None or rendezvous.world_size < 2 or self._closed:
+            return own
+        call, self._state_calls = self._state_calls, self._state_calls + 1
+        runtime = self._ensure_started()
+        shared = rendezvous.share_state(call, json.dumps(own), gone=runtime.ranks_gone)
+        return merge_states([json.loads(text) for text in shared])
 
     def _state_counting(self, also: np.ndarray | None) -> dict[str, Any]:
         """The state, counting the sample indices ``also`` as consumed (the batches a batch
@@ -472,7 +510,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         (``also`` None) and the dataset not started, the state before the start, without
         starting it."""
         before = self._state_before_start() if also is None else None
-        return before if before is not None else self._state_counting(also)
+        return before if before is not None else self._whole_job(self._state_counting(also))
 
     def _settle_batchers(self) -> None:
         for batcher in list(self._batchers):

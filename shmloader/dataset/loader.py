@@ -239,8 +239,16 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
                     ring.forget(path)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loop is: the epoch and the rows of it already delivered (JSON-able)."""
+        """Where the loop is: the epoch and the rows of it already delivered (JSON-able).
+        Under torchrun, the whole job's: call it on every rank at the same step, save it from
+        rank 0, load it into every rank of a job of any size
+        (``SharedTaskDataset.state_dict``)."""
         return self.dataset.state_dict()  # type: ignore[attr-defined]
+
+    def rank_state_dict(self) -> dict[str, Any]:
+        """This rank's own state (``SharedTaskDataset.rank_state_dict``): for
+        ``shmloader.merge_states``, or to resume the same rank of a job of the same size."""
+        return self.dataset.rank_state_dict()  # type: ignore[attr-defined]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``; call before iterating (the readers start from it)."""

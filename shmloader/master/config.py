@@ -98,6 +98,17 @@ class JobConfig:
             return max(self.lease_timeout, self.consumer_timeout)
         return self.lease_timeout
 
+    @property
+    def restart_grace(self) -> float:
+        """How long every active lease lasts at least after the master (re)starts or finds it
+        had stalled: ``max(lease_timeout, consumer_timeout)``. Consumers count as seen at the
+        restart, so a live trainer is presumed alive for ``consumer_timeout``; its clients come
+        back only after their retry backoff (up to seconds), and renewals due while the master
+        was down arrive late. A grace of ``lease_timeout`` alone let leases of live trainers
+        lapse (their tasks then came to two trainers); a dead trainer's tasks return after
+        ``consumer_timeout``, when it is declared dead anyway."""
+        return max(self.lease_timeout, self.consumer_timeout)
+
     def check_rank(self, consumer: str, rank: int | None) -> None:
         """MasterError unless ``consumer`` is a usable id and ``rank`` fits the mode."""
         if not isinstance(consumer, str) or not consumer:

@@ -132,17 +132,18 @@ class Dispatcher:
     # ---------------------------------------------------------- public requests
 
     def restart(self, now: float) -> None:
-        """Mark a (re)start on recovered state: see :class:`~.updates.MasterStarted`. Taken
-        elastic leases are renewed for their full hold (``JobConfig.hold``) from now,
+        """Mark a (re)start on recovered state: see :class:`~.updates.MasterStarted`. Active
+        leases last at least ``JobConfig.restart_grace`` from now; taken elastic leases are
+        renewed for their full hold (``JobConfig.hold``) from now,
         as journaled ``LeaseRenewed`` records: nobody could renew them while the master was
         down."""
-        self._fresh(MasterStarted(now, self.state.incarnation + 1, now + self.config.lease_timeout))
+        self._fresh(MasterStarted(now, self.state.incarnation + 1, now + self.config.restart_grace))
 
     def resume(self, now: float, stopped_for: float) -> None:
         """The master could not run for ``stopped_for`` seconds up to ``now`` (its timer saw
         the gap): fresh deadlines as at :meth:`restart`, before ``expire`` judges a silence
         that nobody could have broken. See :class:`~.updates.MasterResumed`."""
-        self._fresh(MasterResumed(now, now + self.config.lease_timeout, stopped_for))
+        self._fresh(MasterResumed(now, now + self.config.restart_grace, stopped_for))
 
     def _fresh(self, update: MasterStarted | MasterResumed) -> None:
         now = update.now

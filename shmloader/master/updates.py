@@ -37,9 +37,10 @@ class UpdateSink(Protocol):
 class MasterStarted(Update):
     """A master (re)started on this state. Nobody could reach it while it was down, so
     consumers get a fresh grace period and active leases a fresh deadline: each is extended to
-    at least ``lease_deadline`` (``now + lease_timeout``; None in records written before this
-    field existed, which extended no lease). Lease ids move to a new range so that ids handed
-    out before a crash but lost from an unsynced journal tail can never name a new lease."""
+    at least ``lease_deadline`` (``now + JobConfig.restart_grace``; None in records written
+    before this field existed, which extended no lease). Lease ids move to a new range so
+    that ids handed out before a crash but lost from an unsynced journal tail can never name
+    a new lease."""
 
     incarnation: int
     lease_deadline: float | None = None

@@ -24,7 +24,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -43,6 +43,10 @@ TORCHRUN = "torchrun"
 LOOKUP_SECONDS = 600.0
 CLOSE_SECONDS = 600.0
 CONNECT_SECONDS = 60.0
+# How long a rank's state_dict() waits for the other ranks' states of the same call. Ranks of a
+# DDP job reach one step within a step of each other; a call made on some ranks only is said
+# after this, with the fix. $SHMLOADER_STATE_SECONDS sets it (steps longer than this).
+STATE_SECONDS = 180.0
 RETRY_SECONDS = 0.2  # between looks at the store while the address found does not answer
 LOG_EVERY = 30.0
 WILDCARD_HOSTS = ("0.0.0.0", "::")  # every interface: reached at another address
@@ -104,6 +108,70 @@ class Rendezvous:
                 self.nonce = nonce
                 return found
             time.sleep(RETRY_SECONDS)
+
+    def share_state(
+        self,
+        call: int,
+        state: str,
+        timeout: float | None = None,
+        gone: Callable[[list[int]], list[int]] | None = None,
+    ) -> list[str]:
+        """Every rank's ``state`` of its ``call``-th state_dict() (JSON text), by rank, through
+        the launcher's store: each rank writes its own and waits up to ``timeout`` (default
+        ``STATE_SECONDS``) for the others'. ConfigError naming the ranks that did not call,
+        with the fix, rather than a hang. ``gone``: which of the ranks still awaited are known
+        dead (rank 0's master stopped hearing from them), asked every second: a MasterError
+        then says so at once, and the launcher restarts the job from its last saved state.
+        Keys live under the master's nonce, so a restarted round never reads an earlier
+        round's states; each rank removes its key of two calls back, which every rank has
+        read by the time any rank makes this call."""
+        if self.nonce is None:
+            raise MasterError(f"rank {self.rank}: state_dict() before the dataset started")
+        wait = _state_seconds() if timeout is None else timeout
+        keys = [self._state_key(call, r) for r in range(self.world_size)]
+        with self._store_errors():
+            store = self._store()
+            store.set(keys[self.rank], state)
+            if call >= 2:
+                store.delete_key(self._state_key(call - 2, self.rank))
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                store.wait(
+                    keys, timedelta(seconds=max(0.01, min(1.0, deadline - time.monotonic())))
+                )
+                return self._read_states(store, keys)
+            except RuntimeError as exc:  # torch's DistStoreError: the wait timed out
+                with self._store_errors():
+                    missing = [r for r, key in enumerate(keys) if not store.check([key])]
+                if not missing:  # the last one came just as the wait ended
+                    return self._read_states(store, keys)
+                dead = gone(missing) if gone is not None else []
+                if dead:
+                    raise MasterError(
+                        f"rank {self.rank}: ranks {dead} of {self.world_size} stopped (rank 0's "
+                        "master no longer hears from them) while the job's state was taken: "
+                        "this step's state is not saved. The launcher restarts the job "
+                        "(torchrun --max-restarts), which resumes from the last state saved"
+                    ) from exc
+                if time.monotonic() < deadline:
+                    continue
+                raise ConfigError(
+                    f"rank {self.rank}: state_dict() gathers the whole job's state, and ranks "
+                    f"{missing} of {self.world_size} did not call it (call {call + 1} of this "
+                    f"dataset) within {wait:.0f} s. Call loader.state_dict() on every rank at "
+                    "the same step and save it from rank 0 (any rank's is the whole job's); "
+                    "to save each rank's own state, call rank_state_dict() and load "
+                    "shmloader.merge_states(every rank's state). $SHMLOADER_STATE_SECONDS sets "
+                    "how long a rank waits for the others"
+                ) from exc
+
+    def _read_states(self, store: Store, keys: list[str]) -> list[str]:
+        with self._store_errors():
+            return [bytes(store.get(key)).decode() for key in keys]
+
+    def _state_key(self, call: int, rank: int) -> str:
+        return f"{self.key}/{self.nonce}/state/{call}/{rank}"
 
     def mark_closed(self) -> None:
         """Ranks but 0, closing a dataset that used rank 0's master: rank 0 may stop it."""
@@ -172,6 +240,19 @@ class Rendezvous:
             ) from exc
 
 
+def _state_seconds(environ: Mapping[str, str] = os.environ) -> float:
+    text = environ.get("SHMLOADER_STATE_SECONDS")
+    if not text:
+        return STATE_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ConfigError(f"$SHMLOADER_STATE_SECONDS must be a positive number, got {text!r}")
+    return seconds
+
+
 def _answers(address: str) -> bool:
     """Whether something accepts connections at ``host:port``."""
     host, _, port = address.rpartition(":")
@@ -214,16 +295,12 @@ def rendezvous_from_env(
                 f"master='{TORCHRUN}' leave {name} out (it comes from the launcher)"
             )
     if master_host is None:
-        if local_world < env_world:
-            raise ConfigError(
-                f"the job's ranks run on several machines (WORLD_SIZE={env_world}, "
-                f"LOCAL_WORLD_SIZE={local_world}): rank 0's master must listen where the "
-                "others reach it. Give master_host='0.0.0.0' (every interface) or that "
-                "machine's address, on a private network (it serves no TLS: a token= would "
-                "cross the network in clear and is refused); or run a standalone master with "
-                "TLS and a token (docs/how-to/security.md) and give every rank master='host:port'"
-            )
-        master_host = "127.0.0.1"
+        # One machine: loopback. Several (now: under torchrun --nnodes MIN:MAX a job that
+        # started on one machine grows in a later round, whose rank 0 starts its own master):
+        # every interface, reached where the others reach the launcher's store. It serves no
+        # TLS, so a token= is refused across machines (runtime.py), and without one it is
+        # said once that the master takes anyone's calls (docs/how-to/security.md).
+        master_host = "127.0.0.1" if local_world >= env_world else "0.0.0.0"
     store_host = environ["MASTER_ADDR"]
     advertise = store_host if master_host in WILDCARD_HOSTS else master_host
     return Rendezvous(

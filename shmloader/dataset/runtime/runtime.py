@@ -317,6 +317,13 @@ class Runtime:
         hands_over = not closing and self.embedded is None and self._elastic
         return self.plane.loop_state(also, handing_over_as=self.consumer if hands_over else None)
 
+    def ranks_gone(self, ranks: list[int]) -> list[int]:
+        """Which of ``ranks`` the master no longer counts among its consumers (DDP mode: a
+        rank's trainer and readers register with its rank): they stopped, and were declared
+        dead after ``consumer_timeout``."""
+        alive = {c.rank for c in self.master_client.progress().consumers}
+        return [rank for rank in ranks if rank not in alive]
+
     def _first_unfinished_epoch(self) -> int:
         """The oldest epoch the master has not finished (the next to start if none is open):
         a trainer that joins or restarts later begins there, not with passes over epochs
