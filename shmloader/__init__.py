@@ -67,6 +67,7 @@ _EXPORTS: dict[str, str] = {
     "SharedTaskDataset": "shmloader.dataset.dataset",
     "DataLoader": "shmloader.dataset.loader",
     "merge_states": "shmloader.dataset.resume.checkpoint",
+    "DCPState": "shmloader.dataset.resume.dcp",
     "Stats": "shmloader.stats.stats",
     # augmentation
     "task_rng": "shmloader.augment",
@@ -78,6 +79,7 @@ if TYPE_CHECKING:
     from shmloader.dataset.dataset import SharedTaskDataset
     from shmloader.dataset.loader import DataLoader
     from shmloader.dataset.resume.checkpoint import merge_states
+    from shmloader.dataset.resume.dcp import DCPState
     from shmloader.errors import (
         ConfigError,
         CorruptRecordError,
@@ -122,6 +124,7 @@ __all__ = [
     "CSVSource",
     "ConfigError",
     "CorruptRecordError",
+    "DCPState",
     "DataError",
     "DataLoader",
     "DecodeError",

@@ -10,7 +10,10 @@ step every rank takes the loader's state (the whole job's), and rank 0 saves it 
 whole, then renamed over the last one); on start every rank loads that one file, whatever
 the number of ranks now. ``--ddp``: each step also all-reduces a tensor over a gloo process
 group, as DDP's backward does, so a rank that died fails the others' next step, and torchrun
-starts a new round.
+starts a new round. ``--dcp`` (with ``--ddp``): the state goes through
+``torch.distributed.checkpoint`` instead, ``dcp.save({"data": shmloader.DCPState(loader),
+"steps": ...})`` by every rank into ``OUT/dcp/<step>``, whose name rank 0 then writes to
+``OUT/dcp/latest``; a round loads that one with ``dcp.load``.
 
 It appends JSON lines to ``OUT/rank{RANK}.jsonl``: ``{"round": a, "pid": pid}`` on start,
 ``{"round": a, "resumed_at": s, "world": n}``, ``{"round": a, "step": s, "ids": [...]}`` per
@@ -42,6 +45,7 @@ def main() -> int:
         parser.add_argument(name, type=Path)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--ddp", action="store_true")
+    parser.add_argument("--dcp", action="store_true")
     parser.add_argument("--step-seconds", type=float, default=0.05)
     args = parser.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -63,7 +67,14 @@ def main() -> int:
         ) as ds:
             loader = shmloader.DataLoader(ds, batch_size=16)
             step = 0
-            if state_path.exists():
+            latest = args.out / "dcp" / "latest"
+            if args.dcp and latest.exists():
+                import torch.distributed.checkpoint as dcp
+
+                loaded = {"data": shmloader.DCPState(loader), "steps": 0}
+                dcp.load(loaded, checkpoint_id=args.out / "dcp" / latest.read_text())
+                step = loaded["steps"]
+            elif state_path.exists():
                 saved = json.loads(state_path.read_text())
                 loader.load_state_dict(saved["loader"])
                 step = saved["steps"]
@@ -79,6 +90,15 @@ def main() -> int:
                         dist.all_reduce(torch.ones(1))  # the gradients' all-reduce
                     time.sleep(args.step_seconds)  # the training step
                     step += 1
+                    if args.dcp:
+                        import torch.distributed.checkpoint as dcp
+
+                        mine = {"data": shmloader.DCPState(loader), "steps": step}
+                        dcp.save(mine, checkpoint_id=args.out / "dcp" / str(step))
+                        if rank == 0:
+                            (args.out / "dcp" / "latest.tmp").write_text(str(step))
+                            os.replace(args.out / "dcp" / "latest.tmp", latest)
+                        continue
                     state = loader.state_dict()  # every rank: the whole job's state
                     if rank == 0:
                         tmp = state_path.with_suffix(".tmp")

@@ -94,20 +94,23 @@ def test_a_trainer_resumed_twice_against_a_standalone_master_delivers_each_row_o
     assert saved["held"], saved  # the leases of partly consumed tasks, with their rows
 
 
-def test_a_sharing_trainer_restarted_at_once_takes_over_what_its_state_names(
-    tmp_path: Path, data: tuple[Path, list[int]]
+@pytest.mark.parametrize("restart", ["at_once", "late"])
+def test_a_sharing_trainer_restarted_from_its_state_repeats_nothing_the_others_delivered(
+    tmp_path: Path, data: tuple[Path, list[int]], restart: str
 ) -> None:
     # Two trainers share the epoch (elastic mode); one saves its state, is SIGKILLed and is
-    # restarted from that state at once, while the master still counts it alive. The state
-    # says the master holds the position, and names the leases of the tasks it was in the
-    # middle of: the restarted trainer hands them back for it, so nobody delivers the rows its
-    # loop had received again.
+    # restarted from that state. The state says the master holds the position, and names the
+    # leases of the tasks it was in the middle of, with the rows its loop had received.
+    # "at_once": while the master still counts the killed trainer alive, the restarted one
+    # hands those leases back for it. "late": only once the master declared it dead and its
+    # leases lapsed; the others took its tasks meanwhile, less the rows its state counted,
+    # which the master kept when the state was saved. Either way nobody delivers them again.
     directory, expected = data
-    # The killed trainer's leases would wait for consumer_timeout.
-    with standalone_master(directory, tmp_path, lease_timeout=30.0, consumer_timeout=30.0) as (
-        master,
-        common,
-    ):
+    # At once: the killed trainer's leases would wait for consumer_timeout. Late: it passes.
+    timeouts = (30.0, 30.0) if restart == "at_once" else (2.0, 4.0)
+    with standalone_master(
+        directory, tmp_path, lease_timeout=timeouts[0], consumer_timeout=timeouts[1]
+    ) as (master, common):
         state = tmp_path / "state.json"
         go = tmp_path / "go"
         # The slow trainer's readers lease on while it pauses: one reader and a window of one
@@ -123,6 +126,8 @@ def test_a_sharing_trainer_restarted_at_once_takes_over_what_its_state_names(
         before = _crash_after_saving(first)
         saved = json.loads(state.read_text())
         go.touch()
+        if restart == "late":
+            _until_dropped(master, saved["consumer"])
         again = Trainer(tmp_path, "again", **common, load_state=str(state))
         assert again.finish(120) == 0, again.output()
         assert slow.finish(120) == 0, slow.output()
@@ -131,3 +136,12 @@ def test_a_sharing_trainer_restarted_at_once_takes_over_what_its_state_names(
     delivered = Counter(before + slow.ids(0) + again.ids(0))
     assert [i for i, n in delivered.items() if n > 1] == []
     assert delivered == Counter(expected)
+
+
+def _until_dropped(master: shmloader.Master, consumer: str, timeout: float = 60.0) -> None:
+    """Until the master declared ``consumer`` dead (its consumer_timeout passed): its leases
+    lapsed, and went back to the queue."""
+    deadline = time.monotonic() + timeout
+    while consumer in {c.consumer for c in master.progress().consumers}:
+        assert time.monotonic() < deadline, master.progress().consumers
+        time.sleep(0.1)

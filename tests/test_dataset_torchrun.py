@@ -271,18 +271,21 @@ def test_a_rank_killed_mid_epoch_is_restarted_and_the_epoch_stays_exactly_once(
     assert shm_entries(tmp_path / "shm" / "rank0") == shm_entries(tmp_path / "shm" / "rank1") == []
 
 
+@pytest.mark.parametrize("saved_by", ["rank 0", "dcp"])
 def test_the_whole_jobs_state_resumes_a_job_of_another_size_exactly_once(
-    tmp_path: Path, data: tuple[Path, list[int]]
+    tmp_path: Path, data: tuple[Path, list[int]], saved_by: str
 ) -> None:
     # Two ranks; rank 1 SIGKILLed mid-epoch, and torchrun (no restarts) ends the job. A new
-    # job of three ranks loads the state rank 0 saved and finishes both epochs.
+    # job of three ranks loads the state rank 0 saved (or torch.distributed.checkpoint saved
+    # from every rank, shmloader.DCPState) and finishes both epochs.
     directory, expected = data
-    first = _restart_job(tmp_path, directory, "--", "--epochs", "2")
+    options = ("--", "--epochs", "2", *(("--ddp", "--dcp") if saved_by == "dcp" else ()))
+    first = _restart_job(tmp_path, directory, *options)
     _until_steps(tmp_path, 8, [first])
     os.kill(_pid_of_rank(tmp_path, 1), signal.SIGKILL)
     out = _finish(first)
     assert first.returncode != 0, out
-    second = _restart_job(tmp_path, directory, "--", "--epochs", "2", nproc=3)
+    second = _restart_job(tmp_path, directory, *options, nproc=3)
     out = _finish(second)
     assert second.returncode == 0, out
     ranks = _lines(tmp_path)
@@ -493,6 +496,16 @@ def test_the_whole_jobs_state_meets_every_ranks_and_a_missing_rank_is_named() ->
     # Each rank removed its key of two calls back: the store does not grow with the steps.
     assert not store.check([f"{rank0.key}/nonce/state/1/0"])
     assert store.check([f"{rank0.key}/nonce/state/3/1"])
+    # Rank 1 took part in the last call, and rank 0's master no longer hears from it: it
+    # died, said at the first look (not after the timeout), so torchrun restarts the job.
+    began = time.monotonic()
+    with pytest.raises(shmloader.MasterError, match=r"ranks \[1\] of 2 stopped"):
+        rank0.share_state(4, '"zero4"', timeout=60, alive=lambda: {0})
+    assert time.monotonic() - began < 30
+    # A rank the master never heard from may still be starting: waited for, not declared dead.
+    late = dataclasses.replace(rank0, key=rank0.key + "-2", seen_alive=set())
+    with pytest.raises(shmloader.ConfigError, match="did not call it"):
+        late.share_state(0, '"zero"', timeout=1.5, alive=lambda: {0})
 
 
 @pytest.mark.parametrize(

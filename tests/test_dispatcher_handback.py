@@ -3,6 +3,7 @@ tasks (master/handback.py): whoever leases such a task next skips them."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import grpc
@@ -166,3 +167,76 @@ def test_leave_over_grpc_hands_back_and_the_lease_reply_carries_it() -> None:
         (z,) = client.lease("c", 1).leases
         assert z.consumed == ((0, 1), (2, 4))
         assert [c.consumer for c in client.progress().consumers] == ["c"]
+
+
+def test_a_checkpoint_is_handed_back_when_its_holder_dies_not_when_it_leaves() -> None:
+    # A trainer saved its state counting records of its leases (Checkpoint), then died: its
+    # leases lapse, and their tasks go back less what the state counted.
+    sink = Recorder()
+    d = make(consumer_timeout=5.0, lease_timeout=100.0)
+    d.sink = sink
+    for c in "ab":
+        d.register(c, 0.0)
+    x, y = d.lease("a", 2, 0.0)
+    d.checkpoint("a", {x.lease_id: [(0, 1)]}, 1.0)
+    d.checkpoint("a", {x.lease_id: [(0, 2)], y.lease_id: [(5, 6)]}, 2.0)  # the later one counts
+    assert [g.checkpointed for g in d.leases_of("a")] == [((0, 2),), ((5, 6),)]
+    assert [g.consumed for g in d.leases_of("a")] == [(), ()]  # nothing skipped while it lives
+    d.heartbeat("b", 6.0)
+    d.expire(8.0)  # "a" declared dead
+    got = {g.task.task_id: g for g in d.lease("b", 2, 8.0)}
+    assert got[x.task.task_id].consumed == ((0, 2),)
+    assert got[y.task.task_id].consumed == ((5, 6),)
+    # Replayed and reloaded alike.
+    fresh = make(consumer_timeout=5.0, lease_timeout=100.0)
+    for u in sink.updates:
+        fresh.apply(decode_update(encode_update(u)))
+    assert fresh.state_dict() == d.state_dict()
+    # A Leave hands back what it says, whatever was checkpointed (a trainer resumed from an
+    # older state hands back that state's rows: the later checkpoint's model is gone).
+    d.register("c", 8.0)
+    d.checkpoint("b", {g.lease_id: [(g.task.start, g.task.stop)] for g in got.values()}, 8.5)
+    (first,) = [g for g in got.values() if g.task == x.task]
+    d.leave("b", 9.0, {first.lease_id: [(2, 3)]})
+    assert {g.task.task_id: g.consumed for g in d.lease("c", 2, 9.0)} == {
+        x.task.task_id: ((0, 3),),
+        y.task.task_id: ((5, 6),),
+    }
+
+
+def test_a_lease_that_expires_keeps_its_checkpoint_and_bad_ones_are_refused() -> None:
+    d = make(lease_timeout=2.0, consumer_timeout=50.0)
+    d.register("a", 0.0)
+    d.register("b", 0.0)
+    (x,) = d.lease("a", 1, 0.0)
+    with pytest.raises(ConfigError, match=r"consumed records \[5, 9\) are not within"):
+        d.checkpoint("a", {x.lease_id: [(5, 9)]}, 1.0)
+    d.checkpoint("b", {x.lease_id: [(0, 1)]}, 1.0)  # not b's: left out
+    assert d.get_lease(x.lease_id).checkpointed == ()
+    d.checkpoint("a", {x.lease_id: [(1, 2)]}, 1.0)
+    d.heartbeat("b", 3.0)
+    d.expire(3.0)  # the lease lapsed (a stalled trainer); its consumer lives on
+    (y,) = d.lease("b", 1, 3.0)
+    assert y.task == x.task and y.consumed == ((1, 2),) and y.attempt == 2
+    state = d.state_dict()
+    again = make(lease_timeout=2.0, consumer_timeout=50.0)
+    again.load_state_dict(state)
+    assert again.state_dict() == state
+
+
+def test_checkpoint_over_grpc() -> None:
+    with (
+        Master(PLAN, records_per_task=4, shuffle=False, epochs=1, consumer_timeout=1.0) as master,
+        MasterClient(master.address, timeout=5, retry_for=1) as client,
+    ):
+        client.register("a")
+        (x,) = client.lease("a", 1).leases
+        assert client.checkpoint("a", {x.lease_id: [(0, 2)]})
+        client.register("b")
+        deadline = time.monotonic() + 30
+        while "a" in {c.consumer for c in client.progress().consumers}:  # declared dead
+            client.heartbeat("b")
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        (y,) = client.lease("b", 1).leases
+        assert (y.task_id, y.consumed) == (x.task_id, ((0, 2),))

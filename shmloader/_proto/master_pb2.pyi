@@ -125,6 +125,14 @@ class HandBack(_message.Message):
     consumed: _containers.RepeatedCompositeFieldContainer[RecordRange]
     def __init__(self, lease_id: _Optional[int] = ..., consumed: _Optional[_Iterable[_Union[RecordRange, _Mapping]]] = ...) -> None: ...
 
+class CheckpointRequest(_message.Message):
+    __slots__ = ("consumer", "consumed")
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    consumer: str
+    consumed: _containers.RepeatedCompositeFieldContainer[HandBack]
+    def __init__(self, consumer: _Optional[str] = ..., consumed: _Optional[_Iterable[_Union[HandBack, _Mapping]]] = ...) -> None: ...
+
 class LeaveRequest(_message.Message):
     __slots__ = ("consumer", "consumed")
     CONSUMER_FIELD_NUMBER: _ClassVar[int]

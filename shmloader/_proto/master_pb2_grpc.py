@@ -49,6 +49,11 @@ class MasterStub:
                 request_serializer=shmloader_dot_proto_dot_master__pb2.LeaveRequest.SerializeToString,
                 response_deserializer=shmloader_dot_proto_dot_master__pb2.Empty.FromString,
                 _registered_method=True)
+        self.Checkpoint = channel.unary_unary(
+                '/shmloader.master.Master/Checkpoint',
+                request_serializer=shmloader_dot_proto_dot_master__pb2.CheckpointRequest.SerializeToString,
+                response_deserializer=shmloader_dot_proto_dot_master__pb2.Empty.FromString,
+                _registered_method=True)
         self.Lease = channel.unary_unary(
                 '/shmloader.master.Master/Lease',
                 request_serializer=shmloader_dot_proto_dot_master__pb2.LeaseRequest.SerializeToString,
@@ -112,6 +117,12 @@ class MasterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Leave(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Checkpoint(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -192,6 +203,11 @@ def add_MasterServicer_to_server(servicer, server):
             'Leave': grpc.unary_unary_rpc_method_handler(
                     servicer.Leave,
                     request_deserializer=shmloader_dot_proto_dot_master__pb2.LeaveRequest.FromString,
+                    response_serializer=shmloader_dot_proto_dot_master__pb2.Empty.SerializeToString,
+            ),
+            'Checkpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.Checkpoint,
+                    request_deserializer=shmloader_dot_proto_dot_master__pb2.CheckpointRequest.FromString,
                     response_serializer=shmloader_dot_proto_dot_master__pb2.Empty.SerializeToString,
             ),
             'Lease': grpc.unary_unary_rpc_method_handler(
@@ -320,6 +336,33 @@ class Master:
             target,
             '/shmloader.master.Master/Leave',
             shmloader_dot_proto_dot_master__pb2.LeaveRequest.SerializeToString,
+            shmloader_dot_proto_dot_master__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Checkpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/shmloader.master.Master/Checkpoint',
+            shmloader_dot_proto_dot_master__pb2.CheckpointRequest.SerializeToString,
             shmloader_dot_proto_dot_master__pb2.Empty.FromString,
             options,
             channel_credentials,

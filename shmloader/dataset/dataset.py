@@ -400,7 +400,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             return own
         call, self._state_calls = self._state_calls, self._state_calls + 1
         runtime = self._ensure_started()
-        shared = rendezvous.share_state(call, json.dumps(own), gone=runtime.ranks_gone)
+        shared = rendezvous.share_state(call, json.dumps(own), alive=runtime.live_ranks)
         return merge_states([json.loads(text) for text in shared])
 
     def _state_counting(self, also: np.ndarray | None) -> dict[str, Any]:
@@ -410,9 +410,9 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             return self._state_at_close  # a checkpoint written after the loop ended
         runtime = self._ensure_started()
         self._settle_batchers()
-        return saved_state(
-            self._facts(), self._resume, runtime.loop_state(also), master=runtime.address
-        )
+        loop = runtime.loop_state(also)
+        runtime.saved_state_of(loop)  # the master keeps what it counts, should this trainer die
+        return saved_state(self._facts(), self._resume, loop, master=runtime.address)
 
     def _state_before_start(self) -> dict[str, Any] | None:
         """The state while the dataset has not started, without starting it: the one loaded,

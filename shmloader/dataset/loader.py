@@ -245,6 +245,11 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         (``SharedTaskDataset.state_dict``)."""
         return self.dataset.state_dict()  # type: ignore[attr-defined]
 
+    @property
+    def started(self) -> bool:
+        """Whether its dataset has started (``SharedTaskDataset.started``): on the first batch."""
+        return bool(self.dataset.started)  # type: ignore[attr-defined]
+
     def rank_state_dict(self) -> dict[str, Any]:
         """This rank's own state (``SharedTaskDataset.rank_state_dict``): for
         ``shmloader.merge_states``, or to resume the same rank of a job of the same size."""

@@ -125,21 +125,22 @@ def lease_from_msg(m: pb.TaskLease) -> LeaseInfo:
     )
 
 
-def leave_to_msg(consumer: str, consumed: HandBack | None) -> pb.LeaveRequest:
-    return pb.LeaveRequest(
-        consumer=consumer,
-        consumed=[
-            pb.HandBack(
-                lease_id=lease_id,
-                consumed=[pb.RecordRange(start=int(a), stop=int(b)) for a, b in ranges],
-            )
-            for lease_id, ranges in sorted((consumed or {}).items())
-        ],
-    )
+def handback_to_msgs(consumed: HandBack | None) -> list[pb.HandBack]:
+    """Lease id -> ranges as the ``consumed`` field of a Leave or Checkpoint request."""
+    return [
+        pb.HandBack(
+            lease_id=lease_id,
+            consumed=[pb.RecordRange(start=int(a), stop=int(b)) for a, b in ranges],
+        )
+        for lease_id, ranges in sorted((consumed or {}).items())
+    ]
 
 
-def leave_from_msg(m: pb.LeaveRequest) -> dict[int, list[tuple[int, int]]]:
-    """Lease id -> ranges; a lease named twice gets the ranges of both."""
+def handback_from_msg(
+    m: pb.LeaveRequest | pb.CheckpointRequest,
+) -> dict[int, list[tuple[int, int]]]:
+    """Lease id -> ranges of a Leave or Checkpoint request; a lease named twice gets the
+    ranges of both."""
     out: dict[int, list[tuple[int, int]]] = {}
     for h in m.consumed:
         out.setdefault(h.lease_id, []).extend((r.start, r.stop) for r in h.consumed)

@@ -41,8 +41,8 @@ from ._convert import (
     LeaseInfo,
     LeaseReply,
     figures_to_msg,
+    handback_to_msgs,
     lease_from_msg,
-    leave_to_msg,
     problems_from_msg,
     progress_from_msg,
     register_from_msg,
@@ -247,10 +247,28 @@ class MasterClient:
             self._infos.pop(consumer, None)
             self._may_register.pop(consumer, None)
         try:
-            self._invoke("Leave", leave_to_msg(consumer, consumed), idempotent=True)
+            request = pb.LeaveRequest(consumer=consumer, consumed=handback_to_msgs(consumed))
+            self._invoke("Leave", request, idempotent=True)
         except grpc.RpcError as exc:
             if _reason(exc) != UNKNOWN_CONSUMER:
                 raise self._error("Leave", exc) from exc
+
+    def checkpoint(self, consumer: str, consumed: HandBack) -> bool:
+        """Tell the master what ``consumer``'s trainer just saved in its state (elastic mode):
+        lease id -> record ranges its loop consumed of the lease's task. Should the lease
+        lapse before anyone resumes from that state, the task goes back less them. False from
+        a master older than this call, which cannot keep them (a trainer resumed later than
+        ``consumer_timeout`` may then see rows of its state come again elsewhere)."""
+        request = pb.CheckpointRequest(consumer=consumer, consumed=handback_to_msgs(consumed))
+        try:
+            self._call("Checkpoint", request, True, consumer=consumer)
+        except MasterError as exc:
+            if isinstance(exc.__cause__, grpc.RpcError) and (
+                _code(exc.__cause__) == grpc.StatusCode.UNIMPLEMENTED
+            ):
+                return False
+            raise
+        return True
 
     # --------------------------------------------------------------------- leases
 

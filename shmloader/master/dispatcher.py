@@ -26,6 +26,7 @@ from .updates import (
     ConsumerLeft,
     ConsumerRegistered,
     EpochStarted,
+    LeaseCheckpointed,
     LeaseCompleted,
     LeaseExpired,
     LeaseFailed,
@@ -66,6 +67,7 @@ class Dispatcher:
             ConsumerHeartbeat: self._on_heartbeat,
             ConsumerLeft: self._on_left,
             LeaseHandedBack: self._on_handed_back,
+            LeaseCheckpointed: self._on_checkpointed,
             LeaseGranted: self._on_granted,
             LeaseRenewed: self._on_renewed,
             LeaseTaken: self._on_taken,
@@ -176,6 +178,16 @@ class Dispatcher:
         for update in handed_back(self.state, leaving, consumed, now):  # all checked first
             self.apply(update)
         self._run(now, ConsumerLeft(now, consumer, "left"))
+
+    def checkpoint(self, consumer: str, consumed: HandBack, now: float) -> None:
+        """``consumer``'s trainer saved a state that counts records ``consumed`` (lease id ->
+        ranges) of its leases as delivered (elastic mode): should a lease lapse, its unit goes
+        back less them (handback.py). Leases it does not hold (any more) are left out."""
+        holder = self.consumer_state(consumer)
+        updates = handed_back(self.state, holder, consumed, now, LeaseCheckpointed)
+        for update in updates:  # all checked first
+            self.apply(update)
+        self._run(now, ConsumerHeartbeat(now, consumer))
 
     def lease(
         self, consumer: str, max_tasks: int, now: float, request: int | None = None
@@ -371,6 +383,8 @@ class Dispatcher:
         # Highest id first onto the front, so the oldest lease's unit is retried first.
         for lease_id in sorted(c.leases, reverse=True):
             lease = self.state.leases.pop(lease_id)
+            if u.reason != "left":  # declared dead: what its last saved state counted
+                self._hand_back_checkpoint(lease)
             self.state.open[lease.epoch].put_back(lease.unit)
             self.state.ended.lapse(lease, f"consumer {u.consumer!r} left ({u.reason}) at t={u.now}")
             self.state.counters["released"] += 1
@@ -383,6 +397,23 @@ class Dispatcher:
             raise MasterError(f"{u}: not elastic mode, or records outside the lease's task")
         self._emit(u)
         ep.hand_back(lease.unit, u.consumed)
+        # What it hands back supersedes its checkpoint: the state now going on says so.
+        self.state.leases[u.lease_id] = replace(lease, checkpointed=())
+
+    def _on_checkpointed(self, u: LeaseCheckpointed) -> None:
+        lease = self._active(u.lease_id, u)
+        ep = self.state.open[lease.epoch]
+        if lease.rank is not None or ep.outside(lease.unit, u.consumed) is not None:
+            raise MasterError(f"{u}: not elastic mode, or records outside the lease's task")
+        self._emit(u)
+        self.state.leases[u.lease_id] = replace(lease, checkpointed=u.consumed)
+        self._touch(lease.consumer, u.now)
+
+    def _hand_back_checkpoint(self, lease: Lease) -> None:
+        """A lease lapsing without a Leave: its unit keeps what the holder's last saved state
+        counted (LeaseCheckpointed), skipped by whoever leases it next."""
+        if lease.checkpointed:
+            self.state.open[lease.epoch].hand_back(lease.unit, lease.checkpointed)
 
     def _on_granted(self, u: LeaseGranted) -> None:
         c = self.consumer_state(u.consumer)
@@ -448,6 +479,8 @@ class Dispatcher:
         if u.quarantine:
             ep.quarantine(lease.unit, u.error)
         else:
+            if isinstance(u, LeaseExpired):
+                self._hand_back_checkpoint(lease)
             ep.put_back(lease.unit)
         if isinstance(u, LeaseExpired):
             self.state.counters["expired"] += 1

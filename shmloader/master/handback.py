@@ -10,6 +10,11 @@ of the unit in the epoch carries them (``Lease.consumed``), and the trainer that
 those rows. Ranges accumulate when that trainer leaves partway too; a holder that dies hands
 nothing back (its rows come again), but what earlier holders handed back stays with the unit.
 
+A trainer that saves its state (``state_dict()``) also tells the master what that state counts
+of its leases (``Checkpoint``, :class:`~.updates.LeaseCheckpointed`): should it die and its
+leases lapse before anyone resumes from that state, the master hands those ranges back for it.
+Rows a checkpoint counts then never come again from another trainer, however late the restart.
+
 DDP mode keeps nothing: a rank's queue is its own, and a rank that comes back resumes from its
 checkpoint.
 """
@@ -19,7 +24,7 @@ from __future__ import annotations
 from ..errors import ConfigError
 from .snapshot import ConsumerState, DispatcherState
 from .tasks import merge_ranges
-from .updates import LeaseHandedBack
+from .updates import LeaseCheckpointed, LeaseHandedBack
 from .wire import HandBack
 
 
@@ -28,12 +33,14 @@ def handed_back(
     consumer: ConsumerState,
     consumed: HandBack | None,
     now: float,
-) -> list[LeaseHandedBack]:
-    """The updates that record ``consumed`` (lease id -> record ranges) for the leases of
-    ``consumer`` (what the dispatcher's ``state`` knows of the leaving one), checked before
-    any applies: ranges of leases it does not hold (any more) and of DDP leases are left out,
-    ranges outside a lease's unit raise ConfigError. Reads the state, changes nothing: the
-    dispatcher applies what comes back."""
+    record: type[LeaseHandedBack | LeaseCheckpointed] = LeaseHandedBack,
+) -> list[LeaseHandedBack | LeaseCheckpointed]:
+    """The updates (``record``: handed back by a leaving consumer, or counted by a saved state)
+    that record ``consumed`` (lease id -> record ranges) for the leases of ``consumer`` (what
+    the dispatcher's ``state`` knows of it), checked before any applies: ranges of leases it
+    does not hold (any more) and of DDP leases are left out, ranges outside a lease's unit
+    raise ConfigError. Reads the state, changes nothing: the dispatcher applies what comes
+    back."""
     out = []
     for lease_id, ranges in sorted((consumed or {}).items()):
         lease = state.leases.get(lease_id)
@@ -46,5 +53,5 @@ def handed_back(
                 f"lease {lease_id}: consumed records [{bad[0]}, {bad[1]}) are not within its "
                 f"task's records [{lease.task.start}, {lease.task.stop})"
             )
-        out.append(LeaseHandedBack(now, lease_id, merged))
+        out.append(record(now, lease_id, merged))
     return out

@@ -34,6 +34,9 @@ class Lease:
     taken: bool = False
     # Records of the unit that earlier holders consumed before they left: to be skipped.
     consumed: tuple[tuple[int, int], ...] = ()
+    # Records of the unit its holder's last saved state counts as delivered (elastic mode):
+    # handed back for it should the lease lapse (Dispatcher.checkpoint).
+    checkpointed: tuple[tuple[int, int], ...] = ()
 
     @property
     def kept(self) -> bool:

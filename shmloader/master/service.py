@@ -169,15 +169,30 @@ class MasterService(pb_grpc.MasterServicer):
     @_rpc
     def Leave(self, request: pb.LeaveRequest, context: Any) -> pb.Empty:
         consumer = check_consumer_id(request.consumer)
-        consumed = _convert.leave_from_msg(request)
-        self._lease_ids(consumed, "leave")
-        ranges = sum(len(r) for r in consumed.values())
-        if ranges > MAX_IDS_PER_CALL:
-            raise _invalid(f"{ranges} consumed ranges in one leave; at most {MAX_IDS_PER_CALL}")
+        consumed = self._handback(request, "leave")
         with self.lock:
             self._known(consumer)
             self.dispatcher.leave(consumer, time.time(), consumed)
         return pb.Empty()
+
+    @_rpc
+    def Checkpoint(self, request: pb.CheckpointRequest, context: Any) -> pb.Empty:
+        consumer = check_consumer_id(request.consumer)
+        consumed = self._handback(request, "checkpoint")
+        with self.lock:
+            self._known(consumer)
+            self.dispatcher.checkpoint(consumer, consumed, time.time())
+        return pb.Empty()
+
+    def _handback(
+        self, request: pb.LeaveRequest | pb.CheckpointRequest, what: str
+    ) -> dict[int, list[tuple[int, int]]]:
+        consumed = _convert.handback_from_msg(request)
+        self._lease_ids(consumed, what)
+        ranges = sum(len(r) for r in consumed.values())
+        if ranges > MAX_IDS_PER_CALL:
+            raise _invalid(f"{ranges} consumed ranges in one {what}; at most {MAX_IDS_PER_CALL}")
+        return consumed
 
     # --------------------------------------------------------------------- leases
 

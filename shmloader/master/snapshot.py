@@ -139,6 +139,7 @@ def _lease_state(lease: Lease) -> dict[str, Any]:
         "attempt": lease.attempt,
         "deadline": lease.deadline,
         "taken": lease.taken,
+        **({"checkpointed": [list(r) for r in lease.checkpointed]} if lease.checkpointed else {}),
     }
 
 
@@ -217,8 +218,9 @@ def _lease(table: TaskTable, config: JobConfig, s: DispatcherState, x: dict[str,
         int(x["attempt"]),
         float(x["deadline"]),
     )
-    # States saved before leases could be taken have no "taken": none was.
-    return replace(lease, taken=True) if x.get("taken", False) else lease
+    # States saved before leases could be taken (or checkpointed) have none: none was.
+    checkpointed = tuple((int(a), int(b)) for a, b in x.get("checkpointed", []))
+    return replace(lease, taken=bool(x.get("taken", False)), checkpointed=checkpointed)
 
 
 def progress(d: Dispatched, since_epoch: int = 0) -> Progress:

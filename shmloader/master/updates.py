@@ -83,10 +83,8 @@ class ConsumerLeft(Update):
 
 
 @dataclass(frozen=True)
-class LeaseHandedBack(Update):
-    """Its holder, leaving (elastic mode), had consumed records ``consumed`` (``[start, stop)``
-    ranges, merged) of the lease's unit: they join the unit's consumed ranges, which whoever
-    leases the unit next in this epoch skips. Recorded just before :class:`ConsumerLeft`."""
+class _LeaseRecords(Update):
+    """Records ``consumed`` (``[start, stop)`` ranges, merged) of lease ``lease_id``'s unit."""
 
     lease_id: int
     consumed: tuple[tuple[int, int], ...]
@@ -94,6 +92,23 @@ class LeaseHandedBack(Update):
     def __post_init__(self) -> None:  # JSON gives lists back: compare equal to the original
         ranges = tuple((int(a), int(b)) for a, b in self.consumed)
         object.__setattr__(self, "consumed", ranges)
+
+
+@dataclass(frozen=True)
+class LeaseHandedBack(_LeaseRecords):
+    """Its holder, leaving (elastic mode), had consumed records ``consumed`` of the lease's
+    unit: they join the unit's consumed ranges, which whoever leases the unit next in this
+    epoch skips. Recorded just before :class:`ConsumerLeft`."""
+
+
+@dataclass(frozen=True)
+class LeaseCheckpointed(_LeaseRecords):
+    """Its holder's trainer saved its state (elastic mode), which counts records ``consumed``
+    (merged ranges) of the lease's unit as delivered. Should the lease lapse (expired, or its
+    consumer declared dead), they join the unit's consumed ranges as a hand-back would: rows
+    of a checkpoint never come again from another trainer. Replaces an earlier checkpoint of
+    the lease; a Leave (a clean close, or a trainer resumed from a state handing back for the
+    saving one) supersedes it with what it hands back."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +175,7 @@ _TYPES: dict[str, type[Update]] = {
         ConsumerHeartbeat,
         ConsumerLeft,
         LeaseHandedBack,
+        LeaseCheckpointed,
         LeaseGranted,
         LeaseRenewed,
         LeaseTaken,

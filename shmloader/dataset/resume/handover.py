@@ -10,10 +10,12 @@ once, not after ``consumer_timeout``, and whoever leases one next skips what the
 consumed. Without that, a trainer killed right after saving and restarted within
 ``consumer_timeout`` had its partly consumed tasks come again whole: duplicates, with no word.
 
-Should the master have dropped the saving trainer already (its ``consumer_timeout`` passed),
-its leases went back without the ranges; the resumed trainer still leaves the ranges out of any
-copy of those tasks that comes to it (``consumed_of``). A copy another trainer leased meanwhile
-comes whole there, as it does after any trainer dies.
+Should the master have dropped the saving trainer already (its ``consumer_timeout`` passed), the
+restart came too late to hand anything back; but the saving trainer told the master what its
+state counted as it saved it (``Checkpoint``, master/handback.py), and the master handed those
+ranges back itself when the leases lapsed: whoever leased the tasks since skips them. The
+resumed trainer also leaves the ranges out of any copy of those tasks that comes to it
+(``consumed_of``), as a master older than ``Checkpoint`` could not keep them.
 
 Load such a checkpoint only once the trainer that saved it is gone: its leases stop being its.
 """
@@ -99,7 +101,11 @@ class Handover:
             out.setdefault((h.epoch, h.task_id), []).extend(h.consumed)
         return {key: tuple(merge_ranges(ranges)) for key, ranges in out.items()}
 
+    def by_lease(self) -> dict[int, list[tuple[int, int]]]:
+        """Lease id -> records consumed: what a Leave hands back, or a Checkpoint records."""
+        return {h.lease_id: list(h.consumed) for h in self.held}
+
     def take_over(self, client: MasterClient) -> None:
         """Leave the master for the saving trainer, handing its consumed ranges back (a no-op
         where the master has dropped that trainer already)."""
-        client.leave(self.consumer, {h.lease_id: list(h.consumed) for h in self.held})
+        client.leave(self.consumer, self.by_lease())

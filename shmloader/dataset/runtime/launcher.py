@@ -65,6 +65,8 @@ class Rendezvous:
     bind_host: str  # where rank 0's master listens
     advertise_host: str  # how the other ranks reach it
     nonce: str | None = field(default=None, compare=False)  # the master's, once known
+    # Ranks rank 0's master was seen to hear from while a state was gathered (share_state).
+    seen_alive: set[int] = field(default_factory=set, compare=False)
 
     @property
     def hosts_master(self) -> bool:
@@ -114,14 +116,16 @@ class Rendezvous:
         call: int,
         state: str,
         timeout: float | None = None,
-        gone: Callable[[list[int]], list[int]] | None = None,
+        alive: Callable[[], set[int]] | None = None,
     ) -> list[str]:
         """Every rank's ``state`` of its ``call``-th state_dict() (JSON text), by rank, through
         the launcher's store: each rank writes its own and waits up to ``timeout`` (default
         ``STATE_SECONDS``) for the others'. ConfigError naming the ranks that did not call,
-        with the fix, rather than a hang. ``gone``: which of the ranks still awaited are known
-        dead (rank 0's master stopped hearing from them), asked every second: a MasterError
-        then says so at once, and the launcher restarts the job from its last saved state.
+        with the fix, rather than a hang. ``alive``: the ranks rank 0's master hears from,
+        asked every second while some are awaited; one awaited that was alive before (it
+        took part in the last call, or an earlier look saw it) and is no longer died: a
+        MasterError says so at once, and the launcher restarts the job from its last saved
+        state. (A rank not seen yet may still be starting: it is waited for.)
         Keys live under the master's nonce, so a restarted round never reads an earlier
         round's states; each rank removes its key of two calls back, which every rank has
         read by the time any rank makes this call."""
@@ -146,7 +150,7 @@ class Rendezvous:
                     missing = [r for r, key in enumerate(keys) if not store.check([key])]
                 if not missing:  # the last one came just as the wait ended
                     return self._read_states(store, keys)
-                dead = gone(missing) if gone is not None else []
+                dead = self._dead(store, call, missing, alive)
                 if dead:
                     raise MasterError(
                         f"rank {self.rank}: ranks {dead} of {self.world_size} stopped (rank 0's "
@@ -165,6 +169,24 @@ class Rendezvous:
                     "shmloader.merge_states(every rank's state). $SHMLOADER_STATE_SECONDS sets "
                     "how long a rank waits for the others"
                 ) from exc
+
+    def _dead(
+        self,
+        store: Store,
+        call: int,
+        missing: list[int],
+        alive: Callable[[], set[int]] | None,
+    ) -> list[int]:
+        """Of the ``missing`` ranks, those that were alive and are no longer."""
+        if alive is None:
+            return []
+        now = alive()
+        self.seen_alive |= now
+        with self._store_errors():
+            before = {
+                r for r in missing if call > 0 and store.check([self._state_key(call - 1, r)])
+            }
+        return [r for r in missing if r not in now and (r in before or r in self.seen_alive)]
 
     def _read_states(self, store: Store, keys: list[str]) -> list[str]:
         with self._store_errors():

@@ -317,12 +317,30 @@ class Runtime:
         hands_over = not closing and self.embedded is None and self._elastic
         return self.plane.loop_state(also, handing_over_as=self.consumer if hands_over else None)
 
-    def ranks_gone(self, ranks: list[int]) -> list[int]:
-        """Which of ``ranks`` the master no longer counts among its consumers (DDP mode: a
-        rank's trainer and readers register with its rank): they stopped, and were declared
-        dead after ``consumer_timeout``."""
-        alive = {c.rank for c in self.master_client.progress().consumers}
-        return [rank for rank in ranks if rank not in alive]
+    def saved_state_of(self, loop: LoopState) -> None:
+        """A state is being saved from ``loop``: tell the master what its handover counts of
+        each lease (``MasterClient.checkpoint``), so that if this trainer dies, its leases
+        lapse and nobody resumes from the state in time, the tasks go back less those rows.
+        A master that cannot be told (unreachable) is warned of, once a state: the save goes
+        on, only a late restart may then see rows of it come again elsewhere."""
+        if loop.handover is None or not loop.handover.held:
+            return
+        try:
+            self.master_client.checkpoint(loop.handover.consumer, loop.handover.by_lease())
+        except MasterError as exc:
+            log.warning(
+                "the master could not be told what this saved state counts (%s): should this "
+                "trainer die and be resumed from the state after consumer_timeout, rows of "
+                "its %d partly consumed tasks may come again from another trainer",
+                exc,
+                len(loop.handover.held),
+            )
+
+    def live_ranks(self) -> set[int]:
+        """The ranks the master counts among its consumers (DDP mode: a rank's trainer and
+        readers register with its rank); one that stopped drops out after
+        ``consumer_timeout``."""
+        return {c.rank for c in self.master_client.progress().consumers if c.rank is not None}
 
     def _first_unfinished_epoch(self) -> int:
         """The oldest epoch the master has not finished (the next to start if none is open):
