@@ -5,7 +5,9 @@
 ``save_every`` batches, atomically) is on disk. While the file ``config["arm"]`` exists it stops
 right after its next save (``{"armed": n}``) and waits to be SIGKILLed, so that a kill lands
 where a checkpoint was just taken: the soak counts what a killed trainer delivered up to its
-last save, and a trainer resumed from that state must deliver the rest, each row once.
+last save, and a trainer resumed from that state must deliver the rest, each row once. Once
+the file ``config["leave"]`` exists it leaves the job after its next batch: it closes its
+dataset mid-epoch (what its loop received is handed back) and ends with ``{"done": true}``.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ def main(config_path: str) -> int:
             got = 0
             for batch in dl:
                 emit(ids=[int.from_bytes(r, "little") for r in batch["record"]])
+                if os.path.exists(cfg["leave"]):
+                    break
                 got += 1
                 batches += 1
                 if batches % cfg["save_every"] == 0:
@@ -73,7 +77,7 @@ def main(config_path: str) -> int:
                         while True:  # the soak SIGKILLs it here
                             time.sleep(0.05)
                 time.sleep(cfg["step_seconds"])
-            if got == 0:
+            if got == 0 or os.path.exists(cfg["leave"]):
                 break
         # cache=True: how many tasks its readers served from the cache, not read.
         emit(done=True, from_cache=ds.stats().tasks_from_cache if cfg.get("cache") else 0)

@@ -1,4 +1,5 @@
-"""Fault-injection soak: elastic trainers, a journaled standalone master, random SIGKILLs.
+"""Fault-injection soak: elastic trainers that come and go, a journaled standalone master,
+random SIGKILLs.
 
 Run by hand (not a test): ``python benchmarks/soak.py [--rounds R] [--seed S] [--cache]``
 (``--cache``: every trainer's dataset keeps decoded tasks across epochs, ``cache=True``).
@@ -8,16 +9,22 @@ starts ``shmloader master --journal`` (``--epochs`` epochs, short lease and cons
 and ``--trainers`` elastic trainers (``benchmarks/_soak_trainer.py``: shmloader.DataLoader, or
 with ``--loader batch_sampler`` a plain torch DataLoader given ``ds.batch_sampler(...)``; with
 ``--workers`` DataLoader workers; a state saved every few batches). Then, at random intervals
-drawn from ``random.Random(seed + round)``, it SIGKILLs one of:
+drawn from ``random.Random(seed + round)``, one of these happens:
 
-- a **reader** of a random trainer (the trainer's pool starts another);
-- a **trainer**, right after it saved its state (it is told to stop there), restarted at once
-  from that state: well within ``consumer_timeout``, while the master still counts it alive;
-- the **master**, restarted on the same port from its journal (after up to ``--master-down``
-  seconds down; the trainers' clients retry meanwhile).
+- ``reader``: SIGKILL of a reader of a random trainer (the trainer's pool starts another);
+- ``trainer``: SIGKILL of a trainer right after it saved its state (it is told to stop there),
+  restarted at once from that state: well within ``consumer_timeout``, while the master
+  still counts it alive;
+- ``late``: the same, restarted only after ``consumer_timeout`` and more: the master declared
+  it dead, its leases lapsed and the other trainers took its tasks over meanwhile;
+- ``master``: SIGKILL of the master, restarted on the same port from its journal (after up to
+  ``--master-down`` seconds down; the trainers' clients retry meanwhile);
+- ``join``: a new trainer joins the job (up to ``--max-trainers`` at once);
+- ``leave``: a trainer leaves the job after its next batch, closing mid-epoch (one at least
+  stays).
 
-``--kills reader=3,trainer=2,master=1`` (the default) weighs the kinds; ``--kills master=1``
-kills only the master, with every trainer alive all along: nothing may then lapse.
+``--kills reader=3,trainer=2,late=1,master=1,join=1,leave=1`` (the default) weighs them;
+``--kills master=1`` kills only the master, with every trainer alive all along.
 
 A round ends when every trainer has exited 0 (or fails after ``--round-timeout``: a hang).
 What a killed trainer delivered counts up to its last save (its later steps died with it);
@@ -55,7 +62,10 @@ import shmloader
 from shmloader.shm.reap import reap_stale
 
 HERE = Path(__file__).resolve().parent
-KINDS = ("reader", "trainer", "master")
+CONSUMER_TIMEOUT = 5.0  # the master's; a "late" restart comes after it
+# What happens at each event: a kill (reader, trainer restarted at once, trainer restarted
+# after the master declared it dead, master), or a trainer that joins or leaves the job.
+KINDS = ("reader", "trainer", "late", "master", "join", "leave")
 TRAINER = HERE / "_soak_trainer.py"
 
 
@@ -94,7 +104,7 @@ class Master:
             "--lease-timeout",
             "2",
             "--consumer-timeout",
-            "5",
+            str(CONSUMER_TIMEOUT),
             # A lease that lapses counts as a failed try of its task (a task that kills its
             # reader must end quarantined). Trainers die here far more often than in any job,
             # and a restart slower than the lease timeout lets their readers' leases lapse:
@@ -147,6 +157,8 @@ class Trainer:
         self.work = work
         self.index = index
         self.arm = work / f"arm-{index}"
+        self.leave_file = work / f"leave-{index}"
+        self.restart_at: float | None = None  # killed, restarted from its state at this time
         self.config = {
             "data": str(work / "data"),
             "master": master,
@@ -160,6 +172,7 @@ class Trainer:
             "step_seconds": args.step_seconds,
             "state": str(work / f"state-{index}.json"),
             "arm": str(self.arm),
+            "leave": str(self.leave_file),
         }
         self.counted: list[int] = []  # deliveries that count: finished or up to a save
         self.incarnation = 0
@@ -188,9 +201,24 @@ class Trainer:
             return []
         return [c.pid for c in children if "shmloader.reader" in " ".join(_cmdline(c))]
 
-    def kill_after_save(self, timeout: float = 10.0) -> bool:
-        """SIGKILL right after its next save, and start it again from that state; False if it
-        saved no more in ``timeout`` (its epochs are ending)."""
+    @property
+    def running(self) -> bool:
+        """Its process runs, or it was killed and waits to be started again."""
+        return self.proc.poll() is None or self.restart_at is not None
+
+    def restart_if_due(self, now: float) -> None:
+        if self.restart_at is not None and now >= self.restart_at:
+            self.restart_at = None
+            self._start()
+
+    def leave(self) -> None:
+        """Leave the job after its next batch (it closes mid-epoch, handing back)."""
+        self.leave_file.touch()
+
+    def kill_after_save(self, timeout: float = 10.0, restart_in: float = 0.0) -> bool:
+        """SIGKILL right after its next save, and start it again from that state, at once or
+        ``restart_in`` seconds later; False if it saved no more in ``timeout`` (its epochs
+        are ending)."""
         self.arm.touch()
         deadline = time.monotonic() + timeout
         try:
@@ -205,7 +233,10 @@ class Trainer:
         self.proc.kill()
         self.proc.wait()
         self._count(killed=True)
-        self._start()
+        if restart_in > 0:
+            self.restart_at = time.monotonic() + restart_in
+        else:
+            self._start()
         return True
 
     def _count(self, *, killed: bool) -> None:
@@ -284,28 +315,41 @@ def one_round(args: argparse.Namespace, index: int, totals: Totals) -> None:
         began = time.monotonic()
         hung = False
         try:
-            while any(t.proc.poll() is None for t in trainers):
+            while any(t.running for t in trainers):
                 if time.monotonic() - began > args.round_timeout:
                     hung = True
                     break
                 time.sleep(rng.uniform(0.5, 2.0))
+                for t in trainers:
+                    t.restart_if_due(time.monotonic())
                 live = [t for t in trainers if t.proc.poll() is None]
                 if not live:
-                    break
+                    continue  # killed ones wait to be restarted
                 kind = rng.choices(KINDS, weights=[args.kills.get(k, 0) for k in KINDS])[0]
                 if kind == "reader":
                     pids = rng.choice(live).readers()
                     if pids:
                         os.kill(rng.choice(pids), signal.SIGKILL)
                         totals.kills["reader"] += 1
-                elif kind == "trainer":
-                    if rng.choice(live).kill_after_save():
-                        totals.kills["trainer"] += 1
-                else:
+                elif kind in ("trainer", "late"):
+                    # "late": restarted once the master declared it dead (consumer_timeout
+                    # passed) and its leases lapsed: others took its tasks meanwhile.
+                    later = CONSUMER_TIMEOUT + 2.0 if kind == "late" else 0.0
+                    if rng.choice(live).kill_after_save(restart_in=later):
+                        totals.kills[kind] += 1
+                elif kind == "master":
                     master.kill_and_restart(rng.uniform(0.0, args.master_down))
                     totals.kills["master"] += 1
+                elif kind == "join":
+                    if len([t for t in trainers if t.running]) < args.max_trainers:
+                        trainers.append(Trainer(args, work, len(trainers), master.address))
+                        totals.kills["join"] += 1
+                elif len(live) > 1:  # "leave": one trainer at least stays for the rest
+                    rng.choice(live).leave()
+                    totals.kills["leave"] += 1
         finally:
             for t in trainers:
+                t.restart_at = None
                 if t.proc.poll() is None:
                     t.proc.kill()
                     hung = True
@@ -368,7 +412,8 @@ def main() -> None:
     p.add_argument("--files", type=int, default=3)
     p.add_argument("--records-per-task", type=int, default=100)
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--trainers", type=int, default=2)
+    p.add_argument("--trainers", type=int, default=2, help="trainers at the start")
+    p.add_argument("--max-trainers", type=int, default=4, help="at most, with joins")
     p.add_argument("--readers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument(
@@ -388,8 +433,9 @@ def main() -> None:
     p.add_argument(
         "--kills",
         type=_weights,
-        default=_weights("reader=3,trainer=2,master=1"),
-        help="what is SIGKILLed, with weights: reader=3,trainer=2,master=1 (the default)",
+        default=_weights("reader=3,trainer=2,late=1,master=1,join=1,leave=1"),
+        help="what happens at each event, with weights (the default: "
+        "reader=3,trainer=2,late=1,master=1,join=1,leave=1)",
     )
     p.add_argument(
         "--master-down",

@@ -11,6 +11,8 @@ on the site. The block follows a comment that names its origin::
     ...
     ```
 
+(any language: a manifest shows as a ```yaml block).
+
 ``python scripts/sync_doc_examples.py`` rewrites every such block from its file;
 ``--check`` changes nothing and exits 1 listing the blocks that differ (tests/test_docs_site.py
 runs it).
@@ -26,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(
-    r"^(?P<head><!-- example: (?P<file>[\w/.-]+?)(?::(?P<section>[\w-]+))? -->\n```python\n)"
+    r"^(?P<head><!-- example: (?P<file>[\w/.-]+?)(?::(?P<section>[\w-]+))? -->\n```\w+\n)"
     r"(?P<code>.*?)^```$",
     re.M | re.S,
 )

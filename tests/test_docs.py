@@ -135,11 +135,15 @@ EXAMPLE = re.compile(r"^<!-- example: (examples/[\w/.-]+?)(?::[\w-]+)? -->$", re
 
 
 def test_every_example_a_page_shows_is_run_by_a_test() -> None:
-    """A page that shows an example file shows code that runs: tests/test_examples.py runs
-    each file a page copies (by name), so a shown example cannot rot unseen."""
+    """A page that shows an example file shows code that runs: a test runs each file a page
+    copies, naming it (tests/test_examples.py runs the scripts, tests/test_kubernetes_manifests.py
+    the manifests' commands), so a shown example cannot rot unseen."""
     included = {m[1] for page in PAGES for m in EXAMPLE.finditer(page.read_text())}
     assert included, "no page shows an example file"
-    runner = (ROOT / "tests" / "test_examples.py").read_text()
+    runner = "".join(
+        (ROOT / "tests" / name).read_text()
+        for name in ("test_examples.py", "test_kubernetes_manifests.py")
+    )
     for path in sorted(included):
         assert (ROOT / path).is_file(), f"a page shows {path}, which does not exist"
         assert f'"{Path(path).name}"' in runner, f"{path} is shown by a page but no test runs it"

@@ -67,6 +67,8 @@ class Rendezvous:
     nonce: str | None = field(default=None, compare=False)  # the master's, once known
     # Ranks rank 0's master was seen to hear from while a state was gathered (share_state).
     seen_alive: set[int] = field(default_factory=set, compare=False)
+    # The connection share_state keeps to the store (one per state taken would cost a connect).
+    _sharing: Store | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def hosts_master(self) -> bool:
@@ -133,42 +135,51 @@ class Rendezvous:
             raise MasterError(f"rank {self.rank}: state_dict() before the dataset started")
         wait = _state_seconds() if timeout is None else timeout
         keys = [self._state_key(call, r) for r in range(self.world_size)]
+        if self._sharing is None:
+            self._sharing = self._store()
+        store = self._sharing
         with self._store_errors():
-            store = self._store()
             store.set(keys[self.rank], state)
             if call >= 2:
                 store.delete_key(self._state_key(call - 2, self.rank))
         deadline = time.monotonic() + wait
+        next_look = time.monotonic() + 1.0
+        pause = 0.001
+        # Polled with check(), not wait(): a wait() that times out is logged by torch as a
+        # warning, once a second of every slow step.
         while True:
-            try:
-                store.wait(
-                    keys, timedelta(seconds=max(0.01, min(1.0, deadline - time.monotonic())))
-                )
-                return self._read_states(store, keys)
-            except RuntimeError as exc:  # torch's DistStoreError: the wait timed out
-                with self._store_errors():
-                    missing = [r for r, key in enumerate(keys) if not store.check([key])]
-                if not missing:  # the last one came just as the wait ended
+            with self._store_errors():
+                if store.check(keys):
                     return self._read_states(store, keys)
-                dead = self._dead(store, call, missing, alive)
-                if dead:
-                    raise MasterError(
-                        f"rank {self.rank}: ranks {dead} of {self.world_size} stopped (rank 0's "
-                        "master no longer hears from them) while the job's state was taken: "
-                        "this step's state is not saved. The launcher restarts the job "
-                        "(torchrun --max-restarts), which resumes from the last state saved"
-                    ) from exc
-                if time.monotonic() < deadline:
-                    continue
-                raise ConfigError(
-                    f"rank {self.rank}: state_dict() gathers the whole job's state, and ranks "
-                    f"{missing} of {self.world_size} did not call it (call {call + 1} of this "
-                    f"dataset) within {wait:.0f} s. Call loader.state_dict() on every rank at "
-                    "the same step and save it from rank 0 (any rank's is the whole job's); "
-                    "to save each rank's own state, call rank_state_dict() and load "
-                    "shmloader.merge_states(every rank's state). $SHMLOADER_STATE_SECONDS sets "
-                    "how long a rank waits for the others"
-                ) from exc
+            now = time.monotonic()
+            if now < next_look:
+                time.sleep(pause)
+                pause = min(pause * 2, 0.02)
+                continue
+            next_look = now + 1.0
+            with self._store_errors():
+                missing = [r for r, key in enumerate(keys) if not store.check([key])]
+            if not missing:  # the last one came just now
+                return self._read_states(store, keys)
+            dead = self._dead(store, call, missing, alive)
+            if dead:
+                raise MasterError(
+                    f"rank {self.rank}: ranks {dead} of {self.world_size} stopped (rank 0's "
+                    "master no longer hears from them) while the job's state was taken: "
+                    "this step's state is not saved. The launcher restarts the job "
+                    "(torchrun --max-restarts), which resumes from the last state saved"
+                )
+            if now < deadline:
+                continue
+            raise ConfigError(
+                f"rank {self.rank}: state_dict() gathers the whole job's state, and ranks "
+                f"{missing} of {self.world_size} did not call it (call {call + 1} of this "
+                f"dataset) within {wait:.0f} s. Call loader.state_dict() on every rank at "
+                "the same step and save it from rank 0 (any rank's is the whole job's); "
+                "to save each rank's own state, call rank_state_dict() and load "
+                "shmloader.merge_states(every rank's state). $SHMLOADER_STATE_SECONDS sets "
+                "how long a rank waits for the others"
+            )
 
     def _dead(
         self,
