@@ -159,6 +159,7 @@ class Trainer:
         self.arm = work / f"arm-{index}"
         self.leave_file = work / f"leave-{index}"
         self.restart_at: float | None = None  # killed, restarted from its state at this time
+        self.leaving = False  # told to leave the job: never killed, never restarted
         self.config = {
             "data": str(work / "data"),
             "master": master,
@@ -213,6 +214,7 @@ class Trainer:
 
     def leave(self) -> None:
         """Leave the job after its next batch (it closes mid-epoch, handing back)."""
+        self.leaving = True
         self.leave_file.touch()
 
     def kill_after_save(self, timeout: float = 10.0, restart_in: float = 0.0) -> bool:
@@ -322,9 +324,9 @@ def one_round(args: argparse.Namespace, index: int, totals: Totals) -> None:
                 time.sleep(rng.uniform(0.5, 2.0))
                 for t in trainers:
                     t.restart_if_due(time.monotonic())
-                live = [t for t in trainers if t.proc.poll() is None]
+                live = [t for t in trainers if t.proc.poll() is None and not t.leaving]
                 if not live:
-                    continue  # killed ones wait to be restarted
+                    continue  # killed ones wait to be restarted, leaving ones finish
                 kind = rng.choices(KINDS, weights=[args.kills.get(k, 0) for k in KINDS])[0]
                 if kind == "reader":
                     pids = rng.choice(live).readers()
@@ -341,10 +343,12 @@ def one_round(args: argparse.Namespace, index: int, totals: Totals) -> None:
                     master.kill_and_restart(rng.uniform(0.0, args.master_down))
                     totals.kills["master"] += 1
                 elif kind == "join":
-                    if len([t for t in trainers if t.running]) < args.max_trainers:
+                    staying = [t for t in trainers if t.running and not t.leaving]
+                    if len(staying) < args.max_trainers:
                         trainers.append(Trainer(args, work, len(trainers), master.address))
                         totals.kills["join"] += 1
-                elif len(live) > 1:  # "leave": one trainer at least stays for the rest
+                elif len([t for t in trainers if t.running and not t.leaving]) > 1:
+                    # "leave": one trainer at least stays for the rest (restarts count)
                     rng.choice(live).leave()
                     totals.kills["leave"] += 1
         finally:
