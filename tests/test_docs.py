@@ -137,12 +137,13 @@ EXAMPLE = re.compile(r"^<!-- example: (examples/[\w/.-]+?)(?::[\w-]+)? -->$", re
 def test_every_example_a_page_shows_is_run_by_a_test() -> None:
     """A page that shows an example file shows code that runs: a test runs each file a page
     copies, naming it (tests/test_examples.py runs the scripts, tests/test_kubernetes_manifests.py
-    the manifests' commands), so a shown example cannot rot unseen."""
+    the manifests' commands, tests/test_ray_train.py the Ray Train example), so a shown example
+    cannot rot unseen."""
     included = {m[1] for page in PAGES for m in EXAMPLE.finditer(page.read_text())}
     assert included, "no page shows an example file"
     runner = "".join(
         (ROOT / "tests" / name).read_text()
-        for name in ("test_examples.py", "test_kubernetes_manifests.py")
+        for name in ("test_examples.py", "test_kubernetes_manifests.py", "test_ray_train.py")
     )
     for path in sorted(included):
         assert (ROOT / path).is_file(), f"a page shows {path}, which does not exist"
