@@ -172,6 +172,9 @@ def local_ray(monkeypatch: pytest.MonkeyPatch) -> Any:
     # waits for the poll to take its previous one: checkpoints every 3 steps wait at each.
     monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
     path = os.pathsep.join([str(REPO_ROOT), str(TESTS_DIR)])
+    # ray.init installs SIGTERM and SIGINT handlers of its own in this process and shutdown
+    # leaves them: the tests after this one must find the handlers they started with.
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     ray.init(
         address="local",
         num_cpus=4,  # logical: a worker takes 1, and Ray Train before its V2 gives its trainer 1
@@ -183,6 +186,8 @@ def local_ray(monkeypatch: pytest.MonkeyPatch) -> Any:
         yield
     finally:
         ray.shutdown()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
 
 
 def test_workers_killed_mid_epoch_are_restarted_from_the_checkpoint_exactly_once(
