@@ -28,6 +28,7 @@ LAYERS: tuple[Layer, ...] = (
     "shmloader._proto",
     "shmloader.errors",
     (
+        "shmloader._env",
         "shmloader._flock",
         "shmloader._lazy",
         "shmloader._fs",

@@ -161,6 +161,19 @@ def subprocess_env() -> dict[str, str]:
     return env
 
 
+def finish_group(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The output of ``proc`` (started with ``start_new_session=True``: a launcher and what it
+    started) once it exits; past ``timeout``, its whole group is SIGKILLed, and the wait's
+    TimeoutExpired goes on."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return out
+
+
 def shm_entries(shm_dir: str | Path) -> list[str]:
     """Our entries (names starting with "shmloader") in a store base directory."""
     if not os.path.isdir(shm_dir):

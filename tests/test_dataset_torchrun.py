@@ -23,6 +23,7 @@ from _dataset_helpers import (
     TESTS_DIR,
     TORCHRUN,
     dataset,
+    finish_group,
     ids_of,
     shm_entries,
     subprocess_env,
@@ -233,16 +234,6 @@ def _pid_of_rank(tmp_path: Path, rank: int) -> int:
     return [line["pid"] for line in lines if "pid" in line][-1]
 
 
-def _finish(proc: subprocess.Popen[str], timeout: float = 300) -> str:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    return out
-
-
 def check_epochs(ranks: list[list[dict]], expected: list[int], epochs: int, padded: int) -> None:
     """Every record ``epochs`` times over the rounds, and at most ``padded`` more deliveries
     (DDP padding: each schedule pads to a multiple of its ranks)."""
@@ -259,7 +250,7 @@ def test_a_rank_killed_mid_epoch_is_restarted_and_the_epoch_stays_exactly_once(
     proc = _restart_job(tmp_path, directory, "--max-restarts", "1")
     _until_steps(tmp_path, 8, [proc])
     os.kill(_pid_of_rank(tmp_path, 1), signal.SIGKILL)
-    out = _finish(proc)
+    out = finish_group(proc, 300)
     assert proc.returncode == 0, out
     ranks = _lines(tmp_path)
     rounds = _rounds(ranks)
@@ -283,10 +274,10 @@ def test_the_whole_jobs_state_resumes_a_job_of_another_size_exactly_once(
     first = _restart_job(tmp_path, directory, *options)
     _until_steps(tmp_path, 8, [first])
     os.kill(_pid_of_rank(tmp_path, 1), signal.SIGKILL)
-    out = _finish(first)
+    out = finish_group(first, 300)
     assert first.returncode != 0, out
     second = _restart_job(tmp_path, directory, *options, nproc=3)
-    out = _finish(second)
+    out = finish_group(second, 300)
     assert second.returncode == 0, out
     ranks = _lines(tmp_path)
     rounds = _rounds(ranks)
@@ -331,7 +322,7 @@ def test_an_elastic_job_grows_loses_a_machine_and_stays_exactly_once(
         for proc in [agent, *agent.children(recursive=True)]:
             proc.kill()
         second.communicate()
-        out = _finish(first)
+        out = finish_group(first, 300)
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:

@@ -24,6 +24,7 @@ from _dataset_helpers import (
     REPO_ROOT,
     TESTS_DIR,
     dataset,
+    finish_group,
     ids_of,
     shm_entries,
     subprocess_env,
@@ -272,12 +273,7 @@ def test_the_ray_train_example_resumes_from_its_checkpoint_exactly_once(tmp_path
         text=True,
         start_new_session=True,
     )
-    try:
-        out, _ = proc.communicate(timeout=DEADLINE)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+    out = finish_group(proc, DEADLINE)
     assert proc.returncode == 0, out
     # Worker 1 died at step 9, after the checkpoints of steps 4 and 8 (Ray may not have taken
     # the second yet); 2001 records: one of padding per schedule.

@@ -30,6 +30,7 @@ from typing import Any
 
 import grpc
 
+from .._env import seconds_from_env
 from .._keywords import suggest_keywords
 from .._proto import master_pb2 as pb
 from .._proto import master_pb2_grpc as pb_grpc
@@ -109,16 +110,7 @@ def default_retry_for() -> float:
     before calls give up. An environment variable, so that it reaches the reader processes
     and every client a dataset makes (a master restarted from its journal on a slow host may
     need longer)."""
-    raw = os.environ.get(RETRY_ENV, "").strip()
-    if not raw:
-        return DEFAULT_RETRY_SECONDS
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0:
-        raise ConfigError(f"${RETRY_ENV} must be a number of seconds >= 0, got {raw!r}")
-    return seconds
+    return seconds_from_env(RETRY_ENV, DEFAULT_RETRY_SECONDS, zero_ok=True)
 
 
 class MasterClient:

@@ -383,7 +383,9 @@ class Dispatcher:
         # Highest id first onto the front, so the oldest lease's unit is retried first.
         for lease_id in sorted(c.leases, reverse=True):
             lease = self.state.leases.pop(lease_id)
-            if u.reason != "left":  # declared dead: what its last saved state counted
+            # Declared dead: what its last saved state counted. A Leave hands back what it
+            # says instead (LeaseHandedBack, just before), superseding the checkpoint.
+            if u.reason != "left":
                 self._hand_back_checkpoint(lease)
             self.state.open[lease.epoch].put_back(lease.unit)
             self.state.ended.lapse(lease, f"consumer {u.consumer!r} left ({u.reason}) at t={u.now}")
@@ -397,8 +399,6 @@ class Dispatcher:
             raise MasterError(f"{u}: not elastic mode, or records outside the lease's task")
         self._emit(u)
         ep.hand_back(lease.unit, u.consumed)
-        # What it hands back supersedes its checkpoint: the state now going on says so.
-        self.state.leases[u.lease_id] = replace(lease, checkpointed=())
 
     def _on_checkpointed(self, u: LeaseCheckpointed) -> None:
         lease = self._active(u.lease_id, u)
@@ -479,8 +479,7 @@ class Dispatcher:
         if u.quarantine:
             ep.quarantine(lease.unit, u.error)
         else:
-            if isinstance(u, LeaseExpired):
-                self._hand_back_checkpoint(lease)
+            self._hand_back_checkpoint(lease)  # rows a saved state counted never come again
             ep.put_back(lease.unit)
         if isinstance(u, LeaseExpired):
             self.state.counters["expired"] += 1

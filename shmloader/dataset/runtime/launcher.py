@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from ..._env import seconds_from_env
 from ...errors import ConfigError, MasterError
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ CONNECT_SECONDS = 60.0
 # DDP job reach one step within a step of each other; a call made on some ranks only is said
 # after this, with the fix. $SHMLOADER_STATE_SECONDS sets it (steps longer than this).
 STATE_SECONDS = 180.0
+STATE_ENV = "SHMLOADER_STATE_SECONDS"
 RETRY_SECONDS = 0.2  # between looks at the store while the address found does not answer
 LOG_EVERY = 30.0
 WILDCARD_HOSTS = ("0.0.0.0", "::")  # every interface: reached at another address
@@ -133,7 +135,7 @@ class Rendezvous:
         read by the time any rank makes this call."""
         if self.nonce is None:
             raise MasterError(f"rank {self.rank}: state_dict() before the dataset started")
-        wait = _state_seconds() if timeout is None else timeout
+        wait = seconds_from_env(STATE_ENV, STATE_SECONDS) if timeout is None else timeout
         keys = [self._state_key(call, r) for r in range(self.world_size)]
         if self._sharing is None:
             self._sharing = self._store()
@@ -271,19 +273,6 @@ class Rendezvous:
                 "torchrun serves one there; with another launcher, call "
                 "torch.distributed.init_process_group first"
             ) from exc
-
-
-def _state_seconds(environ: Mapping[str, str] = os.environ) -> float:
-    text = environ.get("SHMLOADER_STATE_SECONDS")
-    if not text:
-        return STATE_SECONDS
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ConfigError(f"$SHMLOADER_STATE_SECONDS must be a positive number, got {text!r}")
-    return seconds
 
 
 def _answers(address: str) -> bool:
