@@ -26,11 +26,8 @@ def test_a_round_of_random_kills_loses_and_repeats_nothing() -> None:
             "3",
             "--round-timeout",
             "240",
-            # Trainers that leave are left out: a trainer left alone and restarted from a
-            # state its loop saved before the others completed tasks may end its passes early
-            # (1 round in 40 of the by-hand soak lost rows so): open.
             "--kills",
-            "reader=3,trainer=2,late=1,master=1,join=1",
+            "reader=3,trainer=2,late=1,master=1,join=1,leave=1",
         ],
         cwd=str(REPO_ROOT),
         env=subprocess_env(),

@@ -236,16 +236,21 @@ class DataPlane:
             return self._book.position(self._master.epoch_tasks, _grouped(also))
 
     def loop_state(
-        self, also: np.ndarray | None = None, *, handing_over_as: str | None = None
+        self,
+        also: np.ndarray | None = None,
+        *,
+        master_holds_position: bool = False,
+        handing_over_as: str | None = None,
     ) -> LoopState:
         """Where the loop stands, in one step under the lock (``saved_state`` is made of it):
-        the epoch it iterates, its position (None when it shares its epochs, and the master
-        holds the position) and, given this trainer's consumer id (elastic mode), the leases
-        it hands over (:meth:`_held_for_handover`). ``also``: as for :meth:`position`. (NOTE
-        [exactly once on the trainer side], 7, in book.py.)"""
+        the epoch it iterates, its position (None when the master holds the position: told
+        so by ``master_holds_position``, or seen to share the epochs with other trainers)
+        and, given this trainer's consumer id (elastic mode), the leases it hands over
+        (:meth:`_held_for_handover`). ``also``: as for :meth:`position`. (NOTE [exactly once
+        on the trainer side], 7, in book.py.)"""
         groups = _grouped(also)
         with self._lock:
-            shared = self._book.shares_epochs
+            shared = master_holds_position or self._book.shares_epochs
             epoch = self._book.epoch_to_iterate()
             at = None if shared else self._book.position(self._master.epoch_tasks, groups)
             held = () if handing_over_as is None else self._held_for_handover()

@@ -313,9 +313,20 @@ class Runtime:
         """Where the loop stands (``DataPlane.loop_state``), with the leases an elastic
         trainer's checkpoint hands over to the trainer resumed from it (handover.py); none
         when ``closing`` (the leases then go back to the master with what was consumed of
-        them), and none unless it shares a standalone master's epochs."""
-        hands_over = not closing and self.embedded is None and self._elastic
-        return self.plane.loop_state(also, handing_over_as=self.consumer if hands_over else None)
+        them), and none unless it shares a standalone master's epochs.
+
+        Such a trainer's position is always the master's: its journal knows which tasks
+        completed, whoever delivered them. A trainer learns that others share its epoch only
+        at the pass's end (the master names the tasks that went elsewhere), so a position of
+        its own, saved before then, misses what the others delivered: a restart from it
+        ended its passes with those tasks never delivered."""
+        shares_master = self.embedded is None and self._elastic
+        hands_over = shares_master and not closing
+        return self.plane.loop_state(
+            also,
+            master_holds_position=shares_master,
+            handing_over_as=self.consumer if hands_over else None,
+        )
 
     def saved_state_of(self, loop: LoopState) -> None:
         """A state is being saved from ``loop``: tell the master what its handover counts of
