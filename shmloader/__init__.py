@@ -58,6 +58,7 @@ _EXPORTS: dict[str, str] = {
     "CSVSource": "shmloader.sources.csv",
     "JSONLSource": "shmloader.sources.jsonl",
     "WebDatasetSource": "shmloader.sources.webdataset",
+    "FileSource": "shmloader.sources.files",
     "source_for_paths": "shmloader.sources.factory",
     # master
     "Master": "shmloader.master.server",
@@ -112,6 +113,7 @@ if TYPE_CHECKING:
     from shmloader.sources.base import ReadResult, Shard, Source
     from shmloader.sources.csv import CSVSource
     from shmloader.sources.factory import source_for_paths
+    from shmloader.sources.files import FileSource
     from shmloader.sources.jsonl import JSONLSource
     from shmloader.sources.parquet import ParquetSource
     from shmloader.sources.records import RecordFileSource
@@ -130,6 +132,7 @@ __all__ = [
     "DecodeError",
     "ExampleBatchDecoder",
     "ExampleDecoder",
+    "FileSource",
     "FixedLenFeature",
     "IndexMismatchError",
     "JSONLSource",

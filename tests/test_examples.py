@@ -66,6 +66,14 @@ def test_the_quickstart_of_the_getting_started_page_trains() -> None:
     assert "next epoch to deliver: 2" in out
 
 
+def test_the_image_folder_example_reads_every_image_once_per_epoch() -> None:
+    """docs/sources.md includes part of examples/image_folder.py: FileSource over class
+    folders, two epochs of a small model."""
+    out = run_example(sys.executable, "image_folder.py")
+    for epoch in range(2):
+        assert f"epoch {epoch}: 600 images, each once: True" in out, out
+
+
 def test_a_checkpoint_of_two_ranks_resumes_in_one_trainer_exactly_once() -> None:
     """docs/how-to/checkpoints.md includes examples/checkpoint.py, which checks it itself."""
     out = run_example(sys.executable, "checkpoint.py")

@@ -17,8 +17,9 @@ sized beside tasks of ``--fixed-tasks``); docs/performance.md has the figures.
 The size is a pure function of the plan, the files' sizes, the ranks, ``shuffle_window`` and
 the budget as given (``"auto"``: as the filesystem's size gives it, not what is free), so
 every rank of a job, and a job resumed from a checkpoint on the same machine, comes to the
-same one. Files whose size is not known (not on
-this machine's file system) keep :data:`~shmloader.master.config.DEFAULT_RECORDS_PER_TASK`.
+same one. A source whose shards are not files says their bytes itself (``SizedShards``);
+files whose size is not known (not on this machine's file system) keep
+:data:`~shmloader.master.config.DEFAULT_RECORDS_PER_TASK`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from .. import _fs
-from ..sources.base import Shard
+from ..sources.base import Shard, SizedShards, Source
 from .config import DEFAULT_RECORDS_PER_TASK
 
 TASK_BYTES = 32 << 20  # bytes of the files read per task, where shm_budget has room
@@ -60,6 +61,15 @@ def records_per_task_for(
     by_bytes = int(bytes_per_task / per_record) if per_record > 0 else records
     by_count = -(-records // (TASKS_PER_RANK * (world_size or 1)))
     return max(1, min(by_bytes, by_count))
+
+
+def data_bytes(source: Source) -> dict[str, int] | None:
+    """The bytes each shard of ``source``'s plan reads: as the source says
+    (:class:`~shmloader.sources.base.SizedShards`), else the sizes of the files its shards
+    are (:func:`file_bytes`); None where they are not known."""
+    if isinstance(source, SizedShards):
+        return source.shard_bytes()
+    return file_bytes(source.plan())
 
 
 def file_bytes(plan: Sequence[Shard]) -> dict[str, int] | None:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # the names for type checkers (``as``: re-exported)
     from .columns import tensor_type as tensor_type
     from .csv import CSVSource as CSVSource
     from .factory import source_for_paths as source_for_paths
+    from .files import FileSource as FileSource
     from .jsonl import JSONLSource as JSONLSource
     from .parquet import ParquetSource as ParquetSource
     from .records import RecordFileSource as RecordFileSource
@@ -53,6 +54,7 @@ _EXPORTS: dict[str, str] = {
     "tensor_type": ".columns",
     "CSVSource": ".csv",
     "source_for_paths": ".factory",
+    "FileSource": ".files",
     "JSONLSource": ".jsonl",
     "ParquetSource": ".parquet",
     "RecordFileSource": ".records",

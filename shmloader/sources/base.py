@@ -116,6 +116,17 @@ class Source(Protocol):
         ...
 
 
+@runtime_checkable
+class SizedShards(Protocol):
+    """A source whose shards are not files, which says how many bytes each one reads, so that
+    tasks are sized from the data (``master/task_size.py``) as they are for shards that are
+    files (``FileSource``: a shard is a listing of files)."""
+
+    def shard_bytes(self) -> dict[str, int]:
+        """Shard path -> the bytes a read of all its records reads (an estimate will do)."""
+        ...
+
+
 class BaseSource:
     """Shared plumbing: plan caching, range checks and ``read`` in terms of ``read_result``.
 

@@ -27,6 +27,7 @@ _CLASSES = {
     "csv": ("csv", "CSVSource"),
     "jsonl": ("jsonl", "JSONLSource"),
     "webdataset": ("webdataset", "WebDatasetSource"),
+    "files": ("files", "FileSource"),
 }
 # File name endings (lower case) -> kind; compressed record files keep their kind.
 _ENDINGS = {
@@ -44,6 +45,8 @@ _ENDINGS = {
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",
     ".tar": "webdataset",
+    # Images, one record per file (an image folder, as torchvision's ImageFolder reads it).
+    **{ext: "files" for ext in (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")},
 }
 
 
@@ -64,7 +67,9 @@ def source_for_paths(
     extension: .tfrecord/.tfrecords/.rec (optionally .gz/.zlib) -> RecordFileSource,
     .parquet or a folder of them -> ParquetSource, .arrow/.feather or another folder ->
     ArrowSource, .csv -> CSVSource,
-    .jsonl/.ndjson -> JSONLSource, .tar -> WebDatasetSource. ``options`` go to the class.
+    .jsonl/.ndjson -> JSONLSource, .tar -> WebDatasetSource, images (.jpg/.jpeg/.png/.webp/
+    .bmp/.gif/.tif/.tiff) or a folder holding only images -> FileSource (one record per
+    file). ``options`` go to the class.
 
     Sidecar index files matched by a glob are ignored; files of different kinds are a
     ConfigError (one source reads one format).
@@ -86,6 +91,8 @@ def source_for_paths(
             if not _is_hf_folder(p) and under and all(kind_of(f) == "parquet" for f in under):
                 found.setdefault("parquet", p)
                 files.extend(under)
+            elif under and all(_image(f) for f in under):
+                found.setdefault("files", p)
             else:
                 found.setdefault("arrow", p)
             continue
@@ -101,14 +108,22 @@ def source_for_paths(
     (kind,) = found
     module, name = _CLASSES[kind]
     cls = getattr(importlib.import_module(f"shmloader.sources.{module}"), name)
-    # ArrowSource expands folders itself; the others get the expanded, sidecar-free files.
-    target: Any = [os.fspath(i) for i in items] if kind == "arrow" else files
+    # ArrowSource and FileSource expand folders and globs themselves (FileSource lists a
+    # folder in one pass, where a list of its files would be looked up one by one); the
+    # others get the expanded, sidecar-free files.
+    target: Any = [os.fspath(i) for i in items] if kind in ("arrow", "files") else files
     try:
         inspect.signature(cls).bind(target, **options)
     except TypeError as exc:
         raise ConfigError(f"{name} does not take these options {sorted(options)}: {exc}") from exc
     source: Source = cls(target, **options)
     return source
+
+
+def _image(path: str) -> bool:
+    """Whether ``path`` is named as an image (read one record per file, by FileSource)."""
+    name = path.lower()
+    return any(name.endswith(e) for e, kind in _ENDINGS.items() if kind == "files")
 
 
 def _is_hf_folder(path: str) -> bool:

@@ -19,7 +19,7 @@ from typing import Literal, cast
 from ...errors import ConfigError
 from ...master.config import DEFAULT_RECORDS_PER_TASK, JobConfig, check_count
 from ...master.credentials import Credentials
-from ...master.task_size import file_bytes, records_per_task_for, task_bytes
+from ...master.task_size import data_bytes, records_per_task_for, task_bytes
 from ...master.tasks import DdpPolicy
 from ...shm.space import budget_bytes, nominal_budget
 from ...sources.arrow import ArrowSource
@@ -74,7 +74,7 @@ class DatasetOptions:
             return self.job
         plan = self.source.plan()
         aim = task_bytes(self.sizing_budget, self.shuffle_window)
-        size = records_per_task_for(plan, file_bytes(plan), self.job.world_size, aim)
+        size = records_per_task_for(plan, data_bytes(self.source), self.job.world_size, aim)
         return dataclasses.replace(self.job, records_per_task=size)
 
     @property
