@@ -107,6 +107,7 @@ def test_save_state_then_kill_then_load_state_resumes_exactly(
     assert shm_entries(tmp_path / "shm" / "0") == []
 
 
+@pytest.mark.long
 @pytest.mark.timeout(400)
 def test_two_processes_each_iterate_their_own_share(
     tmp_path: Path, data: tuple[Path, list[int]]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
+import pytest
 from _dataset_helpers import dataset, ids_of, write_dataset
 
 import shmloader
@@ -90,6 +91,7 @@ def test_the_bounds_are_one_and_the_cores_this_process_may_use():
     assert low == 1 and high >= 1
 
 
+@pytest.mark.long
 def test_auto_adds_a_reader_for_a_slow_decode_and_retires_it_for_a_slow_loop(tmp_path):
     expected = Counter(write_dataset(tmp_path / "data", [1500, 1500]))
     _, high = auto_bounds()

@@ -421,6 +421,7 @@ def test_a_blocked_reader_of_the_task_waited_for_starves_the_sampler() -> None:
     assert took is not None and [t.seq for t in took] == [4]
 
 
+@pytest.mark.long
 def test_a_master_gone_for_good_is_one_error_and_a_prompt_close(
     tmp_path: Path, data: tuple[Path, list[int]], monkeypatch: pytest.MonkeyPatch, capfd: Any
 ) -> None:

@@ -24,6 +24,8 @@ from _dataset_helpers import (
 
 import shmloader
 
+pytestmark = pytest.mark.long  # the long tier: .ci/run runs it after the README's command
+
 BATCH = STANDALONE_BATCH
 
 

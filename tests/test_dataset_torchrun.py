@@ -118,6 +118,7 @@ def test_two_ranks_under_torchrun_get_equal_shares_of_every_record(
             check_shares([delivered(lines, name, p) for lines in ranks], expected)
 
 
+@pytest.mark.long
 def test_a_torchrun_job_resumes_from_each_ranks_state(
     tmp_path: Path, data: tuple[Path, list[int]]
 ) -> None:
@@ -243,6 +244,7 @@ def check_epochs(ranks: list[list[dict]], expected: list[int], epochs: int, padd
     assert sum(seen.values()) - epochs * len(expected) <= padded, seen.most_common(8)
 
 
+@pytest.mark.long
 def test_a_rank_killed_mid_epoch_is_restarted_and_the_epoch_stays_exactly_once(
     tmp_path: Path, data: tuple[Path, list[int]]
 ) -> None:
@@ -262,6 +264,7 @@ def test_a_rank_killed_mid_epoch_is_restarted_and_the_epoch_stays_exactly_once(
     assert shm_entries(tmp_path / "shm" / "rank0") == shm_entries(tmp_path / "shm" / "rank1") == []
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("saved_by", ["rank 0", "dcp"])
 def test_the_whole_jobs_state_resumes_a_job_of_another_size_exactly_once(
     tmp_path: Path, data: tuple[Path, list[int]], saved_by: str
@@ -288,6 +291,7 @@ def test_the_whole_jobs_state_resumes_a_job_of_another_size_exactly_once(
         assert shm_entries(tmp_path / "shm" / f"rank{r}") == []
 
 
+@pytest.mark.long
 def test_an_elastic_job_grows_loses_a_machine_and_stays_exactly_once(
     tmp_path: Path, data: tuple[Path, list[int]]
 ) -> None:
@@ -336,6 +340,7 @@ def test_an_elastic_job_grows_loses_a_machine_and_stays_exactly_once(
     check_epochs(ranks, expected, 2, padded=len(worlds))
 
 
+@pytest.mark.long
 def test_ranks_on_two_machines_reach_rank_0s_master_on_every_interface(
     tmp_path: Path, data: tuple[Path, list[int]]
 ) -> None:

@@ -30,6 +30,8 @@ import shmloader
 from shmloader.master.client import MasterClient
 from shmloader.shm.reap import reap_stale
 
+pytestmark = pytest.mark.long  # the long tier: .ci/run runs it after the README's command
+
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:

@@ -71,6 +71,7 @@ def epochs_of(form: str, passes: list[dict[str, Any]], workers: int) -> list[lis
     return ids
 
 
+@pytest.mark.long
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("workers", [0, 2])
 def test_every_loop_form_gives_every_epoch_whole_in_every_pass(

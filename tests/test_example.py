@@ -225,6 +225,7 @@ _INT_SEGMENTS = _segments(st.integers(int(I64.min), int(I64.max)))
 _FLOAT_SEGMENTS = _segments(st.floats(width=32, allow_nan=False))
 
 
+@pytest.mark.long
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(_INT_SEGMENTS, _FLOAT_SEGMENTS), min_size=1, max_size=4))
 def test_property_any_mix_of_encodings_matches_protobuf(rows: Any) -> None:

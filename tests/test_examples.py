@@ -20,6 +20,7 @@ def run_example(*command: str) -> str:
     return done.stdout
 
 
+@pytest.mark.long
 def test_elastic_trainers_share_epochs_and_survive_a_kill() -> None:
     out = run_example(
         sys.executable, "elastic.py", "--trainers", "3", "--records", "12000", "--kill"

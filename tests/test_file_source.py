@@ -317,7 +317,9 @@ def test_the_factory_reads_a_folder_of_images_as_files(tmp_path: Path) -> None:
 
 @pytest.fixture
 def bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[pafs.S3FileSystem]:
-    """A bucket on a moto S3 server on 127.0.0.1, given to sources as ``filesystem=``."""
+    """A bucket on a moto S3 server on 127.0.0.1, given to sources as ``filesystem=``. Its
+    own name: a filesystem given for a path serves that path's folder for the rest of the
+    process (here the bucket), and tests/test_object_store.py's bucket is ``data``."""
     moto_server = pytest.importorskip("moto.server")
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
@@ -333,7 +335,7 @@ def bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[pafs.S3FileSystem]:
             region="us-east-1",
             allow_bucket_creation=True,
         )
-        s3.create_dir("data")
+        s3.create_dir("images")
         yield s3
     finally:
         server.stop()
@@ -344,18 +346,18 @@ def test_a_folder_on_an_object_store(
 ) -> None:
     root, labels = folder
     for path in sorted(root.rglob("*.npy")):
-        with bucket.open_output_stream(f"data/train/{path.relative_to(root)}") as f:
+        with bucket.open_output_stream(f"images/train/{path.relative_to(root)}") as f:
             f.write(path.read_bytes())
-    src = shmloader.FileSource("data/train", decode=decode, filesystem=bucket)
-    assert src.root == "s3://data/train" and src.num_files == len(labels)
+    src = shmloader.FileSource("images/train", decode=decode, filesystem=bucket)
+    assert src.root == "s3://images/train" and src.num_files == len(labels)
     shm = tmp_path / "shm"
     with open_dataset(src, shm, epochs=1) as ds:
         got = [i for batch in shmloader.DataLoader(ds, batch_size=8) for i in ids_checked(batch)]
     assert Counter(got) == Counter(list(labels))
     assert not list(shm.iterdir())
 
-    shard = shard_holding(src, "s3://data/train/dog/0025.npy")
-    bucket.delete_file("data/train/dog/0025.npy")
+    shard = shard_holding(src, "s3://images/train/dog/0025.npy")
+    bucket.delete_file("images/train/dog/0025.npy")
     with pytest.raises(shmloader.DataError, match="the file is gone") as info:
         pickle.loads(pickle.dumps(src)).read(shard, 0, shard.num_records)
-    assert info.value.path == "s3://data/train/dog/0025.npy"
+    assert info.value.path == "s3://images/train/dog/0025.npy"

@@ -416,6 +416,7 @@ def write_records(folder: Path, features: int) -> None:
         first += size
 
 
+@pytest.mark.long
 def test_the_pods_commands_train_here_through_a_master_kill_and_an_eviction(
     tmp_path: Path,
 ) -> None:

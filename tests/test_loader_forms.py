@@ -236,6 +236,7 @@ def test_a_raising_transform_loses_nothing_in_the_next_pass(
     assert shm_entries(tmp_path) == []
 
 
+@pytest.mark.long
 @pytest.mark.timeout(180)
 def test_a_raising_transform_caught_saved_and_resumed_loses_nothing(
     tmp_path: Path, data: tuple[Path, list[int]]

@@ -39,6 +39,7 @@ def _mapped_here(path: str) -> bool:
         return any(line.rstrip().endswith(path) for line in f)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("sizes", [(0, 3000), (500, 500)], ids=["mixed", "one-length"])
 def test_views_are_slices_of_a_mapping_and_copies_are_bytes(
     tmp_path: Path, sizes: tuple[int, int]
@@ -68,6 +69,7 @@ def test_compressed_files_are_read_not_mapped(tmp_path: Path) -> None:
     assert [bytes(v) for v in views] == records[10:490]
 
 
+@pytest.mark.long
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
 def test_the_mapping_lives_as_long_as_a_view_of_it(tmp_path: Path) -> None:
     records = _records(2000, seed=3)

@@ -31,6 +31,8 @@ from _dataset_helpers import (
     write_dataset,
 )
 
+pytestmark = pytest.mark.long  # the long tier: .ci/run runs it after the README's command
+
 ray = pytest.importorskip("ray", reason="needs Ray Train: pip install 'ray[train]'")
 ray_train_torch = pytest.importorskip("ray.train.torch", reason="ray lacks its train extra")
 

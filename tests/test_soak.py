@@ -8,7 +8,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 from _dataset_helpers import REPO_ROOT, subprocess_env
+
+pytestmark = pytest.mark.long  # the long tier: .ci/run runs it after the README's command
 
 
 def test_a_round_of_random_kills_loses_and_repeats_nothing() -> None:

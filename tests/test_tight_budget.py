@@ -23,6 +23,7 @@ def _padded(payload: bytes) -> dict[str, Any]:
     return {"id": record_id, "pad": np.zeros(1000, np.uint8)}  # ~100 KB segments of 100 rows
 
 
+@pytest.mark.long
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", ["torch", "shmloader"])
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -53,6 +54,7 @@ def test_a_tight_budget_finishes_or_says_what_to_raise(
     assert shm_entries(tmp_path / "shm") == []
 
 
+@pytest.mark.long
 @pytest.mark.timeout(120)
 def test_one_segment_of_room_under_torch_s_batch_sampler_is_a_named_error(tmp_path: Path) -> None:
     write_dataset(tmp_path / "data", [1500])

@@ -20,6 +20,8 @@ import pytest
 from _dataset_helpers import Trainer, shm_entries, subprocess_env, wait_gone, write_dataset
 from _tls import make_pki
 
+pytestmark = pytest.mark.long  # the long tier: .ci/run runs it after the README's command
+
 TOKEN = "two-nodes-token"
 # 3,200 records: 800 per rank, 160 tasks of 20 an epoch. Many tasks, so that in elastic mode
 # the trainers that start first cannot hold all of epoch 0 before the last one starts.

@@ -12,7 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from _dataset_helpers import REPO_ROOT
+
+pytestmark = pytest.mark.long  # the long tier: .ci/run runs it after the README's command
 
 USAGE = """
 import torch.utils.data
