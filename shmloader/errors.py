@@ -21,6 +21,11 @@ class ShmloaderError(Exception):
 class DataError(ShmloaderError):
     """Bad input data; ``path`` and, where known, ``offset`` / ``index`` say where."""
 
+    #: What to do about it, said after the error (``fix=`` gives another, ``""`` none). Once:
+    #: an error restated (naming its record, or rebuilt in the trainer from a reader's) is
+    #: made from ``reason``, which lacks it.
+    fix = ""
+
     def __init__(
         self,
         message: str,
@@ -28,11 +33,14 @@ class DataError(ShmloaderError):
         path: str | None = None,
         offset: int | None = None,
         index: int | None = None,
+        fix: str | None = None,
     ) -> None:
         self.path = path
         self.offset = offset
         self.index = index
         self.reason = message
+        if fix is not None:
+            self.fix = fix
         where = []
         if path is not None:
             where.append(str(path))
@@ -40,17 +48,24 @@ class DataError(ShmloaderError):
             where.append(f"record {index}")
         if offset is not None:
             where.append(f"byte offset {offset}")
-        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+        text = f"{', '.join(where)}: {message}" if where else message
+        super().__init__(f"{text}. {self.fix}" if self.fix else text)
 
     def __reduce__(self) -> tuple[object, ...]:
         # Keyword-only fields survive pickling (errors travel from reader processes).
-        return (_rebuild_data_error, (type(self), self.reason, self.path, self.offset, self.index))
+        fields = (self.reason, self.path, self.offset, self.index, self.fix)
+        return (_rebuild_data_error, (type(self), *fields))
 
 
 def _rebuild_data_error(
-    cls: type[DataError], message: str, path: str | None, offset: int | None, index: int | None
+    cls: type[DataError],
+    message: str,
+    path: str | None,
+    offset: int | None,
+    index: int | None,
+    fix: str = "",
 ) -> DataError:
-    return cls(message, path=path, offset=offset, index=index)
+    return cls(message, path=path, offset=offset, index=index, fix=fix)
 
 
 class CorruptRecordError(DataError):
@@ -67,6 +82,11 @@ class IndexMismatchError(DataError):
 
 class DecodeError(DataError):
     """The user's decode function raised, or returned something that cannot be stored."""
+
+    fix = (
+        'To leave such records out, give the source on_error="skip": each is logged and '
+        "counted (ds.stats().records_skipped), and its epoch is shorter by it"
+    )
 
 
 class SchemaMismatchError(DecodeError):

@@ -28,6 +28,10 @@ def test_bench_prints_epochs_first_batch_memory_and_advice(tmp_path, capsys) -> 
     assert [e["samples"] for e in result["epochs"]] == [300]
     assert result["step_ms"] == 1 and result["first_batch_seconds"] > 0
     assert isinstance(result["advice"], list)
+    # Tasks sized from the data where --records-per-task is left out: the size it came to.
+    sized = [path, "--readers", "1", "--shm-budget", "8MiB", "--epochs", "1", "--json"]
+    assert main(["bench", *sized]) == 0
+    assert isinstance(json.loads(capsys.readouterr().out)["records_per_task"], int)
     # Enough batches for the dataset's advice (stats.advice()), printed after its stats.
     assert main(["bench", *args, "--epochs", "1", "--batch-size", "8", "--step-ms", "5"]) == 0
     assert "\nadvice: " in capsys.readouterr().out

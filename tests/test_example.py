@@ -332,10 +332,11 @@ def test_descriptors_do_not_collide_with_tensorflow_package_names() -> None:
 def test_missing_feature_without_default() -> None:
     with pytest.raises(DecodeError) as info:
         decode_example(encode_example({"a": 1}), {"b": FixedLenFeature(2, "float32")})
-    assert str(info.value) == (
+    assert info.value.reason == (
         "feature 'b': expected 2 float32 values (shape (2,)), found no such feature "
         "(and the spec gives no default)"
     )
+    assert str(info.value) == f"{info.value.reason}. {DecodeError.fix}"
 
 
 def test_wrong_kind_names_feature_expected_and_found() -> None:

@@ -178,6 +178,7 @@ def test_the_natural_loader_with_workers_is_refused_in_the_training_process(
         message = str(caught.value)
         assert message.startswith("a torch DataLoader with workers and its own sampler")
         assert f"shmloader.DataLoader(ds, batch_size={BATCH}, num_workers=...)" in message
+        assert "the same arguments less shuffle= and sampler=, which it does not take" in message
         assert "Traceback" not in message and "worker process" not in message
         # Nothing was consumed: shmloader.DataLoader over the same dataset gets every record.
         got = [i for b in shmloader.DataLoader(ds, batch_size=BATCH) for i in ids_of(b)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
 import tarfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -118,8 +119,11 @@ def test_a_failing_decode_reads_the_same_in_every_source(tmp_path: Path, kind: s
     assert str(err) == (
         f"{path}, record 4, byte offset {off[4]}: decode failed: ValueError: label 4 is cursed"
         + note(kind, 4)
+        + '. To leave such records out, give the source on_error="skip": each is logged and '
+        "counted (ds.stats().records_skipped), and its epoch is shorter by it"
     )
     assert isinstance(err.__cause__, ValueError)
+    assert pickle.loads(pickle.dumps(err)).args == err.args  # the fix said once in the trainer
 
 
 def test_a_record_that_does_not_fit_is_named_the_same_way(tmp_path: Path, kind: str) -> None:
@@ -131,7 +135,8 @@ def test_a_record_that_does_not_fit_is_named_the_same_way(tmp_path: Path, kind: 
     err = info.value
     assert (err.path, err.index, err.offset) == (path, 6, off[6])
     assert str(err).startswith(f"{path}, record 6, byte offset {off[6]}: column 'y'")
-    assert str(err).endswith(note(kind, 6))
+    assert err.reason.endswith(note(kind, 6))
+    assert str(err).endswith(f"{note(kind, 6)}. {SchemaMismatchError.fix}")  # the fix, last
 
 
 def test_an_earlier_misfit_is_reported_before_a_later_failing_decode(

@@ -130,6 +130,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         epochs=args.epochs,
         cache=args.cache,
     ) as ds:
+        records_per_task = ds.records_per_task  # sized from the data where not given
         loader = shmloader.DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers)
         started = time.perf_counter()
         first_batch = None
@@ -162,7 +163,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "workers": args.workers,
         "batch_size": args.batch_size,
         "step_ms": args.step_ms,
-        "records_per_task": args.records_per_task,
+        "records_per_task": records_per_task,
         "cache": args.cache,
         "first_batch_seconds": first_batch,
         "epochs": epochs,

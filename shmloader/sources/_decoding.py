@@ -292,5 +292,6 @@ def infer_schema_from(
         raise ConfigError("cannot infer a schema: the files hold no records; pass schema=")
     raise DecodeError(
         f"cannot infer a schema: the first {len(failures)} records all failed to decode; "
-        f"first failure: {failures[0]}; pass schema= or fix the data"
+        f"first failure: {failures[0]}; pass schema= or fix the data",
+        fix="",  # on_error="skip" does not help: there is no schema to read any record with
     )

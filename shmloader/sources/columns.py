@@ -353,7 +353,7 @@ def records_to_batch(
     """Per-record mappings -> one batch; schema inferred from the first record if not given."""
     if schema is None:
         if not records:
-            raise DecodeError("cannot infer a schema from zero records; pass schema=")
+            raise DecodeError("cannot infer a schema from zero records; pass schema=", fix="")
         schema = infer_schema(records[0])
     return BatchBuilder(schema).from_records(records)
 

@@ -36,8 +36,9 @@ WITH_WORKERS = (
     "a torch DataLoader with workers and its own sampler (no sampler= or batch_sampler= "
     "given) cannot tell SharedTaskDataset which of the batches its workers gathered ahead "
     "reached the loop, so a break or a checkpoint would lose or repeat rows. Use "
-    "shmloader.DataLoader(ds, batch_size={size}, num_workers=...) instead (the same "
-    "arguments; the dataset's own shuffle= and seed= give the order), or give this one "
+    "shmloader.DataLoader(ds, batch_size={size}, num_workers=...) instead: the same "
+    "arguments less shuffle= and sampler=, which it does not take (the dataset's own "
+    "SharedTaskDataset(shuffle=..., seed=...) gives the order); or give this one "
     "batch_sampler=ds.batch_sampler({size})"
 )
 
