@@ -87,6 +87,7 @@ def test_a_prepared_loader_is_exact_through_break(
     assert shm_entries(tmp_path / "shm" / "0") == []
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("kind", "workers", "step"), [("shmloader", 2, 4), ("batch_sampler", 0, 12)]
@@ -146,6 +147,7 @@ def test_skip_first_batches_is_refused_with_the_fix(
     assert run.ids() == []
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_use_stateful_dataloader_says_to_register_the_dataset_instead(
     tmp_path: Path, data: tuple[Path, list[int]]

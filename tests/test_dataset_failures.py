@@ -357,6 +357,7 @@ def test_batches_in_flight_that_fill_the_budget_are_a_named_error(tmp_path: Path
             pass
 
 
+@pytest.mark.long
 def test_a_slow_task_with_room_for_it_is_waited_for_not_let_go(tmp_path: Path) -> None:
     """Room for the task the sampler waits for, which is just slow to read: the rows kept for
     the next batch wait for it (they were let go, and under DDP that raised)."""

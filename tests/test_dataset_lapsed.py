@@ -24,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 import psutil
+import pytest
 from _dataset_helpers import subprocess_env, wait_gone
 
 import shmloader
@@ -186,6 +187,7 @@ def _run(tmp_path, *, consumer_timeout: float, declared_dead: bool):
     return by_a, by_b, lines[-1], about, log.read_text()
 
 
+@pytest.mark.long
 def test_a_trainer_stalled_for_less_than_consumer_timeout_delivers_every_row_once(tmp_path):
     # consumer_timeout: well past the stall, which lasts until b has started and taken the
     # rest (_run waits up to 120 s for that). The whole test took 10 s here, 34 s with CPU
@@ -199,6 +201,7 @@ def test_a_trainer_stalled_for_less_than_consumer_timeout_delivers_every_row_onc
     assert counted == {"tasks": 0, "records": 0} and about == [], log
 
 
+@pytest.mark.long
 def test_a_trainer_stalled_past_consumer_timeout_warns_of_and_counts_the_rows_that_came_twice(
     tmp_path,
 ):

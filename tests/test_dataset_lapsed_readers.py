@@ -21,6 +21,7 @@ import threading
 from collections import Counter
 
 import psutil
+import pytest
 from _dataset_helpers import wait_gone
 from test_dataset_lapsed import RECORDS, TRAINER, start_trainer, trainer_b, wait_for_batches
 
@@ -37,6 +38,7 @@ def _held(d) -> list[tuple[str, list[tuple[int, bool, float]]]]:
     ]
 
 
+@pytest.mark.long
 def test_the_others_pass_ends_while_a_trainer_is_stopped_and_its_readers_run_on(tmp_path):
     path = str(tmp_path / "r.tfrecord")
     rows = [i.to_bytes(4, "little") + bytes(100_000) for i in range(RECORDS)]

@@ -107,6 +107,7 @@ def test_a_reader_whose_pipe_outlives_it_is_seen_dead_and_replaced(
                 os.kill(int(name), signal.SIGKILL)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     ("decode", "how", "fix"),
     [

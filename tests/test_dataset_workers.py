@@ -143,6 +143,7 @@ def test_a_plain_loader_needs_no_collate_fn(
             next(iter(samples))
 
 
+@pytest.mark.long
 def test_a_batch_is_a_dict(tmp_path: Path, data: tuple[Path, list[int]]) -> None:
     directory, _ = data
     with dataset(directory, tmp_path, epochs=1) as ds:

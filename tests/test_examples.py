@@ -32,6 +32,7 @@ def test_elastic_trainers_share_epochs_and_survive_a_kill() -> None:
     assert "master: 2 of 2 epochs finished" in out
 
 
+@pytest.mark.long
 def test_ddp_under_torchrun_gets_equal_shares_of_every_record() -> None:
     out = run_example(
         *TORCHRUN,
@@ -81,6 +82,7 @@ def test_a_checkpoint_of_two_ranks_resumes_in_one_trainer_exactly_once() -> None
     assert "every one of the 6000 records came exactly once" in out
 
 
+@pytest.mark.long
 def test_each_format_of_the_formats_page_reads_every_record_once() -> None:
     """docs/how-to/formats.md includes parts of examples/formats.py."""
     out = run_example(sys.executable, "formats.py")
@@ -88,6 +90,7 @@ def test_each_format_of_the_formats_page_reads_every_record_once() -> None:
         assert f"{name}: 2,000 records, each once: True" in out, out
 
 
+@pytest.mark.long
 def test_the_lightning_datamodule_resumes_mid_epoch_from_lightnings_checkpoint() -> None:
     """examples/lightning_datamodule.py: Lightning keeps shmloader.DataLoader's position in its
     checkpoint; the resumed run finishes the epoch, then runs the next one whole."""
@@ -98,6 +101,7 @@ def test_the_lightning_datamodule_resumes_mid_epoch_from_lightnings_checkpoint()
     assert "epoch 1: 4000 records, each once: True" in out
 
 
+@pytest.mark.long
 def test_accelerate_and_fabric_loops_of_the_frameworks_page_are_exact() -> None:
     """docs/how-to/frameworks.md includes parts of examples/frameworks.py."""
     pytest.importorskip("accelerate")

@@ -89,6 +89,7 @@ def test_a_task_whose_columns_differ_is_refused_naming_it(
     assert shm_entries(tmp_path / "shm") == []  # the refused task's segment went with the store
 
 
+@pytest.mark.long
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("where", ["read", "decode"])
 def test_a_failing_read_or_decode_says_where_it_raised(tmp_path: Path, where: str) -> None:

@@ -143,6 +143,7 @@ def test_a_wrong_ca_or_a_name_the_certificate_lacks_fails_at_once_and_says_so(
         proc.communicate()
 
 
+@pytest.mark.long
 def test_a_token_is_never_sent_in_clear_beyond_this_machine(tmp_path: Path, data: Path) -> None:
     for master in ("10.1.2.3:7070", "master.example.com:7070", "[2001:db8::1]:7070"):
         with pytest.raises(ConfigError, match="sent in clear") as err:

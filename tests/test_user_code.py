@@ -103,6 +103,7 @@ def test_an_unguarded_script_run_with_python(tmp_path: Path) -> None:
     _check_ran_once(_run([str(script)], tmp_path), tmp_path)
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 def test_python_dash_c_and_stdin(tmp_path: Path) -> None:
     code = _script(tmp_path)
