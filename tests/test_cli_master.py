@@ -129,6 +129,21 @@ def test_argument_errors(records: Path, tmp_path: Path, capsys: pytest.CaptureFi
         main(["master", files])  # --records-per-task is required
 
 
+def test_a_folder_of_one_format_is_a_source_of_that_format(records: Path, tmp_path: Path) -> None:
+    jsonl = tmp_path / "jsonl"
+    jsonl.mkdir()
+    for part in range(2):
+        (jsonl / f"part-{part}.jsonl").write_text('{"a": 1}\n{"a": 2}\n{"a": 3}\n')
+    found = source_for_paths(str(jsonl))
+    assert type(found).__name__ == "JSONLSource"
+    assert [s.num_records for s in found.plan()] == [3, 3]
+    rec = source_for_paths(str(records))  # record files beside their index files
+    assert isinstance(rec, RecordFileSource) and len(rec.plan()) == 2
+    (jsonl / "notes.txt").write_text("not data")  # no source reads .txt: Arrow's to refuse
+    with pytest.raises(ConfigError):
+        source_for_paths(str(jsonl)).plan()
+
+
 def test_source_for_paths_picks_by_extension(records: Path, tmp_path: Path) -> None:
     rec = source_for_paths(str(records / "*"))
     assert isinstance(rec, RecordFileSource) and len(rec.plan()) == 2

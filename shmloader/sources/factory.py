@@ -65,11 +65,11 @@ def source_for_paths(
 ) -> Source:
     """A source for ``paths`` (globs, files, Hugging Face ``save_to_disk`` folders), chosen by
     extension: .tfrecord/.tfrecords/.rec (optionally .gz/.zlib) -> RecordFileSource,
-    .parquet or a folder of them -> ParquetSource, .arrow/.feather or another folder ->
-    ArrowSource, .csv -> CSVSource,
-    .jsonl/.ndjson -> JSONLSource, .tar -> WebDatasetSource, images (.jpg/.jpeg/.png/.webp/
-    .bmp/.gif/.tif/.tiff) or a folder holding only images -> FileSource (one record per
-    file). ``options`` go to the class.
+    .parquet -> ParquetSource, .arrow/.feather or a folder of another kind -> ArrowSource,
+    .csv -> CSVSource, .jsonl/.ndjson -> JSONLSource, .tar -> WebDatasetSource, images
+    (.jpg/.jpeg/.png/.webp/.bmp/.gif/.tif/.tiff) -> FileSource (one record per file); a
+    folder whose files are all of one of these formats (index files aside) -> that format's
+    source. ``options`` go to the class.
 
     Sidecar index files matched by a glob are ignored; files of different kinds are a
     ConfigError (one source reads one format).
@@ -85,14 +85,16 @@ def source_for_paths(
     for item in items:
         p = os.fspath(item)
         if not any(c in p for c in _GLOB_CHARS) and _is_dir(p):
-            # A save_to_disk folder (state.json) is Arrow; a folder of Parquet files, as
-            # pyarrow.dataset writes them, is Parquet.
-            under = expand_paths(p, directories=True)
-            if not _is_hf_folder(p) and under and all(kind_of(f) == "parquet" for f in under):
-                found.setdefault("parquet", p)
+            # A folder whose files are all of one format is a source of that format (Parquet
+            # as pyarrow.dataset writes it, JSON Lines, record files beside their indexes,
+            # images one record per file); a save_to_disk folder (state.json), or any other,
+            # is Arrow.
+            under = [f for f in expand_paths(p, directories=True) if not f.endswith(INDEX_SUFFIX)]
+            within = {_kind_or_none(f) for f in under}
+            only = within.pop() if len(within) == 1 else None
+            if only is not None and not _is_hf_folder(p):
+                found.setdefault(only, p)
                 files.extend(under)
-            elif under and all(_image(f) for f in under):
-                found.setdefault("files", p)
             else:
                 found.setdefault("arrow", p)
             continue
@@ -120,10 +122,12 @@ def source_for_paths(
     return source
 
 
-def _image(path: str) -> bool:
-    """Whether ``path`` is named as an image (read one record per file, by FileSource)."""
-    name = path.lower()
-    return any(name.endswith(e) for e, kind in _ENDINGS.items() if kind == "files")
+def _kind_or_none(path: str) -> str | None:
+    """:func:`kind_of` ``path``, None for an ending no source reads."""
+    try:
+        return kind_of(path)
+    except ConfigError:
+        return None
 
 
 def _is_hf_folder(path: str) -> bool:
