@@ -36,9 +36,11 @@ from .base import (
     BaseSource,
     ReadResult,
     Shard,
+    check_callable,
     check_held,
     check_on_error,
     check_range,
+    check_schema,
 )
 from .columns import BatchBuilder, infer_schema
 from .skipped import SkippedRecord
@@ -68,10 +70,8 @@ class IndexedSource(BaseSource):
     ) -> None:
         super().__init__()
         paths = self._given(paths, filesystem)
-        if decode is not None and not callable(decode):
-            raise ConfigError(f"decode must be callable, got {type(decode).__name__}")
-        if schema is not None and not isinstance(schema, pa.Schema):
-            raise ConfigError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+        check_callable("decode", decode)
+        check_schema(schema)
         if schema is not None:
             BatchBuilder(schema)  # unsupported column types fail here, not in a reader
         # A glob like ``data/*`` also matches the sidecar indexes written next to the data.

@@ -227,6 +227,19 @@ def check_held(path: str, start: int, stop: int, held: int) -> None:
         )
 
 
+def check_callable(name: str, fn: object) -> None:
+    """ConfigError unless ``fn`` (the ``name=`` given) is None or callable: said where the
+    source is made, not in a reader."""
+    if fn is not None and not callable(fn):
+        raise ConfigError(f"{name} must be callable, got {type(fn).__name__}")
+
+
+def check_schema(schema: object) -> None:
+    """ConfigError unless ``schema`` is None or a ``pyarrow.Schema``."""
+    if schema is not None and not isinstance(schema, pa.Schema):
+        raise ConfigError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+
+
 def check_on_error(on_error: str) -> OnError:
     if on_error not in ON_ERROR_CHOICES:
         raise ConfigError(f"on_error must be one of {ON_ERROR_CHOICES}, got {on_error!r}")

@@ -50,10 +50,14 @@ _ENDINGS = {
 }
 
 
+# Longest first, so that "x.tfrecord.gz" is a record file, not an unknown ".gz".
+_LONGEST_FIRST = sorted(_ENDINGS.items(), key=lambda e: -len(e[0]))
+
+
 def kind_of(path: str) -> str:
     """The source kind a file name stands for; ConfigError for an unknown ending."""
     name = path.rstrip("/").lower()
-    for ending, kind in sorted(_ENDINGS.items(), key=lambda e: -len(e[0])):
+    for ending, kind in _LONGEST_FIRST:
         if name.endswith(ending):
             return kind
     known = ", ".join(sorted(_ENDINGS))

@@ -60,7 +60,15 @@ from .._fs import expand_paths, resolve, serve_roots
 from .._keywords import suggest_keywords
 from ..errors import ConfigError, DataError, OnError
 from ._decoding import At, decode_to_batch, infer_schema_from
-from .base import BaseSource, ReadResult, Shard, check_on_error, check_range
+from .base import (
+    BaseSource,
+    ReadResult,
+    Shard,
+    check_callable,
+    check_on_error,
+    check_range,
+    check_schema,
+)
 from .columns import BatchBuilder, infer_schema
 from .skipped import SkippedRecord
 
@@ -114,10 +122,8 @@ class FileSource(BaseSource):
     ) -> None:
         super().__init__()
         given = self._given(paths, filesystem)
-        if decode is not None and not callable(decode):
-            raise ConfigError(f"decode must be callable, got {type(decode).__name__}")
-        if schema is not None and not isinstance(schema, pa.Schema):
-            raise ConfigError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+        check_callable("decode", decode)
+        check_schema(schema)
         if schema is not None and decode is None:
             raise ConfigError("schema= needs decode (without it the columns are path and data)")
         if schema is not None:

@@ -37,7 +37,15 @@ from ._decoding import (
     infer_schema_from,
     record_failure,
 )
-from .base import BaseSource, ReadResult, Shard, check_held, check_on_error
+from .base import (
+    BaseSource,
+    ReadResult,
+    Shard,
+    check_callable,
+    check_held,
+    check_on_error,
+    check_schema,
+)
 from .columns import BatchBuilder, infer_schema, infer_schema_from_columns
 from .skipped import SkippedRecord
 from .streamed import Chunk, StreamedColumns
@@ -96,11 +104,9 @@ class RecordFileSource(BaseSource):
         paths = self._given(paths, filesystem)
         if decode is not None and decode_batch is not None:
             raise ConfigError("give decode or decode_batch, not both")
-        for name, fn in (("decode", decode), ("decode_batch", decode_batch)):
-            if fn is not None and not callable(fn):
-                raise ConfigError(f"{name} must be callable, got {type(fn).__name__}")
-        if schema is not None and not isinstance(schema, pa.Schema):
-            raise ConfigError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+        check_callable("decode", decode)
+        check_callable("decode_batch", decode_batch)
+        check_schema(schema)
         if schema is not None and decode is None and decode_batch is None:
             raise ConfigError("schema= needs decode or decode_batch (raw records are binary)")
         # A glob like ``data/*`` also matches the sidecar indexes written next to the data.
