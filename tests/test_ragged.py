@@ -151,11 +151,12 @@ def test_left_to_its_default_the_form_is_said_once(
 def test_a_length_that_changes_after_the_first_records_is_named_at_its_record(
     tmp_path: Path,
 ) -> None:
-    """The first 16 records all have 3 values: a tensor column. Record 30 has 2: the error
-    names record 30 (its cause used to say "record 0", the place in the range converted)."""
+    """Every record the inference samples has 3 values: a tensor column. Record 300 (between
+    two of the sample's runs) has 2: the error names record 300 (its cause used to say "record
+    0", the place in the range converted)."""
     with open(tmp_path / "data.jsonl", "w") as f:
-        for i in range(40):
-            f.write(json.dumps({"id": i, "tokens": [1, 2] if i == 30 else [1, 2, 3]}) + "\n")
+        for i in range(1000):
+            f.write(json.dumps({"id": i, "tokens": [1, 2] if i == 300 else [1, 2, 3]}) + "\n")
     src = shmloader.JSONLSource(str(tmp_path / "data.jsonl"))
     with (
         shmloader.SharedTaskDataset(src, epochs=1, num_readers=1) as ds,
@@ -163,8 +164,8 @@ def test_a_length_that_changes_after_the_first_records_is_named_at_its_record(
     ):
         list(shmloader.DataLoader(ds, batch_size=8))
     error = caught.value
-    assert error.index == 30 and "record 30" in str(error), str(error)
-    assert "pa.list_(...)" in str(error)
+    assert error.index == 300 and "record 300" in str(error), str(error)
+    assert "('tokens', pa.list_(pa.int64()))" in str(error)
     cause = error.__cause__
     while cause is not None:
         assert "record 0" not in str(cause), repr(cause)

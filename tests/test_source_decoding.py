@@ -136,7 +136,9 @@ def test_a_record_that_does_not_fit_is_named_the_same_way(tmp_path: Path, kind: 
     assert (err.path, err.index, err.offset) == (path, 6, off[6])
     assert str(err).startswith(f"{path}, record 6, byte offset {off[6]}: column 'y'")
     assert err.reason.endswith(note(kind, 6))
-    assert str(err).endswith(f"{note(kind, 6)}. {SchemaMismatchError.fix}")  # the fix, last
+    # The fix, last: the schema was inferred, so the whole schema to give (and the skip).
+    assert str(err).endswith(f"{note(kind, 6)}. {err.fix}")
+    assert "schema=pa.schema([" in err.fix and 'on_error="skip"' in err.fix
 
 
 def test_an_earlier_misfit_is_reported_before_a_later_failing_decode(

@@ -10,8 +10,7 @@ here once, and a failure reads the same whichever source hit it:
   :class:`SkippedRecord` under ``on_error="skip"`` (:func:`record_failure`);
 * conversion by :class:`BatchBuilder` reports positions in the list it was given;
   :func:`locate` turns those back into file, record and offset;
-* the schema, when not given, comes from the first record that decodes, in plan order, with
-  the first failures quoted if none does (:func:`infer_schema_from`);
+* the schema, when not given, is inferred from a sample of the records (_inferred.py);
 * within :func:`watching_records`, each record's index is told before its decode, for a
   reader to publish: a decode that kills the process (a crash in native code, ``os._exit``)
   raises nothing that could name the record (reader/position.py).
@@ -20,21 +19,15 @@ here once, and a failure reads the same whichever source hit it:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
 import pyarrow as pa
 
-from ..augment import outside_task
-from ..errors import ConfigError, DataError, DecodeError, OnError
-from .columns import BatchBuilder, FixedColumns, merge_inferred
+from ..errors import DataError, DecodeError, OnError
+from .columns import BatchBuilder, FixedColumns
 from .skipped import SkippedRecord
-
-INFER_ATTEMPTS = 1000  # records that may fail to decode while inferring a schema
-# Records whose schemas are merged (columns.merge_inferred): enough for a column whose length
-# varies to show it, few enough to cost nothing at start-up.
-INFER_SAMPLE = 16
 
 # Told each record's index (in its file) before the record is decoded; None: not watched, and
 # records decode at full speed (one ``map`` over them).
@@ -104,19 +97,19 @@ def record_failure(
     if isinstance(exc, DataError):
         # Ours already says what is wrong: the error raised restates it naming the record,
         # and keeps what caused it.
-        cls, reason, cause = type(exc), exc.reason, exc.__cause__
+        cls, reason, cause, fix = type(exc), exc.reason, exc.__cause__, exc.fix
     else:
-        cls, reason = DecodeError, f"decode failed: {type(exc).__name__}: {exc}"
+        cls, reason, fix = DecodeError, f"decode failed: {type(exc).__name__}: {exc}", None
     if on_error == "raise":
-        raise cls(reason + at.note, path=path, index=at.index, offset=at.offset) from cause
+        raise cls(reason + at.note, path=path, index=at.index, offset=at.offset, fix=fix) from cause
     skipped.append(SkippedRecord(path, at.index, at.offset, reason + at.note))
 
 
 def locate(exc: DecodeError, path: str, at: At | None) -> DecodeError:
     """A conversion error as the same class, naming the file and, where known, the record."""
     if at is None:
-        return type(exc)(exc.reason, path=path)
-    return type(exc)(exc.reason + at.note, path=path, index=at.index, offset=at.offset)
+        return type(exc)(exc.reason, path=path, fix=exc.fix)
+    return type(exc)(exc.reason + at.note, path=path, index=at.index, offset=at.offset, fix=exc.fix)
 
 
 def decode_to_batch(
@@ -262,36 +255,3 @@ def decode_columns_to_batch(
             offset=first.offset,
         ) from whole
     return pa.concat_batches(batches) if batches else builder.empty()
-
-
-def infer_schema_from(
-    candidates: Iterable[tuple[str, At, Any]], schema_of: Callable[[str, Any], pa.Schema]
-) -> pa.Schema:
-    """The schemas ``schema_of(path, item)`` of the first :data:`INFER_SAMPLE` candidates for
-    which it does not raise, merged (:func:`~shmloader.sources.columns.merge_inferred`: a
-    column whose length varies among them is a variable-length list).
-
-    Failures are passed over even with ``on_error="raise"``: reading their own range reports
-    them properly. After :data:`INFER_ATTEMPTS` of them the data is taken to be wrong. A
-    reader infers the schema in its first task: ``task_rng()`` is the one of no task meanwhile,
-    or that task's records would draw other numbers than when another reader reads it.
-    """
-    failures: list[str] = []
-    schemas: list[pa.Schema] = []
-    for path, at, item in candidates:
-        try:
-            with outside_task():
-                schemas.append(schema_of(path, item))
-        except Exception as exc:
-            failures.append(f"{path}, record {at.index}, byte offset {at.offset}: {exc!r}")
-        if len(schemas) >= INFER_SAMPLE or len(failures) >= INFER_ATTEMPTS:
-            break
-    if schemas:
-        return merge_inferred(schemas)
-    if not failures:
-        raise ConfigError("cannot infer a schema: the files hold no records; pass schema=")
-    raise DecodeError(
-        f"cannot infer a schema: the first {len(failures)} records all failed to decode; "
-        f"first failure: {failures[0]}; pass schema= or fix the data",
-        fix="",  # on_error="skip" does not help: there is no schema to read any record with
-    )

@@ -6,9 +6,9 @@ After parsing, records (dicts) go through the optional user ``decode`` and becom
 through :class:`~shmloader.sources.columns.BatchBuilder`, with every failure named by file,
 record index and byte offset, or skipped and reported under ``on_error="skip"``.
 
-The output schema is fixed once per source: given with ``schema=``, or inferred from the first
-record that parses (and decodes) in plan order; that record is the same in every process, so
-readers that each infer it agree.
+The output schema is fixed once per source: given with ``schema=``, or inferred from a sample
+of the records that is the same in every process (_inferred.py), so readers that each infer
+it agree.
 """
 
 from __future__ import annotations
@@ -25,15 +25,9 @@ import pyarrow.fs as pafs
 from .._fs import expand_paths
 from ..errors import ConfigError, OnError
 from ..formats.index import INDEX_SUFFIX, cached_offsets
-from ._decoding import (
-    INFER_ATTEMPTS,
-    At,
-    decode_to_batch,
-    infer_schema_from,
-    record_failure,
-)
+from ._decoding import At, decode_to_batch, record_failure
+from ._inferred import Candidate, InferringSource
 from .base import (
-    BaseSource,
     ReadResult,
     Shard,
     check_callable,
@@ -51,7 +45,7 @@ Parse = Callable[[Any], Any]
 _CACHED_FILES = 16  # offset arrays kept per process
 
 
-class IndexedSource(BaseSource):
+class IndexedSource(InferringSource):
     """Files with a sidecar offset index, parsed into dicts, decoded into one batch."""
 
     kind: str = ""  # the index kind, set by subclasses
@@ -81,7 +75,7 @@ class IndexedSource(BaseSource):
         self.decode = decode
         self.on_error = check_on_error(on_error)
         self.index_dir = index_dir
-        self._schema = schema
+        self._given_schema = schema
         self._init_local()
 
     def _init_local(self) -> None:
@@ -123,31 +117,14 @@ class IndexedSource(BaseSource):
         return [At(start + i, off) for i, off in enumerate(offs)]
 
     # -- schema ---------------------------------------------------------------------------
-    @property
-    def schema(self) -> pa.Schema:
-        """The batches' schema (inferred from the first record that decodes if not given).
-
-        Reading it in the parent before the source is pickled saves each reader the one
-        extra small read that inference costs.
-        """
-        if self._schema is None:
-            self._schema = self._infer_schema()
-        return self._schema
-
     def raws(self, path: str, start: int, stop: int) -> tuple[list[Any], list[At]]:
         """Records ``[start, stop)`` before :meth:`_parse` (a bad one may be an exception)."""
         raise NotImplementedError
 
-    def _first_records(self) -> Iterator[tuple[str, At, Any]]:
-        """Raw records in plan order, read in growing pieces (most data infers from one)."""
-        for shard in self.plan():
-            pos, piece = 0, 16
-            while pos < min(shard.num_records, INFER_ATTEMPTS):
-                stop = min(shard.num_records, pos + piece)
-                raws, where = self.raws(shard.path, pos, stop)
-                for raw, at in zip(raws, where, strict=True):
-                    yield shard.path, at, raw
-                pos, piece = stop, piece * 4
+    def _candidates(self, path: str, start: int, stop: int) -> Iterator[Candidate]:
+        raws, where = self.raws(path, start, stop)
+        for raw, at in zip(raws, where, strict=True):
+            yield path, at, raw
 
     def _parse(self, path: str, raw: Any) -> Any:
         """A raw record -> the dict given to ``decode`` (raise DecodeError if it is bad)."""
@@ -155,19 +132,9 @@ class IndexedSource(BaseSource):
             raise raw
         return raw
 
-    def _infer_schema(self) -> pa.Schema:
-        """From the first record that parses and decodes, in plan order (see
-        :func:`~shmloader.sources._decoding.infer_schema_from`)."""
-        return infer_schema_from(self._first_records(), self._schema_of)
-
     def _schema_of(self, path: str, raw: Any) -> pa.Schema:
         record = self._parse(path, raw)
         return infer_schema(self.decode(record) if self.decode is not None else record)
-
-    def builder(self) -> BatchBuilder:
-        if self._builder is None:
-            self._builder = BatchBuilder(self.schema)
-        return self._builder
 
     # -- records -> batch -------------------------------------------------------------------
     def to_batch(

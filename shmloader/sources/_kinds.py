@@ -50,15 +50,17 @@ def describe(value: Any) -> str:
 
 def at(err: DecodeError, position: int) -> DecodeError:
     """The same error with ``index`` set to the record's position in the list given."""
-    out = type(err)(err.reason, path=err.path, offset=err.offset, index=position)
+    out = type(err)(err.reason, path=err.path, offset=err.offset, index=position, fix=err.fix)
     out.__cause__ = err.__cause__
     return out
 
 
-def _mismatch(name: str, expected: str, value: Any, why: str = "") -> SchemaMismatchError:
+def _mismatch(
+    name: str, expected: str, value: Any, why: str = "", *, fix: str | None = None
+) -> SchemaMismatchError:
     tail = f" ({why})" if why else ""
     return SchemaMismatchError(
-        f"column {name!r}: expected {expected}, found {describe(value)}{tail}"
+        f"column {name!r}: expected {expected}, found {describe(value)}{tail}", fix=fix
     )
 
 
@@ -202,7 +204,13 @@ _OTHER_SHAPE = "other shape; for a column whose length varies pass schema= with 
 
 
 class TensorKind(Kind):
-    """Fixed-shape arrays; ``arrow_type`` is a fixed_shape_tensor or a fixed_size_list."""
+    """Fixed-shape arrays; ``arrow_type`` is a fixed_shape_tensor or a fixed_size_list.
+
+    ``other_shape_fix``: what a record of another shape is told to do (the error's ``fix``);
+    None: the default, which suggests a list type and ``on_error="skip"``.
+    """
+
+    other_shape_fix: str | None = None
 
     def __init__(self, arrow_type: pa.DataType, value_type: pa.DataType, shape: tuple[int, ...]):
         if math.prod(shape) == 0:
@@ -248,15 +256,20 @@ class TensorKind(Kind):
             except ValueError:  # ragged
                 shape = None
             if shape != self.shape:  # before the cast: [] is float64 to numpy, say the length
-                raise _mismatch(name, self.describe(), value, _OTHER_SHAPE)
+                raise self._other_shape(name, value)
             value = _cast(name, self.describe(), value, self.dtype)
         if not isinstance(value, np.ndarray):
             raise DecodeError(
                 f"column {name!r}: expected {self.describe()}, found {describe(value)}"
             )
         if value.shape != self.shape:
-            raise _mismatch(name, self.describe(), value, _OTHER_SHAPE)
+            raise self._other_shape(name, value)
         return _cast(name, self.describe(), value, self.dtype)
+
+    def _other_shape(self, name: str, value: Any) -> SchemaMismatchError:
+        if self.other_shape_fix is None:
+            return _mismatch(name, self.describe(), value, _OTHER_SHAPE)
+        return _mismatch(name, self.describe(), value, "other shape", fix=self.other_shape_fix)
 
     def build(self, vals: list[Any]) -> pa.Array:
         if not vals:

@@ -7,10 +7,11 @@ into spawned readers, so keep it small: paths and settings, never open files or 
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast, runtime_checkable
+from typing import Protocol, TypeVar, cast, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -127,6 +128,29 @@ class SizedShards(Protocol):
         ...
 
 
+_S = TypeVar("_S", bound="BaseSource")
+
+
+@runtime_checkable
+class VaryingLists(Protocol):
+    """A source that decides by itself whether a 1-D column of numbers is one tensor per
+    batch (every row the same length) or a variable-length list, and can be told that such
+    columns are lists whatever lengths it sees: what ``SharedTaskDataset(ragged=...)`` asks
+    of its source, since the user who chooses how ragged columns are batched expects them."""
+
+    def with_varying_lists(self) -> VaryingLists:
+        """A copy of the source whose 1-D columns of numbers are all variable-length."""
+        ...
+
+
+def with_varying_lists(source: Source) -> Source:
+    """``source`` with its 1-D columns of numbers all variable-length (:class:`VaryingLists`);
+    a source that cannot be told so, as it is."""
+    if isinstance(source, VaryingLists):
+        return cast(Source, source.with_varying_lists())
+    return source
+
+
 class BaseSource:
     """Shared plumbing: plan caching, range checks and ``read`` in terms of ``read_result``.
 
@@ -135,6 +159,21 @@ class BaseSource:
     """
 
     _LOCAL: tuple[str, ...] = ()
+    #: Every 1-D column of numbers a variable-length list, whatever lengths the data shows
+    #: (:meth:`with_varying_lists`); otherwise one whose rows all have one length is a tensor.
+    lists_vary = False
+
+    def with_varying_lists(self: _S) -> _S:
+        """A copy of this source whose 1-D columns of numbers are variable-length lists
+        (see :class:`VaryingLists`); the copy decides its schema anew."""
+        varying = copy.copy(self)  # through __getstate__: per-process caches are left out
+        varying.lists_vary = True
+        varying.forget_decided_types()
+        return varying
+
+    def forget_decided_types(self) -> None:
+        """Drop what was inferred from the data about column types (a schema not given), to
+        be decided again under :attr:`lists_vary`."""
 
     def __init__(self) -> None:
         self._plan: list[Shard] | None = None

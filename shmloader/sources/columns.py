@@ -9,9 +9,10 @@ from it with numpy. So the layout is chosen for that gather:
   as ``(n, *shape)`` without copying;
 * a numpy or Python scalar becomes a primitive column, ``bytes`` -> ``binary``, ``str`` ->
   ``string`` (``large_binary`` / ``large_string`` when one batch holds more than 2 GiB);
-* variable-length 1-D arrays become ``list<value_type>`` columns, but only when the schema says
-  so: inference takes the *first* record, and a fixed shape is what it sees. Pass ``schema=``
-  with ``pa.list_(...)`` for columns whose length varies (the mismatch error says so).
+* variable-length 1-D arrays become ``list<value_type>`` columns when the schema says so, or
+  when their lengths differ among the records inference samples (:func:`merge_inferred`);
+  pass ``schema=`` with ``pa.list_(...)`` for columns whose length varies beyond the sample
+  (the mismatch error gives the whole schema to pass).
 
 dtype mapping (numpy <-> Arrow): bool <-> bool (Arrow packs bools to bits, so bool tensors are
 not zero-copy), int8..int64 / uint8..uint64 / float16 / float32 / float64 <-> the Arrow type of
@@ -44,6 +45,7 @@ from ..errors import ConfigError, DecodeError, SchemaMismatchError
 from ._kinds import (
     EMPTY_LIST,
     Kind,
+    TensorKind,
     at,
     is_numeric,
     kind_for_type,
@@ -64,6 +66,7 @@ __all__ = [
     "infer_schema_from_columns",
     "merge_inferred",
     "records_to_batch",
+    "schema_code",
     "tensor_type",
 ]
 
@@ -106,20 +109,32 @@ def infer_schema_from_columns(columns: Mapping[str, Any], num_records: int) -> p
     return pa.schema(fields)
 
 
-def merge_inferred(schemas: Sequence[pa.Schema]) -> pa.Schema:
-    """One schema from those of the first records (each inferred alone).
+def merge_inferred(schemas: Sequence[pa.Schema], *, lists_vary: bool = False) -> pa.Schema:
+    """One schema from those of a sample of records (each inferred alone).
 
     A 1-D numeric column whose length differs between them, or that is empty in one, is a
-    variable-length list (``list<value_type>``); a column of Python numbers that are ints in
-    some and floats in others is float64. Anything else takes the first record's type: a later
-    record that does not fit is reported as it is read, naming it.
+    variable-length list (``list<value_type>``), and so is every 1-D numeric column under
+    ``lists_vary``; a column of Python numbers that are ints in some and floats in others is
+    float64. Anything else takes the first record's type: a later record that does not fit is
+    reported as it is read, naming it.
     """
     first = schemas[0]
     fields = []
     for index, field in enumerate(first):
         types = [s.field(index).type for s in schemas if s.names == first.names]
-        fields.append(pa.field(field.name, _merged_type(field.name, types, len(schemas))))
+        merged = _merged_type(field.name, types, len(schemas))
+        if lists_vary:
+            merged = _as_list(merged)
+        fields.append(pa.field(field.name, merged))
     return pa.schema(fields)
+
+
+def _as_list(typ: pa.DataType) -> pa.DataType:
+    """A 1-D numeric column type as a variable-length list; any other type as it is."""
+    dims = _one_dim(typ)
+    if dims is None or dims[0] is None:
+        return typ
+    return pa.list_(dims[0])
 
 
 def _one_dim(typ: pa.DataType) -> tuple[pa.DataType | None, int | None] | None:
@@ -157,18 +172,71 @@ def _merged_type(name: str, types: list[pa.DataType], sampled: int) -> pa.DataTy
     return pa.list_(value)
 
 
+def schema_code(schema: pa.Schema) -> str:
+    """``schema`` as the Python that builds it (``pa.schema([("id", pa.int64()), ...])``),
+    for an error to say the exact ``schema=`` to give."""
+    fields = ", ".join(f"({field.name!r}, {_type_code(field.type)})" for field in schema)
+    return f"pa.schema([{fields}])"
+
+
+def _type_code(typ: pa.DataType) -> str:
+    if isinstance(typ, pa.FixedShapeTensorType):
+        return f"pa.fixed_shape_tensor({_type_code(typ.value_type)}, {tuple(typ.shape)})"
+    if pa.types.is_list(typ):
+        return f"pa.list_({_type_code(typ.value_type)})"
+    if pa.types.is_large_list(typ):
+        return f"pa.large_list({_type_code(typ.value_type)})"
+    if pa.types.is_fixed_size_list(typ):
+        return f"pa.list_({_type_code(typ.value_type)}, {typ.list_size})"
+    factory = _TYPE_FACTORIES.get(typ)
+    return f"pa.{factory}()" if factory else f"pa.{typ}()"
+
+
+# Arrow type -> the name of the pyarrow function that makes it, where the two differ in name
+# (str(pa.float32()) is "float") or for every type a column built here may have.
+_TYPE_FACTORIES = {
+    getattr(pa, name)(): name
+    for name in (
+        "bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+        "float16", "float32", "float64", "string", "large_string", "binary", "large_binary",
+    )
+}  # fmt: skip
+
+
+def _list_fix(schema: pa.Schema, name: str, kind: TensorKind) -> str:
+    """What to do when column ``name`` of an inferred schema (a 1-D tensor) meets a record of
+    another length: the schema with that column a list, to give the source."""
+    varying = pa.schema(
+        [pa.field(f.name, pa.list_(kind.value_type)) if f.name == name else f for f in schema]
+    )
+    return (
+        f"The schema was inferred from a sample of the records, in each of which column "
+        f"{name!r} held {kind.shape[0]} values. If its length varies, give the source "
+        f"schema={schema_code(varying)}, or give SharedTaskDataset ragged= (every 1-D column "
+        'of numbers is then a variable-length list); to leave such records out, on_error="skip"'
+    )
+
+
 class BatchBuilder:
     """Turns decoded records (or a ``decode_batch`` result) into batches of one fixed schema.
 
     Compiled once per schema and reused for every range, so the per-call work is only the
     conversion itself. Picklable (it holds the schema and small per-column converters).
+
+    ``inferred``: the schema was inferred from a sample of the records, not given. A record
+    whose 1-D column has another length than the sample's then says the exact ``schema=``
+    that makes the column a variable-length list (:func:`schema_code`).
     """
 
-    def __init__(self, schema: pa.Schema) -> None:
+    def __init__(self, schema: pa.Schema, *, inferred: bool = False) -> None:
         if len(schema) == 0:
             raise ConfigError("schema has no columns")
         self.schema = schema
         self._kinds: list[tuple[str, Kind]] = [(f.name, kind_for_type(f)) for f in schema]
+        if inferred:
+            for name, kind in self._kinds:
+                if isinstance(kind, TensorKind) and len(kind.shape) == 1:
+                    kind.other_shape_fix = _list_fix(schema, name, kind)
         self._names = frozenset(schema.names)
         # Every column fixed-width numeric: only then may fixed_records hand them over.
         self._fixable = all(kind.fixable() for _, kind in self._kinds)

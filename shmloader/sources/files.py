@@ -59,9 +59,9 @@ import pyarrow.fs as pafs
 from .._fs import expand_paths, resolve, serve_roots
 from .._keywords import suggest_keywords
 from ..errors import ConfigError, DataError, OnError
-from ._decoding import At, decode_to_batch, infer_schema_from
+from ._decoding import At, decode_to_batch
+from ._inferred import Candidate, InferringSource
 from .base import (
-    BaseSource,
     ReadResult,
     Shard,
     check_callable,
@@ -87,7 +87,7 @@ _GONE = (
 )
 
 
-class FileSource(BaseSource):
+class FileSource(InferringSource):
     """A folder (a glob, a path or a list of them) of files, one record per file.
 
     ``FileSource("train/*/*.jpg", decode=decode)`` reads each file whole and gives its bytes
@@ -100,7 +100,7 @@ class FileSource(BaseSource):
     is a :class:`~shmloader.ConfigError`. ``on_error="skip"`` leaves out files whose decode
     fails or does not fit the schema (reported as skipped records); a file that cannot be
     read raises a :class:`~shmloader.DataError` naming it under either setting. ``schema=``
-    fixes ``decode``'s output (inferred from the first files otherwise). ``filesystem=``
+    fixes ``decode``'s output (inferred from a sample of the files otherwise). ``filesystem=``
     reads the paths through a ``pyarrow.fs`` filesystem (an object store of its own).
 
     The files are one shard, whose records are spread over the listing so that every task
@@ -130,7 +130,7 @@ class FileSource(BaseSource):
             BatchBuilder(schema)  # unsupported column types fail here, not in a reader
         self.decode = decode
         self.on_error = check_on_error(on_error)
-        self._schema = schema if decode is not None else RAW_SCHEMA
+        self._given_schema = schema if decode is not None else RAW_SCHEMA
         files = expand_paths(given, directories=True)
         if not files:
             raise ConfigError("no paths given")
@@ -219,29 +219,14 @@ class FileSource(BaseSource):
             raise ConfigError(f"{path} is not this source's shard ({self._shard_path})")
 
     # -- schema -------------------------------------------------------------------------------
-    @property
-    def schema(self) -> pa.Schema:
-        """The batches' schema: ``path`` and ``data`` without ``decode``; with it, as given or
-        inferred from the first files that decode, in plan order (the same in every process)."""
-        if self._schema is None:
-            self._schema = infer_schema_from(self._first_files(), self._schema_of)
-        return self._schema
+    def _candidates(self, path: str, start: int, stop: int) -> Iterator[Candidate]:
+        """Files ``[start, stop)`` in record order, each named as its own record 0."""
+        for file in self._files_of(start, stop):
+            yield file, At(0, 0), file
 
-    def _first_files(self) -> Iterator[tuple[str, At, str]]:
-        """Files in record order, each as its own record 0 (inference reads as few as it
-        needs)."""
-        for path in self._files_of(0, self.num_files):
-            yield path, At(0, 0), path
-
-    def _schema_of(self, _: str, path: str) -> pa.Schema:
+    def _schema_of(self, path: str, item: Any) -> pa.Schema:
         assert self.decode is not None  # the schema without decode is RAW_SCHEMA
         return infer_schema(self.decode(self._contents(path), path))
-
-    def builder(self) -> BatchBuilder:
-        """What turns the records into batches of :attr:`schema` (made once per process)."""
-        if self._builder is None:
-            self._builder = BatchBuilder(self.schema)
-        return self._builder
 
     # -- records ------------------------------------------------------------------------------
     def read_result(self, shard: Shard, start: int, stop: int) -> ReadResult:
@@ -274,7 +259,9 @@ class FileSource(BaseSource):
             if exc.index is None:
                 raise
             # Named by its file: a record's number in a shard says nothing to a user.
-            raise type(exc)(exc.reason, path=paths[exc.index - start]) from exc.__cause__
+            raise type(exc)(
+                exc.reason, path=paths[exc.index - start], fix=exc.fix
+            ) from exc.__cause__
         named = [SkippedRecord(paths[s.index - start], s.index, None, s.error) for s in skipped]
         return ReadResult(content, tuple(sorted(named, key=lambda s: s.index)))
 

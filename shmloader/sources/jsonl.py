@@ -15,10 +15,13 @@ behaviour: it names the bad line (file, record index, byte offset) or skips it u
 ``on_error="skip"``. With ``decode`` every line takes that path: ``json.loads`` ->
 ``decode(dict)`` -> batch.
 
-The schema is fixed once per source (``schema=``, else inferred from the first record, see
-:mod:`shmloader.sources.columns`): JSON numbers in the first record decide int64 vs float64,
-numeric lists become tensors of the first record's shape. Pass ``schema=`` (with
-``pa.list_(...)`` for lists whose length varies) when the first record is not typical.
+The schema is fixed once per source (``schema=``, else inferred from a sample of the records,
+the first ones and runs spread over all of them: ``_inferred.py``, and the rules of
+:mod:`shmloader.sources.columns`): a number that is a float in any record sampled makes its
+column float64, a list of numbers whose length differs among them a variable-length list,
+one of one length a tensor. Pass
+``schema=`` (with ``pa.list_(...)`` for lists whose length varies) when the sample is not
+typical; the error at a record that misfits names the exact one.
 Columns hold no nulls: a ``null`` or a missing key is a bad record; fill defaults in ``decode``.
 """
 

@@ -7,10 +7,11 @@ pulls the range's payloads with one indexed seek, decodes them (one call per rec
 as a writer takes them: ``streamed.py``) and converts the result with
 :mod:`shmloader.sources.columns`.
 
-The schema is fixed once per source: given with ``schema=``, or inferred from the first
-decodable record of the first non-empty shard. That record is the same in every process, so
-readers that each infer it agree; reading :attr:`RecordFileSource.schema` in the parent before
-the source is pickled saves them the one extra record read.
+The schema is fixed once per source: given with ``schema=``, or inferred from a sample of the
+records (the first ones and runs spread over the whole plan: ``_inferred.py``). The sample is
+the same in every process, so readers that each infer it agree; reading
+:attr:`RecordFileSource.schema` in the parent before the source is pickled saves them its
+reads.
 """
 
 from __future__ import annotations
@@ -29,16 +30,14 @@ from ..errors import ConfigError, CorruptRecordError, OnError
 from ..formats.index import INDEX_SUFFIX
 from ..formats.tfrecord import Bad, RecordFile, Run
 from ._decoding import (
-    INFER_ATTEMPTS,
     At,
     Locations,
     decode_columns_to_batch,
     decode_to_batch,
-    infer_schema_from,
     record_failure,
 )
+from ._inferred import Candidate, InferringSource
 from .base import (
-    BaseSource,
     ReadResult,
     Shard,
     check_callable,
@@ -58,7 +57,7 @@ RAW_SCHEMA = pa.schema([pa.field("record", pa.binary())])
 _OPEN_FILES = 16  # RecordFiles (with their loaded offsets) kept per process
 
 
-class RecordFileSource(BaseSource):
+class RecordFileSource(InferringSource):
     """Record files (TFRecord framing, optionally gzip/zlib) decoded by a user function.
 
     ``decode(payload) -> mapping`` is called per record; ``decode_batch(payloads) -> mapping``
@@ -128,7 +127,7 @@ class RecordFileSource(BaseSource):
             # guess from one record, which would get variable-length features wrong.
             declared = getattr(decode if decode is not None else decode_batch, "schema", None)
             schema = declared if isinstance(declared, pa.Schema) else None
-        self._schema = schema
+        self._given_schema = schema
         if schema is not None:
             BatchBuilder(schema)  # unsupported column types fail here, not in a reader
         self._init_local()
@@ -139,13 +138,6 @@ class RecordFileSource(BaseSource):
 
     def __repr__(self) -> str:
         return f"RecordFileSource({len(self.paths)} files, on_error={self.on_error!r})"
-
-    @property
-    def schema(self) -> pa.Schema:
-        """The batches' schema (inferred from the first decodable record if not given)."""
-        if self._schema is None:
-            self._schema = self._infer_schema()
-        return self._schema
 
     def _make_plan(self) -> list[Shard]:
         return [Shard(p, self._file(p).num_records) for p in self.paths]
@@ -166,11 +158,6 @@ class RecordFileSource(BaseSource):
             self._files.popitem(last=False)
         return rf
 
-    def _builder_for_schema(self) -> BatchBuilder:
-        if self._builder is None:
-            self._builder = BatchBuilder(self.schema)
-        return self._builder
-
     def _read(self, shard: Shard, start: int, stop: int) -> ReadResult:
         path = shard.path
         skipped: list[SkippedRecord] = []
@@ -178,7 +165,7 @@ class RecordFileSource(BaseSource):
         runs = self._file(path).read_runs(
             start, stop, on_error=self.on_error, views=self.views, mapped=True
         )
-        builder = self._builder_for_schema()
+        builder = self.builder()
         if self.decode_batch is not None or self.decode is not None:
             # Decoded a block at a time, as a writer takes them (streamed.py).
             chunks = self._decode_runs(path, runs, builder, skipped)
@@ -231,20 +218,12 @@ class RecordFileSource(BaseSource):
                     fixed=True,
                 )
 
-    def _infer_schema(self) -> pa.Schema:
-        """From the first record that decodes, in plan order (see :func:`infer_schema_from`)."""
-        return infer_schema_from(self._first_payloads(), self._schema_of)
-
-    def _first_payloads(
-        self,
-    ) -> Iterator[tuple[str, At, bytes | memoryview | CorruptRecordError]]:
-        for shard in self.plan():
-            stop = min(shard.num_records, INFER_ATTEMPTS)
-            for idx, off, payload in self._file(shard.path).read_range(0, stop, on_error="skip"):
-                if self.views and isinstance(payload, bytes):
-                    yield shard.path, At(idx, off), memoryview(payload)  # as decode gets it
-                else:
-                    yield shard.path, At(idx, off), payload
+    def _candidates(self, path: str, start: int, stop: int) -> Iterator[Candidate]:
+        for idx, off, payload in self._file(path).read_range(start, stop, on_error="skip"):
+            if self.views and isinstance(payload, bytes):
+                yield path, At(idx, off), memoryview(payload)  # as decode gets it
+            else:
+                yield path, At(idx, off), payload
 
     def _schema_of(self, path: str, payload: bytes | memoryview | CorruptRecordError) -> pa.Schema:
         if isinstance(payload, CorruptRecordError):

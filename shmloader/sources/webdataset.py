@@ -44,7 +44,7 @@ _READ_BLOCK = 1 << 20
 class WebDatasetSource(IndexedSource):
     """WebDataset ``.tar`` shards (a glob, a path or a list), optionally decoded.
 
-    ``schema=`` fixes ``decode``'s output schema (inferred from the first sample otherwise).
+    ``schema=`` fixes ``decode``'s output schema (inferred from a sample of the records otherwise).
     """
 
     kind = "wds"

@@ -23,7 +23,7 @@ from ...master.task_size import data_bytes, records_per_task_for, task_bytes
 from ...master.tasks import DdpPolicy
 from ...shm.space import budget_bytes, nominal_budget
 from ...sources.arrow import ArrowSource
-from ...sources.base import Source
+from ...sources.base import Source, with_varying_lists
 from ...sources.hf import HFDataset, is_hf_dataset, refuse_other_hf
 from ..core.ragged_form import LISTS, Ragged, RaggedForm
 from .launcher import TORCHRUN, Rendezvous, rendezvous_from_env
@@ -114,6 +114,10 @@ class DatasetOptions:
         """The options, or the ConfigError of the first that does not fit (the defaults are
         ``SharedTaskDataset``'s signature's)."""
         checked = _as_source(source)
+        if ragged is not None:
+            # The user chose how ragged columns are batched, so expects some: a 1-D column of
+            # numbers is a list whatever lengths the source's sample shows (sources/base.py).
+            checked = with_varying_lists(checked)
         if num_readers == "auto":
             # Start small; the maintenance thread adds and retires readers (autoscale.py).
             bounds = auto_bounds()
