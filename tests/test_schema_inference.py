@@ -15,11 +15,13 @@ import json
 import pickle
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
 import shmloader
 from shmloader.sources import _inferred
+from shmloader.sources._decoding import At
 from shmloader.sources.base import Shard
 
 RECORDS = 1000
@@ -136,3 +138,29 @@ def test_the_sample_is_spread_over_every_shard_and_the_same_each_time() -> None:
     assert all(path == "c" and stop - start == _inferred.INFER_RUN for path, start, stop in runs)
     assert _inferred.spread_runs([Shard("a", 3)]) == [("a", 0, 3)]  # overlapping runs: one
     assert _inferred.spread_runs([Shard("a", 0)]) == []
+
+
+def test_records_that_no_more_could_change_are_not_read_again(tmp_path: Path) -> None:
+    """Images (arrays of 2 dimensions or more) and floats: the first records decide, and the
+    spread runs are not decoded; a column of Python ints is worth the spread runs."""
+    from shmloader.sources.columns import infer_schema
+
+    def schema_of(path: str, item: dict) -> pa.Schema:
+        decoded.append(item["n"])
+        return infer_schema(item["record"])
+
+    image = {"image": np.zeros((4, 4, 3), np.uint8), "score": 0.5}
+    first = [("f", At(i, 0), {"n": i, "record": image}) for i in range(20)]
+    spread = [("f", At(i, 0), {"n": i, "record": image}) for i in range(100, 132)]
+    decoded: list[int] = []
+    _inferred.infer_schema_from(first, schema_of, spread=spread)
+    assert decoded == list(range(16))
+    labelled = {**image, "label": 3}
+    first = [("f", At(i, 0), {"n": i, "record": labelled}) for i in range(20)]
+    spread = [
+        ("f", At(i, 0), {"n": i, "record": {**labelled, "label": 0.5}}) for i in range(100, 104)
+    ]
+    decoded.clear()
+    schema = _inferred.infer_schema_from(first, schema_of, spread=spread)
+    assert decoded == [*range(16), *range(100, 104)]
+    assert schema.field("label").type == pa.float64()  # a float further on: float64 from the start

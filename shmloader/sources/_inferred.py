@@ -11,10 +11,11 @@ every process infers it alike, from the same sample (:func:`infer_schema_from`):
   hundred rows, of 200 after row 500) is a variable-length list from the start, instead of
   a :class:`~shmloader.SchemaMismatchError` at that record, after training began.
 
-The sample is a count of records, not a time budget: readers infer the schema each for
-itself, and only a sample that does not depend on how fast a read is gives them one schema.
-A record the sample missed that still does not fit raises an error naming it, and the exact
-``schema=`` to give (:meth:`~shmloader.sources.columns.BatchBuilder` ``inferred``).
+The spread runs are read only when they could change what the first records show (a 1-D
+tensor column, or one of Python ints). The sample is a count of records, not a time budget:
+readers infer the schema each for itself, and only a sample that does not depend on how fast
+a read is gives them one schema. A record the sample missed that still does not fit raises an
+error naming it, and the exact ``schema=`` to give (``BatchBuilder(schema, inferred=True)``).
 """
 
 from __future__ import annotations
@@ -78,11 +79,27 @@ def infer_schema_from(
             f"first failure: {failures[0]}; pass schema= or fix the data",
             fix="",  # on_error="skip" does not help: there is no schema to read any record with
         )
+    if not _may_change(merge_inferred(schemas, lists_vary=lists_vary)):
+        return merge_inferred(schemas, lists_vary=lists_vary)  # the spread reads spared
     for path, at, item in spread:
         schema = _schema_or_failure(path, at, item, schema_of, [])
         if schema is not None and schema.names == schemas[0].names:
             schemas.append(schema)
     return merge_inferred(schemas, lists_vary=lists_vary)
+
+
+def _may_change(schema: pa.Schema) -> bool:
+    """Whether more records could change ``schema`` when merged in: a 1-D tensor may turn out
+    to be a list, an int64 column of Python ints float64. Images and other arrays of two
+    dimensions or more, floats, strings and bytes cannot, and a source of them reads no
+    more than the first records (a decode of 32 more images per reader is not free)."""
+    for field in schema:
+        typ = field.type
+        if typ == pa.int64():
+            return True
+        if isinstance(typ, pa.FixedShapeTensorType) and len(typ.shape) == 1:
+            return True
+    return False
 
 
 def _schema_or_failure(
