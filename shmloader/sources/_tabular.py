@@ -1,5 +1,6 @@
 """What the Parquet and Arrow sources share: opening files, projecting columns, turning the
-pieces of a range into one batch, and re-typing declared list columns as tensors."""
+pieces of a range into one batch, re-typing declared list columns as tensors, and finding the
+list columns whose rows all have one length (:class:`UniformLists`)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
 from .._fs import open_random, resolve
 from ..errors import ConfigError, DataError, DecodeError
-from ._tensor_types import first_null_row, is_any_list, tensor_form
+from ._numpy_arrow import to_numpy
+from ._tensor_types import first_null_row, is_any_list, is_number_list, tensor_form
 from .base import check_held
 from .columns import as_tensor_column
 
@@ -110,6 +113,75 @@ class SchemaCheck:
         return ("tensor", *form) if form is not None else ("list",)
 
 
+class UniformLists:
+    """Which variable-length lists of numbers hold one length L > 0 in every row of every
+    file, seen file by file at plan time: such a column is a tensor of row shape ``(L,)``,
+    as if ``tensors={name: (L,)}`` were given (a Hugging Face ``List(Value("float32"))``
+    column of embeddings is written as ``list<float>``, whatever its rows hold).
+
+    Every file is looked at before the first batch is read, so every task gives the column
+    one form (``_tensor_types``). A column stays a list if any file gives it another type
+    (another value type, or not a list of numbers: both gather alike as lists, never as one
+    tensor), holds a null row or value, a row of another length or an empty row, or if no
+    file holds a row of it. Columns named in ``tensors=`` are the user's and not looked at.
+    """
+
+    def __init__(self, columns: Sequence[str] | None, declared: Mapping[str, tuple[int, ...]]):
+        self.columns = columns
+        self.declared = declared
+        # Column -> (value type, the length every row seen so far has, or None before a row).
+        self.open: dict[str, tuple[pa.DataType, int | None]] | None = None
+
+    def in_file(self, schema: pa.Schema) -> list[str]:
+        """The columns still in question that a file of this schema holds as lists of the
+        same numbers: the ones to look at in its batches. The first file's schema names the
+        candidates; a later one that gives a candidate another type drops it."""
+        names = self.columns if self.columns is not None else schema.names
+        types = {name: schema.field(name).type for name in names if name in schema.names}
+        if self.open is None:
+            self.open = {
+                name: (typ.value_type, None)
+                for name, typ in types.items()
+                if name not in self.declared and is_number_list(typ)
+            }
+        for name, (value_type, _) in list(self.open.items()):
+            typ = types.get(name)
+            if typ is None or not is_number_list(typ) or typ.value_type != value_type:
+                del self.open[name]
+        return list(self.open)
+
+    def see(self, batch: pa.RecordBatch) -> None:
+        """Take the lengths of a batch's rows of the columns still in question."""
+        if not self.open or not batch.num_rows:
+            return
+        for name, (value_type, length) in list(self.open.items()):
+            found = _one_length(batch.column(name))
+            if found is None or (length is not None and found != length):
+                del self.open[name]
+            else:
+                self.open[name] = (value_type, found)
+
+    @property
+    def undecided(self) -> bool:
+        """Whether a column is still in question (before the first file, every one may be)."""
+        return self.open is None or bool(self.open)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Row shape of each column whose every row, in every file, held one length."""
+        return {name: (length,) for name, (_, length) in (self.open or {}).items() if length}
+
+
+def _one_length(array: pa.Array) -> int | None:
+    """The length every row of a list array (one row at least) has, from its offsets; None
+    where rows differ, one is empty, or a row or a value is null (a null row stays ``None``
+    in a list; a null value is refused when read, as it is in any list of numbers)."""
+    if array.null_count or first_null_row(array) is not None:
+        return None
+    lengths = np.diff(to_numpy(array.offsets))
+    shortest, longest = int(lengths.min()), int(lengths.max())
+    return shortest if shortest == longest and shortest > 0 else None
+
+
 def check_options(
     columns: Sequence[str] | None, tensors: Mapping[str, Sequence[int]] | None
 ) -> tuple[list[str] | None, dict[str, tuple[int, ...]]]:
@@ -166,7 +238,7 @@ def finish(
             column = as_tensor_column(table.column(i), shape, name)
         except DecodeError as exc:
             index = None if exc.index is None else start + exc.index
-            raise type(exc)(exc.reason, path=path, index=index) from exc
+            raise type(exc)(exc.reason, path=path, index=index, fix=exc.fix) from exc
         table = table.set_column(i, name, column)
     batch = to_batch(table)
     refuse_nulls(path, batch, start)

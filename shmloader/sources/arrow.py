@@ -11,6 +11,17 @@
 
 Batch row counts of each file are found once per process and cached in the source.
 ``columns=`` and ``tensors=`` work as in :class:`~shmloader.sources.parquet.ParquetSource`.
+
+A variable-length list of numbers whose rows all have one length L, in every file, is read as
+a tensor of row shape ``(L,)``, as if ``tensors=`` named it: Hugging Face ``datasets`` writes
+a column of fixed-size embeddings as ``list<float>``, and a batch should give it as one
+tensor, not a list of them. ``plan()`` decides it once (``_tabular.UniformLists``), from the
+offsets of the batches: those a stream's count walks anyway, and an IPC file's batches read
+for the list columns alone (memory-mapped locally; on an object store, one read of those
+columns). The result travels with the pickled source, so readers do not look again, and every
+task gives the column one form. ``tensors=`` wins over it; a source made
+:meth:`~shmloader.sources.base.BaseSource.with_varying_lists` (what
+``SharedTaskDataset(ragged=...)`` asks for) keeps such columns lists.
 """
 
 from __future__ import annotations
@@ -26,7 +37,15 @@ import pyarrow.fs as pafs
 from .._fs import _GLOB_CHARS, expand_paths, open_stream, resolve
 from .._keywords import suggest_keywords
 from ..errors import ConfigError, DataError
-from ._tabular import SchemaCheck, check_columns, check_options, finish, open_input, row_spans
+from ._tabular import (
+    SchemaCheck,
+    UniformLists,
+    check_columns,
+    check_options,
+    finish,
+    open_input,
+    row_spans,
+)
 from .base import BaseSource, ReadResult, Shard, check_held
 from .hf import HFDataset, hf_dataset_files, is_hf_dataset, refuse_other_hf
 
@@ -38,6 +57,10 @@ class ArrowSource(BaseSource):
     """Arrow IPC files/streams (a glob, path or list), Hugging Face ``save_to_disk`` folders,
     or a ``datasets.Dataset`` object: its own Arrow files when they hold it as it is, else one
     file written for it into ``cache_dir`` once (hf.py); its columns by default."""
+
+    # Row shapes of the list columns found to hold one length in every row (tensor_shapes):
+    # None until a plan looks.
+    _fixed_lists: dict[str, tuple[int, ...]] | None = None
 
     @suggest_keywords()
     def __init__(
@@ -65,18 +88,51 @@ class ArrowSource(BaseSource):
         return f"ArrowSource({len(self.paths)} files, columns={self.columns})"
 
     def _make_plan(self) -> list[Shard]:
+        """One shard per file, counted; every schema checked (``SchemaCheck``); and, unless
+        :attr:`lists_vary`, the list columns whose rows all have one length found
+        (``UniformLists``): from the batches an IPC stream's count walks anyway, and from
+        an IPC file's batches read for those columns alone (mapped locally, so no copy; on
+        an object store, a read of those columns once per plan)."""
         shards = []
         check = SchemaCheck(self.columns, self.tensors)
+        uniform = None if self.lists_vary else UniformLists(self.columns, self.tensors)
         for path in self.paths:
             with open_input(path) as f:
                 if _is_ipc_file(path, f):
                     reader = _open_file(path, f)
                     shards.append(Shard(path, _count_rows(reader)))
+                    check(path, reader.schema, shards[-1].num_records)
+                    if uniform is not None and uniform.undecided:
+                        _see_file_lists(path, f, reader.schema, uniform)
                 else:
                     reader = _open_stream(path, f)
-                    shards.append(Shard(path, sum(b.num_rows for b in _batches(path, reader))))
-                check(path, reader.schema, shards[-1].num_records)
+                    schema = reader.schema
+                    seen = uniform if uniform is not None and uniform.in_file(schema) else None
+                    rows = 0
+                    for batch in _batches(path, reader):
+                        rows += batch.num_rows
+                        if seen is not None:
+                            seen.see(batch)
+                    shards.append(Shard(path, rows))
+                    check(path, schema, rows)
+        self._fixed_lists = {} if uniform is None else uniform.shapes()
         return shards
+
+    def forget_decided_types(self) -> None:
+        self._fixed_lists = None
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Row shape of every column read as a tensor: the ones ``tensors=`` names, and the
+        list columns the plan found to hold one length in every row (unless
+        :attr:`lists_vary`). Found with the plan, which travels to readers with the source;
+        a source not planned yet plans here, so every process reads a column one way."""
+        if self._fixed_lists is None:
+            if self.lists_vary:
+                self._fixed_lists = {}
+            else:
+                self._plan = list(self._make_plan())
+        assert self._fixed_lists is not None  # set by _make_plan
+        return {**self._fixed_lists, **self.tensors}
 
     def _read(self, shard: Shard, start: int, stop: int) -> ReadResult:
         path = shard.path
@@ -98,7 +154,7 @@ class ArrowSource(BaseSource):
         table = pa.Table.from_batches(batches, schema=schema)
         if self.columns is not None:
             table = table.select(self.columns)
-        return ReadResult(finish(path, table, offset, start, stop, self.tensors))
+        return ReadResult(finish(path, table, offset, start, stop, self.tensor_shapes()))
 
     def _file_counts(
         self, path: str, f: Any, reader: pa.ipc.RecordBatchFileReader
@@ -137,6 +193,23 @@ def _stream_range(
     # part of the range it still has, which overstates what is left when that is nothing).
     check_held(path, start, stop, row)
     return batches, offset
+
+
+def _see_file_lists(path: str, f: Any, schema: pa.Schema, uniform: UniformLists) -> None:
+    """Show ``uniform`` the rows of an IPC file's list columns in question, batch by batch,
+    reading those columns alone (``included_fields``); stops once none is."""
+    names = uniform.in_file(schema)
+    if not names:
+        return
+    options = pa.ipc.IpcReadOptions(included_fields=[schema.get_field_index(n) for n in names])
+    try:
+        reader = pa.ipc.open_file(f, options=options)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"not a readable Arrow IPC file: {exc}", path=path) from exc
+    for i in range(reader.num_record_batches):
+        if not uniform.undecided:
+            return
+        uniform.see(_get_batch(path, reader, i))
 
 
 def _count_rows(reader: pa.ipc.RecordBatchFileReader) -> int:
