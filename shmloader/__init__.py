@@ -47,6 +47,7 @@ _EXPORTS: dict[str, str] = {
     "encode_example": "shmloader.formats.example",
     "ExampleDecoder": "shmloader.formats.example",
     "ExampleBatchDecoder": "shmloader.formats.example",
+    "write_file_shards": "shmloader.formats.file_shards",
     # sources
     "Shard": "shmloader.sources.base",
     "Source": "shmloader.sources.base",
@@ -104,6 +105,7 @@ if TYPE_CHECKING:
         decode_example,
         encode_example,
     )
+    from shmloader.formats.file_shards import write_file_shards
     from shmloader.formats.payloads import payload_rows
     from shmloader.formats.tfrecord import RecordFile, RecordWriter, read_records, write_records
     from shmloader.master.client import MasterClient
@@ -167,6 +169,7 @@ __all__ = [
     "read_records",
     "source_for_paths",
     "task_rng",
+    "write_file_shards",
     "write_records",
 ]
 

@@ -1,4 +1,5 @@
-"""``shmloader convert INPUT... --output-dir DIR``: tables to TFRecord shards of tf.train.Example.
+"""``shmloader convert INPUT... --output-dir DIR``: tables to TFRecord shards of tf.train.Example,
+or a folder of files (images, ...) to WebDataset tar shards (``formats/file_shards.py``).
 
 One Example per input row, written in shards of ``--records-per-file`` records named
 ``<prefix>-00000-of-000NN.tfrecord`` (each with its sidecar index, so training plans them
@@ -32,6 +33,7 @@ from tqdm import tqdm
 from .._fs import expand_paths, open_random, open_stream, resolve
 from ..errors import ConfigError, DataError
 from ..formats.example import encode_example
+from ..formats.file_shards import write_file_shards
 from ..formats.tfrecord import RecordFile, RecordWriter
 from ._convert_columns import ColumnStats, arrow_columns, numpy_columns
 from ._convert_types import (
@@ -47,6 +49,7 @@ from ._convert_types import (
 )
 
 FORMATS = ("parquet", "csv", "jsonl", "npz")
+FILES = "files"  # --format files: one sample per file, into tar shards (formats/file_shards.py)
 _EXTENSIONS = {
     ".parquet": "parquet",
     ".pq": "parquet",
@@ -67,13 +70,20 @@ Columns = list[tuple[ColumnStats, list[Any]]]
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "convert",
-        help="convert Parquet/CSV/JSON Lines/npz rows into TFRecord shards of tf.train.Example",
+        help=(
+            "convert Parquet/CSV/JSON Lines/npz rows into TFRecord shards of tf.train.Example, "
+            "or a folder of files (images, ...) into WebDataset tar shards"
+        ),
         description=(
             "Write one tf.train.Example per input row into TFRecord shards (with their sidecar "
             "indexes) and print the feature spec that decodes them. Scalars become 1-element "
             "lists, fixed-size arrays and lists are flattened, strings and binaries become "
-            "bytes. Exit status: 0 done, 1 an input that cannot be read or decoded, 2 bad "
-            "arguments (a missing input among them) or a column an Example cannot hold."
+            "bytes. A folder of files of no table format (or --format files) becomes "
+            "WebDataset tar shards instead, one sample per file named by its path under the "
+            "folder (cat/001.jpg: key cat/001, field jpg), in an order that puts files of "
+            "every subfolder in every shard. Exit status: 0 done, 1 an input that cannot be "
+            "read or decoded, 2 bad arguments (a missing input among them) or a column an "
+            "Example cannot hold."
         ),
     )
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="files, URIs or quoted globs")
@@ -81,15 +91,18 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--records-per-file",
         type=int,
-        default=100_000,
+        default=None,
         metavar="N",
-        help="records per output shard (default: 100000)",
+        help=("records per output shard (default: 100000 rows; files: about 256 MiB of them)"),
     )
     parser.add_argument(
         "--format",
-        choices=FORMATS,
+        choices=(*FORMATS, FILES),
         default=None,
-        help="input format (default: from each file's extension)",
+        help=(
+            "input format (default: from each file's extension; a folder of files of no table "
+            "format: files)"
+        ),
     )
     parser.add_argument("--prefix", default="part", help="shard name prefix (default: part)")
     parser.add_argument(
@@ -137,10 +150,14 @@ class ConvertResult:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.format == FILES or (args.format is None and _is_folder_of_files(args.inputs)):
+            return _run_files(args)
         result = convert(
             args.inputs,
             args.output_dir,
-            records_per_file=args.records_per_file,
+            records_per_file=(
+                _ROWS_PER_FILE if args.records_per_file is None else args.records_per_file
+            ),
             fmt=args.format,
             prefix=args.prefix,
             compression=args.compression,
@@ -167,11 +184,65 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_folder_of_files(inputs: Sequence[str]) -> bool:
+    """Whether the inputs include a folder and, all of them expanded, no file has a table
+    format's ending: files to put in tar shards, not rows to convert."""
+    folders = [p for p in inputs if resolve(p)[0].get_file_info(resolve(p)[1]).type == _DIR]
+    if not folders:
+        return False
+    return not any(_table_format(p) for p in expand_paths(inputs, directories=True))
+
+
+_DIR = pafs.FileType.Directory
+
+
+def _table_format(path: str) -> str | None:
+    try:
+        return format_of(path)
+    except ConfigError:
+        return None
+
+
+def _run_files(args: argparse.Namespace) -> int:
+    """``convert`` of a folder of files: tar shards, and how to read them."""
+    try:
+        written = write_file_shards(
+            args.inputs,
+            args.output_dir,
+            files_per_shard=args.records_per_file,
+            prefix=args.prefix,
+        )
+    except ConfigError as exc:
+        print(f"shmloader convert: {exc}", file=sys.stderr)
+        return 2
+    except DataError as exc:
+        print(f"shmloader convert: {exc}", file=sys.stderr)
+        return 1
+    files = sum(shard.files for shard in written)
+    print(f"wrote {files} files to {len(written)} tar shard{'s' if len(written) != 1 else ''}:")
+    shown = written if len(written) <= 8 else [*written[:3], *written[-3:]]
+    for i, shard in enumerate(shown):
+        if len(written) > 8 and i == 3:
+            print(f"  ... {len(written) - 6} more")
+        print(f"  {shard.path}  ({shard.files} file{'s' if shard.files != 1 else ''})")
+    pattern = f"{args.output_dir.rstrip('/')}/{args.prefix}-*.tar"
+    print(
+        "\nRead them with:\n\n"
+        f'    source = shmloader.WebDatasetSource("{pattern}", decode=decode)\n\n'
+        "where decode(sample) gets {'__key__': 'cat/001', 'jpg': b'...'}: the key is the "
+        "file's path under the folder without its ending, the field its ending."
+    )
+    return 0
+
+
+_ROWS_PER_FILE = 100_000
+
+
 def convert(
     inputs: str | Sequence[str],
     output_dir: str,
     *,
-    records_per_file: int = 100_000,
+    records_per_file: int = _ROWS_PER_FILE,
     fmt: str | None = None,
     prefix: str = "part",
     compression: str | None = None,
