@@ -18,8 +18,8 @@ one lease + one completion, batched as above), RPCs per second, p50/p99 latency 
 call, the master's CPU (share of one core, and tasks per second per master core: what it
 would serve given a core of its own), the master's memory (RSS) with the consumers
 registered, per consumer (growth over the idle master) and per task of the plan (growth from
-planning and starting it), and the journal: bytes appended per task (and per epoch of
-``--tasks``), the snapshots that compaction wrote, and the most the directory held. The load
+planning and starting it), and the journal: the most its directory held at once (the SQLite
+database and its write-ahead log, which compaction bounds) and its size at the end. The load
 processes share the machine's cores with the master: on a small machine the rate is bounded
 by the load as much as by the master, which is why the per-core figure is given too.
 """
@@ -105,21 +105,17 @@ def _load(address: str, names: list[str], args: argparse.Namespace, start: float
 
 
 class JournalWatch:
-    """What the master writes to its journal, looked at every 20 ms from a thread: bytes
-    appended to its segments (``journal-*.log``, each only grows until the next compaction
-    starts another), snapshots written, and the most the directory held at once (compaction
-    bounds it: the journal does not grow with epochs)."""
+    """The size of the master's journal directory, looked at every 20 ms from a thread: the
+    most it held at once (the SQLite database and its write-ahead log; compaction bounds it:
+    the journal does not grow with epochs) and what it holds at the end."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
-        self.appended = self.snapshots = self.snapshot_bytes = self.most = 0
-        self._sizes: dict[str, int] = {}
+        self.most = self.last = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> JournalWatch:
-        self._look()  # what was there before counts as seen
-        self.appended = self.snapshots = self.snapshot_bytes = 0
         self._thread.start()
         return self
 
@@ -133,20 +129,14 @@ class JournalWatch:
             self._look()
 
     def _look(self) -> None:
-        sizes = {}
+        total = 0
         for name in os.listdir(self.directory):
             try:
-                sizes[name] = os.path.getsize(os.path.join(self.directory, name))
-            except FileNotFoundError:  # compacted away meanwhile
+                total += os.path.getsize(os.path.join(self.directory, name))
+            except FileNotFoundError:  # gone meanwhile (the log at a close)
                 continue
-        for name, size in sizes.items():
-            if name.startswith("journal-"):
-                self.appended += max(size - self._sizes.get(name, 0), 0)
-            elif name.startswith("snapshot-") and name not in self._sizes:
-                self.snapshots += 1
-                self.snapshot_bytes += size
-        self.most = max(self.most, sum(sizes.values()))
-        self._sizes = sizes
+        self.most = max(self.most, total)
+        self.last = total
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -206,11 +196,8 @@ def run(consumers: int, args: argparse.Namespace) -> dict[str, float]:
         "rss_mib": rss / 2**20,
         "rss_per_consumer_kib": (rss - rss_idle) / consumers / 1024,
         "rss_per_task_b": plan_bytes / args.tasks,
-        "journal_b_per_task": watch.appended / tasks if tasks else 0.0,
-        "journal_mib_per_epoch": watch.appended / tasks * args.tasks / 2**20 if tasks else 0.0,
-        "snapshots": watch.snapshots,
-        "snapshot_mib": watch.snapshot_bytes / max(watch.snapshots, 1) / 2**20,
         "journal_most_mib": watch.most / 2**20,
+        "journal_end_mib": watch.last / 2**20,
     }
 
 
@@ -241,10 +228,8 @@ def main() -> None:
             f"{r['tasks_s_per_master_core']:,.0f} tasks/s per master core\n"
             f"  master RSS {r['rss_mib']:.0f} MiB: {r['rss_per_consumer_kib']:.0f} KiB per "
             f"consumer, {r['rss_per_task_b']:,.0f} B per task of the plan\n"
-            f"  journal: {r['journal_b_per_task']:.0f} B appended per task "
-            f"({r['journal_mib_per_epoch']:.1f} MiB per epoch of {args.tasks:,} tasks), "
-            f"{r['snapshots']} snapshots of {r['snapshot_mib']:.1f} MiB, the directory at most "
-            f"{r['journal_most_mib']:.1f} MiB",
+            f"  journal: the directory at most {r['journal_most_mib']:.1f} MiB, "
+            f"{r['journal_end_mib']:.1f} MiB at the end",
             flush=True,
         )
 

@@ -403,7 +403,7 @@ def decode_frames(
 ) -> tuple[list[bytes], int]:
     """Complete, CRC-valid payloads at the start of ``buf`` and where that valid prefix ends.
 
-    Built for append-only logs (the master's journal) that may end in a torn write:
+    Built for append-only logs that may end in a torn write:
 
     * a last frame cut short (header or payload incomplete) ends the prefix, no error;
     * a frame whose length CRC fails ends the prefix if every byte from that frame's start

@@ -1,28 +1,37 @@
-"""The dispatcher's write-ahead journal: update records in TFRecord frames, plus snapshots.
+"""The dispatcher's write-ahead journal: one SQLite database of update records and a snapshot.
 
 A journal directory holds::
 
-    config.json                   the dispatcher settings and schedule key it was made for
-    snapshot-<seq>.json           state_dict after the first <seq> updates (newest one kept)
-    journal-<seq>.log             frames of {"seq": n, "update": {...}} from update <seq> on
-    lock                          flock()ed by the master that owns the directory
+    journal.sqlite3       tables config (the schedule key and settings it was made for),
+                          updates (seq, body: one update as JSON, crc32) and snapshot (one row:
+                          the state after the first <seq> updates)
+    journal.sqlite3-wal   SQLite's write-ahead log, there while the journal is open (and after
+                          a crash, until the next open replays it)
+    lock                  flock()ed by the master that owns the directory
 
 Files are created 0600, and the directory 0700 where the journal creates it.
 
 :class:`Journal` is the dispatcher's :class:`~shmloader.master.updates.UpdateSink`: each
-update is written (one ``os.write`` of one frame) before the dispatcher applies it, and the
-dispatcher calls :meth:`Journal.commit` at the end of every request, where the fsync policy
-acts and, every ``snapshot_every`` updates, the state is compacted into a snapshot. The files
-are local on purpose (and so use ``os`` rather than ``pyarrow.fs``): durability needs fsync,
-atomic rename and truncate, which object stores do not offer. docs/master.md has the details.
+update is inserted into the request's open transaction before the dispatcher applies it, and
+the dispatcher calls :meth:`Journal.commit` at the end of every request, which commits that
+transaction (the server replies only after it), syncs as the fsync policy says and, every
+``snapshot_every`` updates, replaces the updates by a snapshot of the state. SQLite makes each
+commit atomic: a crash, even mid-write, loses the uncommitted transaction and nothing else.
+The database is local on purpose (SQLite's locking and fsync need a local file system).
+docs/master.md has the details.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import logging
 import os
 import re
+import sqlite3
+import weakref
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -30,9 +39,6 @@ from typing import Any, Literal, get_args
 
 from .. import _flock
 from ..errors import ConfigError, CorruptRecordError, MasterError
-from ..formats._framing import FRAME_OVERHEAD, HEADER
-from ..formats.checksum import masked_crc32c
-from ..formats.tfrecord import decode_frames, encode_frame
 from ..sources.base import Shard
 from .config import JobConfig
 from .dispatcher import Dispatcher
@@ -41,32 +47,72 @@ from .updates import Update, update_from_dict, update_to_dict
 
 log = logging.getLogger(__name__)
 
-# When the journal fsyncs: every record, once per batch of records, or never (the OS decides).
+# When the journal syncs: at every commit (once per request), once per batch of updates, or
+# at SQLite's own checkpoints only (see _SYNCHRONOUS and docs/master.md).
 Fsync = Literal["always", "batch", "never"]
 FSYNC_POLICIES: tuple[str, ...] = get_args(Fsync)
-JOURNAL_FORMAT = 1
-_SEGMENT = re.compile(r"^journal-(\d{20})\.log$")
-_SNAPSHOT = re.compile(r"^snapshot-(\d{20})\.json$")
+JOURNAL_FORMAT = 2
+DATABASE = "journal.sqlite3"
+# In WAL mode "NORMAL" commits without syncing and syncs the log at every checkpoint (before
+# copying it into the database, which is synced after): a power loss may lose the latest
+# commits, never the database's consistency. "OFF" would skip those syncs too and could leave
+# a damaged database after a power loss, so even "never" keeps NORMAL; it costs nothing per
+# commit. "FULL" syncs the log at every commit.
+_SYNCHRONOUS: dict[str, str] = {"always": "FULL", "batch": "NORMAL", "never": "NORMAL"}
+# The files of the journal format before SQLite (segments of framed records, snapshot files).
+_OLD_FORMAT = re.compile(r"^(config\.json|journal-\d{20}\.log|snapshot-\d{20}\.json(\.tmp)?)$")
 # The owner's alone: the state names the job's files and its trainers, no business of the
-# machine's other users. A directory that exists already keeps its mode.
+# machine's other users. A directory that exists already keeps its mode. SQLite gives its
+# -wal file the database file's mode.
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS config (id INTEGER PRIMARY KEY CHECK (id = 1),"
+    " format INTEGER NOT NULL, schedule TEXT NOT NULL, settings TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS updates (seq INTEGER PRIMARY KEY, body TEXT NOT NULL,"
+    " crc32 INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS snapshot (id INTEGER PRIMARY KEY CHECK (id = 1),"
+    " seq INTEGER NOT NULL, state TEXT NOT NULL, crc32 INTEGER NOT NULL)",
+)
+# OR REPLACE: a commit that failed may have reached the log all the same (its sync failed);
+# the same rows are then written again, unchanged.
+_INSERT = "INSERT OR REPLACE INTO updates (seq, body, crc32) VALUES (?, ?, ?)"
+# SQLite's primary result codes that say the file is damaged, or that the disk said no.
+_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
+_SQLITE_ERRNO = {13: errno.ENOSPC, 8: errno.EROFS}  # SQLITE_FULL, SQLITE_READONLY; else EIO
+# Python 3.10's sqlite3 errors carry no result code: their messages are SQLite's own texts.
+_SQLITE_TEXTS = (
+    ("file is not a database", _SQLITE_NOTADB),
+    ("malformed", _SQLITE_CORRUPT),
+    ("disk is full", 13),
+    ("readonly database", 8),
+)
+_DAMAGED_FIX = (
+    "The master will not start on it and lose what it recorded (completions, leases): restore "
+    f"{DATABASE} (with its -wal file, if any) from a backup, or start the master without this "
+    "journal, e.g. on an empty directory (the job's progress is then lost)"
+)
+
+Row = tuple[int, str, int]
 
 
-def _dumps(data: Any) -> bytes:
-    return json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+def _dumps(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+
+def _crc(text: str) -> int:
+    """CRC-32 of a row's JSON: SQLite checks its pages' structure, not what the rows hold."""
+    return zlib.crc32(text.encode())
 
 
 @dataclass(frozen=True)
 class Recovery:
-    """What opening the directory found: where state came from and what was cut off."""
+    """What opening the journal found: the snapshot the state came from (None: none yet),
+    how many updates were replayed after it, and the sequence number of the next update."""
 
     snapshot_seq: int | None
     replayed: int
     next_seq: int
-    torn_path: str | None
-    torn_bytes: int
-    skipped_snapshots: tuple[str, ...]
 
 
 class Journal:
@@ -83,17 +129,20 @@ class Journal:
         batch_seconds: float,
     ) -> None:
         self.directory = directory
+        self.path = os.path.join(directory, DATABASE)
         self.dispatcher = dispatcher
         self.fsync = fsync
         self.snapshot_every = snapshot_every
         self.batch_records = batch_records
         self.batch_seconds = batch_seconds
-        self.seq = 0
+        self.seq = 0  # the next update's sequence number
         self.recovery: Recovery | None = None
-        self._fd: int | None = None
-        self._segment = ""  # the segment _fd writes, and its length
-        self._size = 0
-        self._broken = ""  # why _fd was closed while the journal is open, if it was
+        self._db: sqlite3.Connection | None = None
+        # Updates recorded since the last commit that went through. A transaction, when one is
+        # open, holds exactly these; after a failed commit none is, and they wait here to be
+        # written again (they are applied: the journal must not go on without them).
+        self._pending: list[Row] = []
+        self._failed_commit = ""  # why the last commit failed, while its updates wait
         self._lock_fd: int | None = None
         self._unsynced = 0
         self._last_sync = float("-inf")
@@ -116,7 +165,8 @@ class Journal:
 
         The recovered dispatcher is ``journal.dispatcher``; its sink is this journal, and a
         :class:`~.updates.MasterStarted` record marks the restart. ConfigError if the directory
-        was written for another plan or schedule settings, or is used by another master.
+        was written for another plan or schedule settings, in an older format, or is used by
+        another master; CorruptRecordError if the database is damaged.
         """
         if fsync not in FSYNC_POLICIES:
             raise ConfigError(f"fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")
@@ -139,91 +189,132 @@ class Journal:
         )
         journal._lock()
         try:
-            journal._check_config()
-            journal.recovery = journal._recover()
-            journal._rotate()
+            journal._refuse_the_old_format()
+            try:
+                journal._connect()
+                fresh = journal._check_config()
+                journal.recovery = journal._recover(fresh)
+                if fresh or journal.recovery.replayed:
+                    journal._compact(with_config=fresh)
+            except sqlite3.Error as exc:
+                raise journal._failure(exc, "cannot open it") from exc
             journal.dispatcher.sink = journal
             journal.dispatcher.restart(now)
             journal.sync()
         except BaseException:
-            journal.close()
+            journal._abandon()
             raise
         return journal
 
     # ---------------------------------------------------------- UpdateSink
 
     def record(self, update: Update) -> None:
-        if self._fd is None:
-            raise MasterError(
-                f"journal {self.directory} is closed{self._broken}; the update was not applied"
-            )
-        frame = encode_frame(_dumps({"seq": self.seq, "update": update_to_dict(update)}))
+        """Put ``update`` into the request's transaction; the dispatcher applies it only if
+        this returns. OSError if it cannot (a full disk, an I/O error)."""
+        db = self._db
+        if db is None:
+            raise MasterError(f"journal {self.directory} is closed; the update was not applied")
+        if self._failed_commit:
+            try:
+                self._commit_pending(db)
+            except sqlite3.Error as exc:
+                first = self._pending[0][0]
+                raise self._failure(
+                    exc,
+                    f"cannot write update {self.seq}: updates {first}..{self.seq - 1}, applied "
+                    f"by a request whose commit failed ({self._failed_commit}), cannot be "
+                    "written either",
+                    "it was not applied",
+                ) from exc
+        body = _dumps(update_to_dict(update))
+        row = (self.seq, body, _crc(body))
         try:
-            _write_all(self._fd, frame)
-        except OSError as exc:
-            self._undo_torn_write(exc)
-            raise OSError(
-                exc.errno,
-                f"journal {self._file(self._segment)}: cannot write update {self.seq} at byte "
-                f"{self._size} ({exc.strerror or exc}); it was not applied",
+            self._begin(db)
+            db.execute(_INSERT, row)
+        except sqlite3.Error as exc:
+            self._rollback(db)
+            raise self._failure(
+                exc, f"cannot write update {self.seq}", "it was not applied"
             ) from exc
-        self._size += len(frame)
+        self._pending.append(row)
         self.seq += 1
-        self._unsynced += 1
         self._since_snapshot += 1
 
     def commit(self, now: float) -> None:
-        """End of a request: fsync as the policy says, and compact when a snapshot is due."""
+        """End of a request: commit its updates, sync as the policy says, and compact when a
+        snapshot is due. If the commit fails its updates (applied already) stay pending, and
+        every later update is refused until they are written: OSError either way."""
+        db = self._db
+        if db is None:
+            return
+        if self._pending:
+            try:
+                self._commit_pending(db)
+            except sqlite3.Error as exc:
+                first = self._pending[0][0]
+                self._failed_commit = str(exc)
+                raise self._failure(
+                    exc,
+                    f"cannot commit updates {first}..{self.seq - 1}",
+                    "they are applied, but journaled only once a later update can be written; "
+                    "until then every update is refused",
+                ) from exc
         if self._unsynced and (
-            self.fsync == "always"
-            or (
-                self.fsync == "batch"
-                and (
-                    self._unsynced >= self.batch_records
-                    or now - self._last_sync >= self.batch_seconds
-                )
-            )
+            self._unsynced >= self.batch_records or now - self._last_sync >= self.batch_seconds
         ):
-            self._sync(now)
+            self.sync(now)
         if self._since_snapshot >= self.snapshot_every:
             try:
-                self._rotate()
-            except OSError as exc:
-                # The request's updates are in the segment already, and applied: failing the
-                # request would tell its caller a lease it holds was refused, or a completion
-                # counted was not. Compaction only bounds the segment's size; try again later.
+                self._compact()
+            except sqlite3.Error as exc:
+                # The request's updates are committed, and applied: failing the request would
+                # tell its caller a lease it holds was refused, or a completion counted was
+                # not. Compaction only bounds the journal's size; try again later.
                 self._since_snapshot = 0
                 log.warning(
-                    "journal %s: compaction failed (%s); the updates are safe in %s, which "
-                    "keeps growing; trying again after %d more updates",
-                    self.directory,
+                    "journal %s: compaction failed (%s); the updates are safe in the "
+                    "journal, which keeps growing; trying again after %d more updates",
+                    self.path,
                     exc,
-                    self._segment,
                     self.snapshot_every,
                 )
 
     # -------------------------------------------------------------- control
 
     def sync(self, now: float | None = None) -> None:
-        """Make every written update durable now, whatever the policy."""
-        self._sync(self._last_sync if now is None else now)
+        """Make every committed update durable now, whatever the policy: a checkpoint, which
+        syncs SQLite's log, copies it into the database and syncs that."""
+        db = self._open_db()
+        try:
+            if self._pending:
+                self._commit_pending(db)
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as exc:
+            raise self._failure(exc, "cannot sync it") from exc
+        self._unsynced = 0
+        if now is not None:
+            self._last_sync = now
 
     def snapshot(self) -> None:
-        """Compact now: snapshot the state, start a new segment, delete older files."""
-        self._rotate()
+        """Compact now: store the state as the snapshot and delete the updates it holds."""
+        db = self._open_db()
+        try:
+            if self._pending:
+                self._commit_pending(db)
+            self._compact()
+        except sqlite3.Error as exc:
+            raise self._failure(exc, "cannot write a snapshot") from exc
 
     def close(self) -> None:
-        """fsync and close; the dispatcher stays usable in memory but journals nothing more."""
-        fd, self._fd = self._fd, None
+        """Commit what is pending, sync, and close; the dispatcher stays usable in memory but
+        journals nothing more. The directory's lock is released even if the sync fails."""
         if self.dispatcher.sink is self:
             self.dispatcher.sink = None
         try:
-            if fd is not None:
-                _close(fd)
-        finally:  # a failed fsync (a disk gone read-only) must not keep the directory locked
-            if self._lock_fd is not None:
-                _flock.release(self._lock_fd)
-                self._lock_fd = None
+            if self._db is not None:
+                self.sync()
+        finally:  # a failed sync (a disk gone read-only) must not keep the directory locked
+            self._abandon()
 
     def __enter__(self) -> Journal:
         return self
@@ -238,244 +329,281 @@ class Journal:
 
     # ------------------------------------------------------------ internals
 
-    def _file(self, name: str) -> str:
-        return os.path.join(self.directory, name)
+    def _open_db(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise MasterError(f"journal {self.directory} is closed")
+        return self._db
 
     def _lock(self) -> None:
-        fd = _flock.hold(self._file("lock"))
+        fd = _flock.hold(os.path.join(self.directory, "lock"))
         if fd is None:
             raise ConfigError(
                 f"journal {self.directory} is in use by another master (its lock file is held)"
             )
         self._lock_fd = fd
 
-    def _check_config(self) -> None:
+    def _abandon(self) -> None:
+        """Close without syncing (sync first where that matters) and release the lock."""
+        if self.dispatcher.sink is self:
+            self.dispatcher.sink = None
+        db, self._db = self._db, None
+        _open_journals.discard(self)
+        try:
+            if db is not None:
+                db.close()  # SQLite checkpoints here too, where it can
+        except sqlite3.Error as exc:
+            log.warning("journal %s: closing it failed: %s", self.path, exc)
+        finally:
+            if self._lock_fd is not None:
+                _flock.release(self._lock_fd)
+                self._lock_fd = None
+
+    def _refuse_the_old_format(self) -> None:
+        old = sorted(n for n in os.listdir(self.directory) if _OLD_FORMAT.match(n))
+        if old:
+            shown = ", ".join(old[:4]) + (", ..." if len(old) > 4 else "")
+            raise ConfigError(
+                f"journal {self.directory} holds a journal in the format of earlier shmloader "
+                f"versions ({shown}: segments of framed records and snapshot files), which "
+                f"this version does not read: it keeps its journal in {DATABASE}. Finish the "
+                "job with the shmloader version that wrote it, or give this master another "
+                "directory (the job then starts afresh)"
+            )
+
+    def _connect(self) -> None:
+        """Open the database (created 0600 where missing), in WAL mode with exclusive locking:
+        one connection, the master's, so SQLite keeps the log's index in memory rather than
+        in a shared -shm file, and no other process reads a half-recovered journal."""
+        created = False
+        if not os.path.exists(self.path):
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, _FILE_MODE))
+            created = True
+        # The master's lock serializes every use; its threads take turns.
+        db = self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        _open_journals.add(self)
+        db.execute("PRAGMA locking_mode=EXCLUSIVE")
+        (mode,) = db.execute("PRAGMA journal_mode=WAL").fetchone()
+        if mode != "wal":
+            raise MasterError(f"journal {self.path}: SQLite cannot use WAL mode here ({mode})")
+        db.execute(f"PRAGMA synchronous={_SYNCHRONOUS[self.fsync]}")
+        db.execute("BEGIN")
+        for statement in _SCHEMA:
+            db.execute(statement)
+        db.execute("COMMIT")
+        if created:
+            _fsync_directory(self.directory)  # the new file's name, durable
+
+    def _check_config(self) -> bool:
+        """ConfigError unless the database was made for this schedule; True if it is new (no
+        config row: its first transaction, config and snapshot together, is still to come)."""
+        db = self._open_db()
+        where = f"journal {self.path}"
+        found = db.execute("SELECT format, schedule FROM config").fetchone()
+        if found is None:
+            if db.execute("SELECT EXISTS (SELECT 1 FROM updates)").fetchone()[0]:
+                raise ConfigError(f"{where} has no config row but holds updates")
+            return True
+        stored_format, stored_schedule = found
+        if stored_format != JOURNAL_FORMAT:
+            raise ConfigError(
+                f"{where} has format {stored_format}; this version reads format "
+                f"{JOURNAL_FORMAT}. Use the shmloader version that wrote it"
+            )
+        try:
+            schedule = json.loads(stored_schedule)
+            if not isinstance(schedule, dict):
+                raise ValueError(f"a {type(schedule).__name__}, not an object")
+        except ValueError as exc:
+            raise CorruptRecordError(
+                f"its config row is damaged: {exc}", path=self.path, fix=_DAMAGED_FIX
+            ) from exc
+        check_schedule_key(
+            schedule_key(self.dispatcher.table, self.dispatcher.config), schedule, where
+        )
+        db.execute("UPDATE config SET settings = ?", (self._config_row()[2],))
+        return False
+
+    def _config_row(self) -> tuple[int, str, str]:
+        """The format, schedule key and settings this journal is opened with."""
         d = self.dispatcher
-        key = schedule_key(d.table, d.config)
-        path = self._file("config.json")
-        if os.path.exists(path):
-            try:
-                with open(path, "rb") as f:
-                    stored = json.loads(f.read())
-                found = stored["schedule"]
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise ConfigError(f"{path}: unreadable journal config: {exc}") from exc
-            check_schedule_key(key, found, f"journal {self.directory}")
-        elif any(_SEGMENT.match(n) or _SNAPSHOT.match(n) for n in os.listdir(self.directory)):
-            raise ConfigError(f"{path} is missing but the directory holds journal files")
-        config = {"format": JOURNAL_FORMAT, "schedule": key, "config": d.config.to_dict()}
-        self._write_atomic("config.json", _dumps(config))
+        return JOURNAL_FORMAT, _dumps(schedule_key(d.table, d.config)), _dumps(d.config.to_dict())
 
-    def _listing(self, pattern: re.Pattern[str]) -> list[tuple[int, str]]:
-        found = [(m, n) for n in os.listdir(self.directory) if (m := pattern.match(n))]
-        return sorted((int(m.group(1)), n) for m, n in found)
-
-    def _recover(self) -> Recovery:
+    def _recover(self, fresh: bool) -> Recovery:
+        """Load the snapshot, then replay the updates after it in sequence."""
+        db = self._open_db()
         d = self.dispatcher
         snapshot_seq: int | None = None
-        skipped: list[str] = []
-        for seq, name in reversed(self._listing(_SNAPSHOT)):
-            state = self._read_snapshot(name, seq)
-            if state is None:
-                skipped.append(name)
-                continue
+        found = db.execute("SELECT seq, state, crc32 FROM snapshot").fetchone()
+        if found is not None:
+            snapshot_seq, text, crc = found
+            try:
+                if not isinstance(text, str) or _crc(text) != crc:
+                    raise ValueError("its CRC-32 does not match")
+                state = json.loads(text)
+            except ValueError as exc:
+                raise CorruptRecordError(
+                    f"the snapshot (the state after {snapshot_seq} updates, which it replaced) "
+                    f"is damaged: {exc}",
+                    path=self.path,
+                    fix=_DAMAGED_FIX,
+                ) from exc
             d.load_state_dict(state)
-            snapshot_seq = seq
-            break
-        expected = snapshot_seq or 0
-        replayed, torn_path, torn_bytes = 0, None, 0
-        segments = self._listing(_SEGMENT)
-        self._check_segment_follows(snapshot_seq, segments)
-        for i, (_, name) in enumerate(segments):
-            path = self._file(name)
-            with open(path, "rb") as f:
-                data = f.read()
-            payloads, end = decode_frames(data, path=path)
-            if end < len(data) and i == len(segments) - 1:
-                _refuse_a_damaged_last_record(data, end, path)
-                torn_path, torn_bytes = path, len(data) - end
-                os.truncate(path, end)
-            offset = 0
-            for payload in payloads:
-                expected, applied = self._replay(payload, expected, path, offset, skipped)
-                replayed += applied
-                offset += len(payload) + 16
-        self.seq = expected
-        return Recovery(snapshot_seq, replayed, expected, torn_path, torn_bytes, tuple(skipped))
-
-    def _check_segment_follows(
-        self, snapshot_seq: int | None, segments: list[tuple[int, str]]
-    ) -> None:
-        """CorruptRecordError if the segment a snapshot started is gone. ``_rotate`` creates
-        ``journal-<seq>.log`` right after ``snapshot-<seq>.json`` and deletes older segments
-        only after that, so one of them is always there; without this check a deleted newest
-        segment looked like a clean compaction, and its updates (tasks completed since) were
-        silently undone: handed out again, so delivered twice. Snapshot 0 is the exception
-        (the very first start may stop before its first segment, with nothing to lose)."""
-        if not snapshot_seq or any(seq <= snapshot_seq for seq, _ in segments):
-            return
-        name = f"journal-{snapshot_seq:020d}.log"
-        raise CorruptRecordError(
-            f"{name} is missing: the updates after snapshot {snapshot_seq} (leases, tasks "
-            "completed since) are lost, and starting from the snapshot would hand out again "
-            "what was delivered. Restore the file; to start from the snapshot anyway, create "
-            "it empty",
-            path=self._file(name),
-        )
-
-    def _replay(
-        self, payload: bytes, expected: int, path: str, offset: int, skipped: list[str]
-    ) -> tuple[int, int]:
-        try:
-            record = json.loads(payload)
-            seq = int(record["seq"])
-            update = update_from_dict(record["update"])
-        except (ValueError, KeyError, TypeError, CorruptRecordError) as exc:
+        elif not fresh and not db.execute("SELECT EXISTS (SELECT 1 FROM updates)").fetchone()[0]:
+            # Written with the config row: gone, it looked like a new journal (progress lost).
             raise CorruptRecordError(
-                f"bad journal record: {exc}", path=path, offset=offset
-            ) from exc
-        if seq < expected:
-            return expected, 0  # already in the snapshot
-        if seq > expected:
-            raise CorruptRecordError(
-                f"journal record {seq} follows {expected - 1}: updates {expected}..{seq - 1} are "
-                "missing (a lost segment, or a deleted or damaged snapshot"
-                + (f"; damaged, so skipped: {', '.join(skipped)}" if skipped else "")
-                + ")",
-                path=path,
-                offset=offset,
+                "the snapshot is missing, and no updates are there to replay instead",
+                path=self.path,
+                fix=_DAMAGED_FIX,
             )
+        expected = snapshot_seq or 0
+        replayed = 0
+        for seq, body, crc in db.execute("SELECT seq, body, crc32 FROM updates ORDER BY seq"):
+            if seq < expected:
+                continue  # in the snapshot already
+            if seq > expected:
+                raise CorruptRecordError(
+                    f"journal updates {expected}..{seq - 1} are missing (the next one there is "
+                    f"{seq})",
+                    path=self.path,
+                    index=seq,
+                    fix=_DAMAGED_FIX,
+                )
+            self._replay(seq, body, crc)
+            expected += 1
+            replayed += 1
+        self.seq = expected
+        return Recovery(snapshot_seq, replayed, expected)
+
+    def _replay(self, seq: int, body: str, crc: int) -> None:
+        try:
+            if not isinstance(body, str) or _crc(body) != crc:
+                raise ValueError("its CRC-32 does not match")
+            update = update_from_dict(json.loads(body))
+        except (ValueError, TypeError, CorruptRecordError) as exc:
+            raise CorruptRecordError(
+                f"journal update {seq} is damaged: {exc}",
+                path=self.path,
+                index=seq,
+                fix=_DAMAGED_FIX,
+            ) from exc
         try:
             self.dispatcher.apply(update)
         except MasterError as exc:
             raise CorruptRecordError(
-                f"journal record {seq} does not apply to the recovered state: {exc}",
-                path=path,
-                offset=offset,
+                f"journal update {seq} does not apply to the recovered state: {exc}",
+                path=self.path,
+                index=seq,
+                fix=_DAMAGED_FIX,
             ) from exc
-        return expected + 1, 1
 
-    def _read_snapshot(self, name: str, seq: int) -> dict[str, Any] | None:
-        """The state in a snapshot, or None if it is damaged (an older one is tried next)."""
+    def _compact(self, *, with_config: bool = False) -> None:
+        """In one transaction: the state at ``seq`` as the snapshot, the updates before it
+        deleted. A crash leaves either, never neither. Nothing may be pending. A new journal's
+        config row comes in the same transaction: a config row without a snapshot is damage."""
+        db = self._open_db()
+        assert not self._pending
+        state = _dumps(self.dispatcher.state_dict())
         try:
-            with open(self._file(name), "rb") as f:
-                data = json.loads(f.read())
-            state = data["state"]
-            ok = data["seq"] == seq and data["crc32c"] == masked_crc32c(_dumps(state))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        return state if ok and isinstance(state, dict) else None
-
-    def _rotate(self) -> None:
-        """Snapshot at ``seq``, then switch to a fresh segment and delete what it replaces."""
-        state = self.dispatcher.state_dict()
-        snap: dict[str, Any] = {"format": JOURNAL_FORMAT, "seq": self.seq, "state": state}
-        snap["crc32c"] = masked_crc32c(_dumps(state))
-        name = f"snapshot-{self.seq:020d}.json"
-        self._write_atomic(name, _dumps(snap))
-        segment = f"journal-{self.seq:020d}.log"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-        # The new segment opens before the old one closes: if it cannot, records go on into
-        # the old one (recovery skips those the snapshot holds), not nowhere.
-        new_fd = os.open(self._file(segment), flags, _FILE_MODE)
-        old_fd, self._fd = self._fd, new_fd
-        self._segment, self._size = segment, 0
-        if old_fd is not None:
-            _close(old_fd)
-        self._fsync_dir()
-        for _, old in self._listing(_SEGMENT) + self._listing(_SNAPSHOT):
-            if old not in (name, segment):
-                os.unlink(self._file(old))
-        self._fsync_dir()
+            db.execute("BEGIN")
+            if with_config:
+                db.execute(
+                    "INSERT INTO config (id, format, schedule, settings) VALUES (1, ?, ?, ?)",
+                    self._config_row(),
+                )
+            db.execute(
+                "INSERT OR REPLACE INTO snapshot (id, seq, state, crc32) VALUES (1, ?, ?, ?)",
+                (self.seq, state, _crc(state)),
+            )
+            db.execute("DELETE FROM updates WHERE seq < ?", (self.seq,))
+            db.execute("COMMIT")
+        except sqlite3.Error:
+            self._rollback(db)
+            raise
         self._since_snapshot = 0
 
-    def _undo_torn_write(self, exc: OSError) -> None:
-        """Cut a frame that was only partly written (a full disk writes what fits, then fails)
-        back off the segment. Left there, the next record would follow a torn frame, and
-        recovery would take it for corruption: after the disk has room again, the master
-        would run on, and could never be restarted. If the cut fails too (a read-only file
-        system), the segment is closed: a torn tail with nothing after it is what recovery
-        expects from a crash, and cuts away itself."""
-        assert self._fd is not None
-        try:
-            os.ftruncate(self._fd, self._size)
-        except OSError as cut:
-            os.close(self._fd)
-            self._fd = None
-            self._broken = (
-                f" (writing to {self._file(self._segment)} failed: {exc}; cutting its torn "
-                f"tail off at byte {self._size} failed too: {cut}; restart the master once "
-                "the disk is writable)"
-            )
+    def _begin(self, db: sqlite3.Connection) -> None:
+        """Open the request's transaction where none is: with the updates still pending from
+        a commit that failed, if any."""
+        if not db.in_transaction:
+            db.execute("BEGIN")
+            if self._pending:
+                db.executemany(_INSERT, self._pending)
 
-    def _sync(self, now: float) -> None:
-        if self._fd is not None:
-            os.fsync(self._fd)
-        self._unsynced = 0
-        self._last_sync = now
-
-    def _write_atomic(self, name: str, data: bytes) -> None:
-        tmp = self._file(name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _FILE_MODE)
+    def _commit_pending(self, db: sqlite3.Connection) -> None:
         try:
-            _write_all(fd, data)
-            os.fsync(fd)
-        except OSError:
-            os.unlink(tmp)  # a half-written file on a full disk only takes more room
+            self._begin(db)
+            db.execute("COMMIT")
+        except sqlite3.Error:
+            self._rollback(db)
             raise
-        finally:
-            os.close(fd)
-        os.replace(tmp, self._file(name))
-        self._fsync_dir()
+        if self.fsync == "batch":  # "always" commits synced; "never" leaves it to checkpoints
+            self._unsynced += len(self._pending)
+        self._pending.clear()
+        self._failed_commit = ""
 
-    def _fsync_dir(self) -> None:
-        fd = os.open(self.directory, os.O_RDONLY)
+    def _rollback(self, db: sqlite3.Connection) -> None:
+        """End a transaction that failed, so that the next one starts from the pending updates
+        alone (SQLite may have undone one statement of it or all of it)."""
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            log.warning("journal %s: rollback failed: %s", self.path, exc)
+
+    def _failure(self, exc: sqlite3.Error, what: str, outcome: str = "") -> Exception:
+        """The exception to raise for SQLite's ``exc``: CorruptRecordError for a damaged
+        database, OSError (with the errno the disk's answer maps to) otherwise."""
+        code = _result_code(exc)
+        if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+            return CorruptRecordError(
+                f"the journal's database is damaged ({exc}); {what}",
+                path=self.path,
+                fix=_DAMAGED_FIX,
+            )
+        number = _SQLITE_ERRNO.get(code, errno.EIO) if code is not None else errno.EIO
+        return OSError(
+            number, f"journal {self.path}: {what} ({exc})" + (f"; {outcome}" if outcome else "")
+        )
 
 
-def _refuse_a_damaged_last_record(data: bytes, end: int, path: str) -> None:
-    """CorruptRecordError if what follows the valid records at ``end`` is a complete last
-    record whose checksum fails, rather than a torn write. A crash mid-write leaves a frame
-    cut short, or one whose bytes never landed (zeros: the file grew before its data was
-    written); a complete frame of written bytes (a JSON payload has no NUL byte, and its CRC
-    is not four zero bytes) whose CRC fails was acknowledged and then damaged on disk.
-    Truncated as a torn write, that completion would be lost without a word."""
-    if len(data) - end < HEADER.size:
-        return
-    length, length_crc = HEADER.unpack_from(data, end)
-    if masked_crc32c(data[end : end + 8]) != length_crc:
-        return  # a header that never landed whole (decode_frames allows only zeros after)
-    frame_end = end + length + FRAME_OVERHEAD
-    if frame_end > len(data):
-        return  # cut short
-    payload = data[end + HEADER.size : frame_end - 4]
-    if b"\x00" in payload or data[frame_end - 4 : frame_end] == b"\x00" * 4:
-        return  # bytes that never landed
-    raise CorruptRecordError(
-        f"the journal's last record ({length} bytes) is complete but its checksum fails: it "
-        "was written whole and then damaged, not cut short by a crash, so the master will "
-        "not start and lose what it recorded (a completion, a lease). Restore the file from "
-        "a backup, or start the master without this journal (its progress is then lost)",
-        path=path,
-        offset=end,
-    )
+# Journals open in this process, for _forget_in_a_forked_child.
+_open_journals: weakref.WeakSet[Journal] = weakref.WeakSet()
 
 
-def _close(fd: int) -> None:
-    """fsync and close; closed even if the fsync fails (whose error is raised)."""
+def _forget_in_a_forked_child() -> None:
+    """A forked child (a DataLoader worker of a trainer that embeds the master) must neither
+    write through the parent's connections nor close them: SQLite's close would checkpoint
+    and delete the parent's -wal file, which the parent goes on writing, unlinked (its commits
+    lost at the next crash). So the child keeps each connection for ever (one reference more,
+    never given back: nothing closes it, not even the interpreter's exit), and its copies of
+    the journals refuse updates as closed ones do. The lock is ``_flock``'s business."""
+    for journal in list(_open_journals):
+        db, journal._db = journal._db, None
+        journal._lock_fd = None
+        if db is not None:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(db))
+    _open_journals.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_a_forked_child)
+
+
+def _result_code(exc: sqlite3.Error) -> int | None:
+    """SQLite's primary result code for ``exc`` (from its message before Python 3.11)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF
+    text = str(exc)
+    return next((code for words, code in _SQLITE_TEXTS if words in text), None)
+
+
+def _fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 __all__ = ["FSYNC_POLICIES", "Journal", "Recovery"]

@@ -353,7 +353,7 @@ class Master:
     @property
     def journal(self) -> Journal | None:
         """The journal once started (None without ``journal=``): its ``recovery`` says what a
-        restart found on disk (snapshot, records replayed, a torn tail cut off)."""
+        restart found on disk (the snapshot, the updates replayed after it)."""
         return self._journal
 
     def local_stub(self) -> LocalStub:
