@@ -274,3 +274,48 @@ def test_concurrent_readers_never_see_half_an_index(data: str) -> None:
         for t in threads:
             t.join()
     assert not errors, errors[0]
+
+
+@pytest.mark.parametrize("suffix", [".tmp", ".part", ".partial", ".TMP", "~"])
+def test_a_file_written_under_a_temporary_name_and_renamed_leaves_no_stray_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str
+) -> None:
+    """The atomic write (write ``x.tfrecord.tmp``, rename it to ``x.tfrecord``) leaves the
+    folder holding the data and, once it is read, its index under the final name; nothing
+    named after the temporary path, there or in the index cache."""
+    from shmloader import RecordFileSource
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SHMLOADER_INDEX_DIR", str(cache))
+    folder = tmp_path / "data"
+    folder.mkdir()
+    final = folder / "x.tfrecord"
+    temporary = folder / f"x.tfrecord{suffix}"
+    payloads = [i.to_bytes(8, "little") for i in range(25)]
+    assert write_records(temporary, payloads) == 25
+    assert sorted(os.listdir(folder)) == [temporary.name]
+    os.rename(temporary, final)
+
+    source = RecordFileSource(str(folder / "*.tfrecord"), decode=lambda b: {"i": b[0]})
+    (shard,) = source.plan()
+    assert shard.num_records == 25
+    assert source.read(shard, 20, 25).column("i").to_pylist() == [20, 21, 22, 23, 24]
+    assert list(read_records(final, 3, 6)) == payloads[3:6]
+    assert sorted(os.listdir(folder)) == ["x.tfrecord", "x.tfrecord.shmidx"]
+    assert not cache.exists() or os.listdir(cache) == []
+    assert read_index(str(final), "tfrecord") is not None
+
+
+def test_a_temporary_name_gets_its_index_when_asked_and_other_names_by_default(
+    tmp_path: Path,
+) -> None:
+    kept = tmp_path / "x.tfrecord.tmp"
+    write_records(kept, [b"a", b"b"], index=True)
+    assert (tmp_path / "x.tfrecord.tmp.tfrecord.shmidx").exists()
+    plain = tmp_path / "y.tfrecord"
+    write_records(plain, [b"a", b"b"])
+    assert (tmp_path / "y.tfrecord.shmidx").exists()
+    # "tmp" inside a name is not a temporary name.
+    inside = tmp_path / "tmp.data.tfrecord"
+    write_records(inside, [b"a"])
+    assert (tmp_path / "tmp.data.tfrecord.shmidx").exists()

@@ -75,6 +75,7 @@ __all__ = [
     "default_index_dir",
     "fallback_index_path",
     "find_index",
+    "is_temporary_name",
     "load_offsets",
     "read_index",
     "save_offsets",
@@ -119,6 +120,21 @@ def sidecar_path(path: str, kind: str) -> str:
     if path.endswith(f".{kind}"):
         return f"{path}{INDEX_SUFFIX}"
     return f"{path}.{kind}{INDEX_SUFFIX}"
+
+
+# The endings of names a file is written under before it is renamed to its own (the atomic
+# write: write ``x.tfrecord.tmp``, then rename it to ``x.tfrecord``); ``.partial`` is what
+# ``shmloader convert`` writes shards under.
+TEMPORARY_SUFFIXES = (".tmp", ".temp", ".part", ".partial", "~")
+
+
+def is_temporary_name(path: str) -> bool:
+    """Whether ``path``'s name ends like a file about to be renamed (:data:`TEMPORARY_SUFFIXES`,
+    any case). Writers leave such a file without an index: an index is found by the data
+    file's path, so one written for ``x.tfrecord.tmp`` (as ``x.tfrecord.tmp.tfrecord.shmidx``)
+    would stay behind, orphaned, once the file is renamed, and never be used."""
+    name = os.path.basename(os.fspath(path).rstrip("/")).lower()
+    return name.endswith(TEMPORARY_SUFFIXES)
 
 
 def _older_sidecar_path(path: str, kind: str) -> str | None:

@@ -31,7 +31,7 @@ from ._framing import FRAME_OVERHEAD, U32, Bad, Run, decode_frames, encode_frame
 from ._mapped import MappedSource
 from ._resync import LostRange, ResyncScan, read_lost
 from .checksum import masked_crc32c
-from .index import cached_index, save_offsets
+from .index import cached_index, is_temporary_name, save_offsets
 
 __all__ = [
     "LostRange",
@@ -67,6 +67,14 @@ class RecordWriter:
     records written so far are closed into a valid file but no index is written (it would
     describe a file the caller considers failed; one is built on first use if wanted).
     ``close`` flushes but does not fsync; see docs/formats.md.
+
+    ``index``: ``None`` (the default) writes the index unless ``path`` is a temporary name
+    (ends in ``.tmp``, ``.temp``, ``.part``, ``.partial`` or ``~``:
+    :func:`~shmloader.formats.index.is_temporary_name`). Such a file is about to be renamed,
+    and an index belongs to the path it was made for: written for ``x.tfrecord.tmp`` it would
+    be left behind, orphaned, by the rename to ``x.tfrecord``, whose first read builds and
+    caches the index under the final name instead (one scan). ``True`` always writes it,
+    ``False`` never.
     """
 
     def __init__(
@@ -74,12 +82,12 @@ class RecordWriter:
         path: str | os.PathLike[str],
         *,
         compression: str | None = None,
-        index: bool = True,
+        index: bool | None = None,
         index_dir: str | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.compression = check_compression(compression)
-        self._index = index
+        self._index = not is_temporary_name(self.path) if index is None else bool(index)
         self._index_dir = index_dir
         self._sink: Sink | None = Sink(self.path, self.compression)
         self._buffer = bytearray()
@@ -115,8 +123,8 @@ class RecordWriter:
             self._buffer = bytearray()
 
     def close(self) -> None:
-        """Flush, close and write the sidecar index (unless ``index=False``); a second call
-        does nothing."""
+        """Flush, close and write the sidecar index (unless ``index=False``, or a temporary
+        name with ``index=None``: see the class); a second call does nothing."""
         self._finish(write_index=self._index)
 
     def _finish(self, *, write_index: bool) -> None:
@@ -153,9 +161,23 @@ def write_records(
     records: Iterable[bytes],
     *,
     compression: str | None = None,
-    index: bool = True,
+    index: bool | None = None,
 ) -> int:
-    """Write ``records`` as one TFRecord file (and its index); returns how many."""
+    """Write ``records`` as one TFRecord file (and its index); returns how many.
+
+    An index is found by its data file's path (``x.tfrecord`` has ``x.tfrecord.shmidx``), so
+    a file written under a temporary name and then renamed, the usual atomic write::
+
+        write_records("x.tfrecord.tmp", records)
+        os.rename("x.tfrecord.tmp", "x.tfrecord")
+
+    gets no index from this call: ``index=None`` (the default) leaves out the index of a
+    name ending in ``.tmp``, ``.temp``, ``.part``, ``.partial`` or ``~``, which the rename
+    would leave behind under the old name. The first read of ``x.tfrecord`` builds its index
+    (one scan of the file) and saves it next to it, under the final name. Other names get
+    their index now; ``index=True`` writes it whatever the name, ``index=False`` never
+    (see :class:`RecordWriter`).
+    """
     with RecordWriter(path, compression=compression, index=index) as writer:
         for record in records:
             writer.write(record)
