@@ -268,7 +268,16 @@ class Reader:
                 # In the order the sampler consumes tasks: the task it waits for is never
                 # stuck behind one it does not need yet.
                 self._queue.sort(key=lambda lease: (lease.epoch, lease.seq))
-                lease = self._queue.pop(0)
+                at = self._first_to_serve()
+                if at is None:  # every task held is of an epoch the trainer has not begun
+                    self._look_for_wanted()
+                    if paused % SWEEP_EVERY == 0:
+                        self.config.store.sweep_written()
+                    paused += 1
+                    time.sleep(AHEAD_POLL)
+                    continue
+                paused = 0
+                lease = self._queue.pop(at)
                 done = False
                 try:
                     with self._watching(lease):
@@ -291,6 +300,32 @@ class Reader:
     def _take(self, leases: Any, asked_at: float) -> None:
         self._renewer.hold([lease.lease_id for lease in leases], asked_at)
         self._queue.extend(leases)
+
+    def _first_to_serve(self) -> int | None:
+        """Where in the (sorted) queue the next task to serve is: the first of an epoch no
+        later than the store's ``last_epoch`` hint, or one the sampler waits for; None while
+        there is none. The trainer moves the hint on as its sampler begins an epoch
+        (``Runtime._hold_readers_back``); until then the tasks of later epochs stay leased,
+        renewed and unread: a job that stops after this epoch decodes none of them. A
+        retiring reader serves what it holds and exits."""
+        store = self.config.store
+        last = None if self._retiring else store.last_epoch()
+        if last is None or self._queue[0].epoch <= last:
+            return 0
+        wanted = store.wanted()
+        return next((i for i, lease in enumerate(self._queue) if _key(lease) in wanted), None)
+
+    def _look_for_wanted(self) -> None:
+        """While every task held waits for the trainer's next epoch: if the sampler waits for
+        a task nobody holds (e.g. one whose reader died, leased again), lease one more to find
+        it, as :meth:`_give_way` does; twice a second at most."""
+        now = time.monotonic()
+        if now < self._next_look or self._trainer_silent():
+            return
+        self._next_look = now + GIVE_WAY_EVERY
+        if self.config.store.wanted() and len(self._queue) < MAX_HELD * self.config.lease_ahead:
+            asked_at = lease_clock()
+            self._take(self.client.lease(self.config.consumer, 1).leases, asked_at)
 
     def _give_way(self, lease: Any) -> bool:
         """While waiting for budget for ``lease``: should it step aside for a task the sampler

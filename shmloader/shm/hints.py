@@ -16,6 +16,14 @@ one poll.
   reader that leases without end only hoards tasks; with several trainers sharing a master's
   epochs (elastic mode), it would hoard them from the others.
 
+- ``last_epoch``: the last epoch whose tasks readers may read now (a number; no file: any).
+  A reader holding a task of a later epoch keeps it, unread, until the number moves on or the
+  consumer waits for that task (``Runtime._hold_readers_back``). The consumer sets it to the
+  epoch after the last one its sampler began, and to that epoch itself once a window of the
+  next epoch's tasks is read: a job that stops after its last pass (``epochs=None``, the
+  script counts) then leaves that window decoded for nothing, not the two windows ``ahead``
+  allows and those read meanwhile, and nothing of the epoch after.
+
 - ``alive``: when (``time.monotonic()``, one clock for all processes of a Linux host) the
   consumer's maintenance thread last went round (``Runtime._maintain``). A reader whose
   trainer is silent for over half a ``lease_timeout`` (stopped, frozen) leases nothing more
@@ -54,6 +62,7 @@ from .names import is_alive, self_identity
 
 WANTED_NAME = "wanted"
 AHEAD_NAME = "ahead"
+LAST_EPOCH_NAME = "last_epoch"
 LARGEST_NAME = "largest"
 BLOCKED_PREFIX = "blocked."
 WAITING_PREFIX = "waiting."
@@ -97,6 +106,25 @@ def set_ahead(folder: str, ahead: bool) -> None:
 
 def is_ahead(folder: str) -> bool:
     return os.path.exists(os.path.join(folder, AHEAD_NAME))
+
+
+def set_last_epoch(folder: str, epoch: int | None) -> None:
+    """``None`` takes the limit away."""
+    path = os.path.join(folder, LAST_EPOCH_NAME)
+    if epoch is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    else:
+        _replace(path, str(epoch))
+
+
+def last_epoch(folder: str) -> int | None:
+    """The last epoch readers may read now, or ``None`` when the consumer set no limit."""
+    try:
+        with open(os.path.join(folder, LAST_EPOCH_NAME)) as f:
+            return int(f.read())
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def _set_writer_flag(folder: str, prefix: str, on: bool) -> None:

@@ -447,6 +447,16 @@ class StoreHandle:
     def is_ahead(self) -> bool:
         return hints.is_ahead(self.path)
 
+    def set_last_epoch(self, epoch: int | None) -> None:
+        """The last epoch whose tasks the writers may read now (see shm/hints.py)."""
+        try:
+            hints.set_last_epoch(self.path, epoch)
+        except FileNotFoundError as exc:
+            raise _budget.closed_error(self.path) from exc
+
+    def last_epoch(self) -> int | None:
+        return hints.last_epoch(self.path)
+
     def in_use(self) -> int:
         """Bytes held by sealed and unsealed segments now (exact: taken under the lock)."""
         with _budget.locked(self.path):

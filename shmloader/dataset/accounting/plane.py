@@ -80,7 +80,7 @@ class DataPlane:
         consumer: str | None = None,  # this trainer's consumer id at the master
         lease_timeout: float | None = None,  # the master's: check ready tasks' leases
     ) -> None:
-        self.ready = ReadyTasks()
+        self.ready = ReadyTasks(start_epoch)
         self._master = master  # the positions of a checkpoint ask for the epochs' task counts
         self._segments = segments
         self._book = ConsumptionBook(start_epoch=start_epoch, resume=resume, taken_over=taken_over)

@@ -37,11 +37,15 @@ STUCK_MESSAGE = (
 
 
 class ReadyTasks:
-    def __init__(self) -> None:
+    def __init__(self, first_epoch: int = 0) -> None:
         self._cond = threading.Condition()
         self._ready: dict[tuple[int, int], ReadyTask] = {}
         self._error: BaseException | None = None
         self._closed = False
+        # The latest epoch the sampler asked for tasks of (``first_epoch`` until it asks): the
+        # epoch the trainer has begun. Readers read one window of the epoch after it, no more
+        # (Runtime._hold_readers_back): a script that stops after this epoch wastes little.
+        self.latest_epoch = first_epoch
         # How long take() waited for tasks that were not ready: the sampler, and so the loop,
         # waiting on the readers (Stats.reader_wait_seconds).
         self.waited_seconds = 0.0
@@ -70,6 +74,11 @@ class ReadyTasks:
     def pending(self) -> list[ReadyTask]:
         with self._cond:
             return list(self._ready.values())
+
+    def count_after(self, epoch: int) -> int:
+        """Ready tasks of epochs after ``epoch``."""
+        with self._cond:
+            return sum(1 for e, _ in self._ready if e > epoch)
 
     def missing(self, epoch: int, seqs: Iterable[int]) -> list[int]:
         """Those of ``seqs`` not ready (yet) in ``epoch``."""
@@ -107,6 +116,7 @@ class ReadyTasks:
         end. Otherwise a warning says what is waited for after ``STUCK_WARN`` seconds.
         """
         began = time.monotonic()
+        self._asked(epoch)
         try:
             return self._take(epoch, list(seqs), pressure, later, gone, poll, patience, recheck)
         finally:
@@ -183,9 +193,17 @@ class ReadyTasks:
 
     def take_ready(self, keys: Iterable[tuple[int, int]]) -> list[ReadyTask]:
         """Those tasks of ``keys`` (epoch, seq) that are ready now, without waiting."""
+        keys = list(keys)
         with self._cond:
             self._raise_if_stopped()
+            for epoch, _ in keys:
+                self._asked(epoch)
             return [self._ready.pop(k) for k in keys if k in self._ready]
+
+    def _asked(self, epoch: int) -> None:
+        # One int replaced (atomic under the GIL), read without the lock.
+        if epoch > self.latest_epoch:
+            self.latest_epoch = epoch
 
     def _raise_if_stopped(self) -> None:
         if self._error is not None:
