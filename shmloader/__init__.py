@@ -47,7 +47,7 @@ _EXPORTS: dict[str, str] = {
     "encode_example": "shmloader.formats.example",
     "ExampleDecoder": "shmloader.formats.example",
     "ExampleBatchDecoder": "shmloader.formats.example",
-    "write_file_shards": "shmloader.formats.file_shards",
+    "write_file_shards": "shmloader.sources.file_shards",
     # sources
     "Shard": "shmloader.sources.base",
     "Source": "shmloader.sources.base",
@@ -105,7 +105,6 @@ if TYPE_CHECKING:
         decode_example,
         encode_example,
     )
-    from shmloader.formats.file_shards import write_file_shards
     from shmloader.formats.payloads import payload_rows
     from shmloader.formats.tfrecord import RecordFile, RecordWriter, read_records, write_records
     from shmloader.master.client import MasterClient
@@ -115,6 +114,7 @@ if TYPE_CHECKING:
     from shmloader.sources.base import ReadResult, Shard, Source
     from shmloader.sources.csv import CSVSource
     from shmloader.sources.factory import source_for_paths
+    from shmloader.sources.file_shards import write_file_shards
     from shmloader.sources.files import FileSource
     from shmloader.sources.jsonl import JSONLSource
     from shmloader.sources.parquet import ParquetSource

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import shmloader
-from shmloader.formats import file_shards
+from shmloader.sources import file_shards
 
 CLASSES = ("cat", "dog", "owl")
 PER_CLASS = 20

@@ -1,5 +1,5 @@
 """``shmloader convert INPUT... --output-dir DIR``: tables to TFRecord shards of tf.train.Example,
-or a folder of files (images, ...) to WebDataset tar shards (``formats/file_shards.py``).
+or a folder of files (images, ...) to WebDataset tar shards (``sources/file_shards.py``).
 
 One Example per input row, written in shards of ``--records-per-file`` records named
 ``<prefix>-00000-of-000NN.tfrecord`` (each with its sidecar index, so training plans them
@@ -33,8 +33,8 @@ from tqdm import tqdm
 from .._fs import expand_paths, open_random, open_stream, resolve
 from ..errors import ConfigError, DataError
 from ..formats.example import encode_example
-from ..formats.file_shards import write_file_shards
 from ..formats.tfrecord import RecordFile, RecordWriter
+from ..sources.file_shards import write_file_shards
 from ._convert_columns import ColumnStats, arrow_columns, numpy_columns
 from ._convert_types import (
     USER_TYPES,
@@ -49,7 +49,7 @@ from ._convert_types import (
 )
 
 FORMATS = ("parquet", "csv", "jsonl", "npz")
-FILES = "files"  # --format files: one sample per file, into tar shards (formats/file_shards.py)
+FILES = "files"  # --format files: one sample per file, into tar shards (sources/file_shards.py)
 _EXTENSIONS = {
     ".parquet": "parquet",
     ".pq": "parquet",

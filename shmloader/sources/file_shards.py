@@ -33,7 +33,9 @@ import pyarrow.fs as pafs
 
 from .._fs import resolve
 from ..errors import ConfigError, DataError
-from .index import sidecar_path
+from ..formats.index import sidecar_path
+from .files import FileSource
+from .webdataset import WebDatasetSource
 
 SHARD_BYTES = 256 << 20  # the size a shard aims at when files_per_shard is not given
 _READ_FILES = 64  # files read at a time (their bytes are held until written)
@@ -61,8 +63,6 @@ def write_file_shards(
     :class:`~shmloader.FileSource` takes them) into ``<prefix>-00000-of-000NN.tar`` shards in
     ``output_dir`` (see the module doc); ``files_per_shard`` None: about
     :data:`SHARD_BYTES` per shard, from the files' mean size. Returns the shards in order."""
-    from ..sources.files import FileSource  # sources import formats: not at module level
-
     if files_per_shard is not None and files_per_shard < 1:
         raise ConfigError(f"files_per_shard must be at least 1, got {files_per_shard}")
     if not _PREFIX.fullmatch(prefix):
@@ -146,8 +146,6 @@ class _Output:
     def finish(self, shard: WrittenShard) -> WrittenShard:
         """Rename a partial shard to its final name and check that it reads back whole (which
         indexes it, as training would on its first plan)."""
-        from ..sources.webdataset import WebDatasetSource
-
         final = shard.path.removesuffix(_PARTIAL)
         self.fs.move(resolve(shard.path)[1], resolve(final)[1])
         self.written[self.written.index(shard.path)] = final  # abort() removes it from now on
