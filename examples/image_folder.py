@@ -63,7 +63,7 @@ def train(root: Path) -> None:
     model = torch.nn.Sequential(flatten, torch.nn.Linear(inputs, classes))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_of = torch.nn.functional.cross_entropy
-    with shmloader.SharedTaskDataset(source, num_readers=2, seed=7) as ds:
+    with shmloader.SharedTaskDataset(source, num_readers=2, seed=7, epochs=2) as ds:
         loader = shmloader.DataLoader(ds, batch_size=32)
         for epoch in range(2):
             names: Counter[str] = Counter()
