@@ -53,7 +53,12 @@ def main() -> None:
         model = torch.nn.Linear(FEATURES, 2)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         loss_of = torch.nn.functional.cross_entropy
-        with shmloader.SharedTaskDataset(source, num_readers=2, seed=7, epochs=2) as ds:
+        with shmloader.SharedTaskDataset(
+            source,
+            num_readers=2,
+            seed=7,
+            epochs=2,  # the passes below: readers decode nothing past them
+        ) as ds:
             loader = shmloader.DataLoader(ds, batch_size=256)
             for epoch in range(2):
                 correct = seen = 0

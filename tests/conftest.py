@@ -47,9 +47,47 @@ def _left_by_this_run(name: str) -> bool:
     return pid == os.getpid() or not is_alive(pid, token)
 
 
+def _leaked(before: set[str]) -> list[str]:
+    return sorted(n for n in _ours() - before if _left_by_this_run(n))
+
+
+def _xdist_worker() -> bool:
+    """Whether this process runs tests for pytest-xdist's controller (``pytest -n 2``)."""
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "numprocesses", None)) and not _xdist_worker()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _no_shm_leaks() -> Iterator[None]:
+    """In a run of one process, at its end. A worker of ``pytest -n`` cannot tell an entry
+    another worker's test is still using from one left behind: the controller checks, once
+    every worker is done (``pytest_sessionfinish`` below)."""
+    if _xdist_worker():
+        yield
+        return
     before = _ours()
     yield
-    leaked = sorted(n for n in _ours() - before if _left_by_this_run(n))
+    leaked = _leaked(before)
     assert not leaked, f"tests left entries in {SHM_DIR}: {leaked}"
+
+
+_BEFORE = pytest.StashKey[set[str]]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _xdist_controller(session.config):
+        session.config.stash[_BEFORE] = _ours()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not _xdist_controller(session.config):
+        return
+    leaked = _leaked(session.config.stash.get(_BEFORE, set()))
+    if leaked:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"tests left entries in {SHM_DIR}: {leaked}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
