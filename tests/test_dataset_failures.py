@@ -266,7 +266,7 @@ def test_a_killed_reader_in_a_tiny_budget_does_not_stall_later_epochs(
 
 @pytest.mark.timeout(90)  # it hung
 @pytest.mark.parametrize("kind", ["shmloader", "batch_sampler", "batch_sampler-workers"])
-def test_rows_kept_for_the_next_batch_are_let_go_when_they_fill_the_budget(
+def test_rows_kept_for_the_next_batch_go_out_as_a_short_batch_when_they_fill_the_budget(
     tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Room for one segment; a batch of 32 leaves rows of a block's task over, whose segment
@@ -295,21 +295,21 @@ def test_rows_kept_for_the_next_batch_are_let_go_when_they_fill_the_budget(
     assert "handing them out as a short batch" in caplog.text
 
 
-def test_under_ddp_rows_kept_for_the_next_batch_are_not_let_go() -> None:
+def test_under_ddp_rows_kept_for_the_next_batch_make_no_short_batch() -> None:
     import numpy as np
 
     from shmloader.dataset.order.batch_sampler import TaskBatchSampler
-    from shmloader.dataset.order.sampler import LET_GO
+    from shmloader.dataset.order.sampler import SHORT_BATCH
 
-    class Blocks:  # the sampler's side: one block of 40 rows, then only LET_GO
+    class Blocks:  # the sampler's side: one block of 40 rows, then only SHORT_BATCH
         def chunks(self, stuck: Any = None, **options: Any) -> Any:
             yield np.arange(40, dtype=np.int64)
-            yield LET_GO
+            yield SHORT_BATCH
 
     def pinned(held: int) -> bool:  # a wanted reader is blocked, and only these 8 rows pin
         return held == 8
 
-    batcher = TaskBatchSampler(Blocks(), 32, False, lambda rows: None, pinned, let_go=False)  # type: ignore[arg-type]
+    batcher = TaskBatchSampler(Blocks(), 32, False, lambda rows: None, pinned, short_batches=False)  # type: ignore[arg-type]
     batches = iter(batcher)
     assert len(next(batches)) == 32
     assert batcher._stuck()  # the 8 rows held are all that is not consumed
@@ -358,7 +358,7 @@ def test_batches_in_flight_that_fill_the_budget_are_a_named_error(tmp_path: Path
 
 
 @pytest.mark.long
-def test_a_slow_task_with_room_for_it_is_waited_for_not_let_go(tmp_path: Path) -> None:
+def test_a_slow_task_with_room_for_it_is_waited_for_not_cut_short(tmp_path: Path) -> None:
     """Room for the task the sampler waits for, which is just slow to read: the rows kept for
     the next batch wait for it (they were let go, and under DDP that raised)."""
     import torch.utils.data
@@ -372,7 +372,7 @@ def test_a_slow_task_with_room_for_it_is_waited_for_not_let_go(tmp_path: Path) -
     options = dict(epochs=1, records_per_task=1000, num_readers=1, slow=True)  # 2 s a task
     with dataset(directory, tmp_path / "shm", shm_budget=int(2.5 * one), **options) as ds:
         batcher = ds.batch_sampler(64)
-        batcher.let_go = False  # as under DDP
+        batcher.short_batches = False  # as under DDP
         dl = torch.utils.data.DataLoader(ds, batch_sampler=batcher, collate_fn=ds.collate)
         batches = [ids_of(b) for b in dl]
     assert sorted(i for b in batches for i in b) == expected

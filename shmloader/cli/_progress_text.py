@@ -23,7 +23,7 @@ def epoch_lines(e: EpochProgress) -> list[str]:
     return lines
 
 
-def worth_showing(epochs: Sequence[EpochProgress], last: int = 3) -> list[EpochProgress]:
+def epochs_to_show(epochs: Sequence[EpochProgress], last: int = 3) -> list[EpochProgress]:
     """The last ``last`` epochs, and every other one that is open or lost or dropped records:
     a job of 20,000 short epochs printed a line for each when its master stopped."""
     first_of_last = len(epochs) - last

@@ -22,7 +22,7 @@ from ..master.progress import Progress
 from ..master.server import LOOPBACK_HOSTS, Master
 from ..master.tasks import DDP_POLICIES
 from ..sources.factory import source_for_paths
-from ._progress_text import counter_line, epoch_lines, worth_showing
+from ._progress_text import counter_line, epoch_lines, epochs_to_show
 
 
 def register(subparsers: Any) -> None:
@@ -172,7 +172,7 @@ def summary(p: Progress) -> str:
         f"stopped: {p.epochs_finished} of {planned} epoch(s) finished, {p.num_tasks} tasks, "
         f"{p.total_records} records per epoch"
     ]
-    shown = worth_showing(p.epochs)
+    shown = epochs_to_show(p.epochs)
     for e in shown:
         lines.extend(epoch_lines(e))
     if len(shown) < len(p.epochs):

@@ -498,7 +498,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             on_received=lambda rows: self._ensure_started().plane.reports.received(rows),
             on_counted_early=lambda rows: self._ensure_started().plane.reports.counted_early(rows),
             pinned=lambda held: self._ensure_started().plane.room.pinned(held),
-            let_go=self.world_size in (None, 1),  # DDP: a short batch would unbalance steps
+            short_batches=self.world_size in (None, 1),  # DDP: a short batch would unbalance steps
             state_counting=self._batcher_state,
             load_state=self.load_state_dict,
         )
@@ -612,11 +612,11 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         assert isinstance(batch, dict)  # no ring outside a worker
         return batch
 
-    def serve_the_loop(self, ring_slots: int) -> None:
+    def use_ring(self, ring_slots: int) -> None:
         """In a worker of ``shmloader.DataLoader`` (its ``worker_init_fn``): hand batches over
         through a ring of ``ring_slots`` slots, and leave reporting them to the loader."""
         if self._gatherer is not None:
-            self._gatherer.serve_the_loop(ring_slots)
+            self._gatherer.use_ring(ring_slots)
 
     @property
     def closed(self) -> bool:

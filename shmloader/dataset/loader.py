@@ -36,7 +36,7 @@ def ring_slots(prefetch_factor: int | None) -> int:
 
 class _WorkerInit:
     """``worker_init_fn`` of shmloader.DataLoader's workers: their copy of the dataset hands
-    batches over through rings (``Gatherer.serve_the_loop``); then the user's
+    batches over through rings (``Gatherer.use_ring``); then the user's
     ``worker_init_fn``. A plain DataLoader's workers over the same dataset keep torch's
     transport. Whether a batch's gather writes the ledger travels with the batch
     (delivery.py), so a wrapper that rebuilds this loader as a torch DataLoader (accelerate's
@@ -50,7 +50,7 @@ class _WorkerInit:
         info = torch.utils.data.get_worker_info()
         assert info is not None  # torch calls it in a worker
         dataset: SharedTaskDataset = info.dataset  # type: ignore[assignment]
-        dataset.serve_the_loop(self.slots)
+        dataset.use_ring(self.slots)
         if self.then is not None:
             self.then(worker_id)
 

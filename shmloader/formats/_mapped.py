@@ -30,7 +30,7 @@ from .. import _fs
 from ._compression import ByteSource, Progress
 
 _GRAIN = mmap.ALLOCATIONGRANULARITY
-_LET_GO_EVERY = 4 << 20  # bytes of pages read before they are let go, in one call
+_DROP_PAGES_EVERY = 4 << 20  # bytes of pages read before they are let go, in one call
 
 
 class MappedSource(ByteSource):
@@ -78,18 +78,18 @@ class MappedSource(ByteSource):
         if self._view is None:
             raise ValueError("read from a closed source")
         at = self.position - self._base
-        self._let_go_before(at)
+        self._drop_pages_before(at)
         out = self._view[at : at + n]
         self.position += len(out)
         if self._progress is not None and out:
             self._progress(len(out))
         return out
 
-    def _let_go_before(self, at: int) -> None:
+    def _drop_pages_before(self, at: int) -> None:
         """Drop this process's mapping of the pages before offset ``at`` (blocks already
         read): shared file pages, so nothing is lost, a later touch maps them again."""
         end = at - at % mmap.PAGESIZE
-        if end - self._kept_from < _LET_GO_EVERY or self._mapping is None:
+        if end - self._kept_from < _DROP_PAGES_EVERY or self._mapping is None:
             return
         if hasattr(self._mapping, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
             self._mapping.madvise(mmap.MADV_DONTNEED, self._kept_from, end - self._kept_from)

@@ -91,7 +91,7 @@ class Gatherer:
         self._last: tuple[list[int], BatchSegments] | None = None
         self._table: SlotTable | None = None
 
-    def serve_the_loop(self, ring_slots: int) -> None:
+    def use_ring(self, ring_slots: int) -> None:
         """In a worker of ``shmloader.DataLoader`` (its ``worker_init_fn``): hand batches over
         through a ring of ``ring_slots`` slots (0: torch's transport)."""
         self._ring_slots = ring_slots

@@ -18,7 +18,7 @@ import torch.utils.data
 from ...errors import ConfigError, ShmSpaceError
 from ..core.receipts import ConsumedWhen, IndexBatch, Receipt, SampleIndices
 from .delivery import RequestCounts, Requests, depth_of, prefetch_depth
-from .sampler import FLUSH, LET_GO, TaskSampler
+from .sampler import FLUSH, SHORT_BATCH, TaskSampler
 from .wrappers import Wrapper, wrapper_of
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
     so: a writer of a task the sampler waits for is blocked on room, and the ``n`` rows held
     here are all that is not consumed. This batcher then hands the rows it keeps out as a short
     batch, with a warning (torch receives the batches in flight meanwhile). Under DDP
-    (``let_go=False``) a short batch would give ranks unequal steps, and with no rows kept
+    (``short_batches=False``) a short batch would give ranks unequal steps, and with no rows kept
     nothing could be handed out: then it raises ``ShmSpaceError``.
     """
 
@@ -57,7 +57,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         drop_last: bool,
         on_drop: Callable[[np.ndarray], None],
         pinned: Callable[[int], bool] | None = None,
-        let_go: bool = True,
+        short_batches: bool = True,
         on_received: Callable[[np.ndarray], None] | None = None,
         on_counted_early: Callable[[np.ndarray], None] | None = None,
         state_counting: Callable[[np.ndarray | None], dict[str, Any]] | None = None,
@@ -70,7 +70,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.drop_last = bool(drop_last)
         self.on_drop = on_drop
         self.pinned = pinned
-        self.let_go = let_go
+        self.short_batches = short_batches
         self.on_received = on_received
         self.on_counted_early = on_counted_early
         self._state_counting = state_counting
@@ -180,7 +180,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         iterator has ended. Called as a pass begins, and before a state is taken or the
         dataset closes."""
         wrapper = self._wrapper
-        if wrapper is None or not wrapper.loop_got_the_last() or self.on_received is None:
+        if wrapper is None or not wrapper.loop_has_last_batch() or self.on_received is None:
             return
         while self.issued:
             self.on_received(self.issued.popleft())
@@ -211,7 +211,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
                 "loop had that batch cannot be told: its %d rows count as not delivered and "
                 "come again in this pass. Let the iterator go when you leave a pass, or take "
                 "the dataset's state (ds.state_dict(), accelerator.save_state()) before the "
-                "next one, and they count exactly (said once)",
+                "next one, and they count exactly (logged once)",
                 self.batch_size,
                 held,
             )
@@ -247,7 +247,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
             "should it use workers, a break or a state_dict() in the middle of a pass counts "
             "the batches they prefetched (up to num_workers * prefetch_factor) as delivered. "
             "shmloader.DataLoader(ds, batch_size=%d, ...) counts exactly what its loop gets "
-            "(said once)",
+            "(logged once)",
             self.batch_size,
             why,
             self.batch_size,
@@ -278,12 +278,12 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
                     # these batches only once it goes on, so they count now, as gathered.
                     self._count_in_flight(warn=False)
                 continue
-            if chunk is LET_GO:
+            if chunk is SHORT_BATCH:
                 tracked = self._receipt is Receipt.REQUESTS
                 if not len(carry) and tracked and self._in_flight():
                     self._count_in_flight()  # their rows hold the room: count them now
                     continue
-                self._let_go(len(carry))
+                self._short_batch(len(carry))
                 yield self._issue(np.sort(carry))
                 carry = np.empty(0, dtype=np.int64)
                 self._held = 0
@@ -325,13 +325,13 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
                 "shm_budget is full with the segments of %d rows in batches the DataLoader's "
                 "workers prefetched, which count as consumed only once the loop receives them, "
                 "so the task the sampler waits for cannot be read: counting them consumed now "
-                "(a break before the loop gets them loses them; said once). To keep a break "
+                "(a break before the loop gets them loses them; logged once). To keep a break "
                 "exact, raise shm_budget to hold two shuffle windows of tasks (or lower "
                 "num_workers or prefetch_factor)",
                 rows,
             )
 
-    def _let_go(self, rows: int) -> None:
+    def _short_batch(self, rows: int) -> None:
         why = (
             f"shm_budget is full with the segments of rows not consumed yet ({rows} kept for "
             f"the next batch of {self.batch_size}, the rest in batches in flight), so the task "
@@ -343,7 +343,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         )
         if not rows:
             raise ShmSpaceError(f"{why}; {fix}")
-        if not self.let_go:
+        if not self.short_batches:
             raise ShmSpaceError(
                 f"{why}; under DDP a short batch would give this rank a step more than the "
                 f"others: {fix}"

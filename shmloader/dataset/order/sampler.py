@@ -27,12 +27,12 @@ from .blocks import DEFAULT_SHUFFLE_WINDOW, block_grid, block_order
 from .delivery import depth_of, loader_of
 from .feed import Feed, FirstPass
 
-__all__ = ["DEFAULT_SHUFFLE_WINDOW", "FLUSH", "LET_GO", "FirstPass", "TaskSampler"]
+__all__ = ["DEFAULT_SHUFFLE_WINDOW", "FLUSH", "SHORT_BATCH", "FirstPass", "TaskSampler"]
 
 log = logging.getLogger(__name__)
 
 # Yielded by ``TaskSampler.chunks`` when a batcher must hand out the rows it holds (see there).
-LET_GO = np.empty(0, dtype=np.int64)
+SHORT_BATCH = np.empty(0, dtype=np.int64)
 # How long the rows handed out to a batcher the sampler cannot see stay unconsumed, while the
 # task waited for has no room, before that is taken for what it is (see _NoProgress).
 STALL_SECONDS = 8.0  # under ready.STUCK_WARN: the error comes instead of that warning
@@ -147,7 +147,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         size = None if loader is None else loader.batch_size
         drawn = self._drawing = _Drawn(batch_size=size, depth=depth)  # taken by chunks()
         for chunk in self.chunks(stuck=_NoProgress(self._get_feed().room)):
-            if chunk is LET_GO:
+            if chunk is SHORT_BATCH:
                 raise ShmSpaceError(PINNED_BY_TORCH)
             for index in chunk.tolist():
                 drawn.pulled += 1
@@ -166,7 +166,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
 
         ``stuck()``: whether the batcher holds every row handed out and not yet consumed, while
         it waits for more (see ``ReadyTasks.take``). When the budget is full and nothing can
-        come until those rows are consumed, :data:`LET_GO` is yielded: the batcher hands them
+        come until those rows are consumed, :data:`SHORT_BATCH` is yielded: the batcher hands them
         out as they are, then asks again.
 
         ``rest_alone``: rows the last epoch's pass handed out and the loop never received (it
@@ -234,7 +234,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
                 feed.strays.want(epoch, [])
             if tasks is None:  # nothing can come until the batcher lets its rows go
                 pending, (size, full) = block + pending, this  # the same block, once room is back
-                yield LET_GO
+                yield SHORT_BATCH
                 continue
             got = {t.seq for t in tasks}
             # Starved: part of the block, or later tasks in its place. Tasks found elsewhere
@@ -281,7 +281,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             "reached the loop, and do not come again this epoch. With "
             "batch_sampler=ds.batch_sampler(batch_size) instead (or with shmloader.DataLoader) "
             "the dataset knows which batches reach the loop and delivers the others in the "
-            "next pass (said once)",
+            "next pass (logged once)",
             epoch,
             what,
         )
@@ -300,7 +300,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         log.warning(
             "this pass is empty: the master's %d epoch(s) are over%s. Each full pass of the "
             "loop is one epoch; for more passes make the dataset (or start the standalone "
-            "master) with more epochs, or epochs=None for no end (said once)",
+            "master) with more epochs, or epochs=None for no end (logged once)",
             planned,
             joined,
         )
@@ -316,7 +316,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         log.warning(
             "epoch %d: readers had no room in shm_budget for tasks %s of the block the sampler "
             "waited for, so it went on with the tasks ready (%s): from here the order depends "
-            "on timing, not only on the seed (each row still comes once; said once, however "
+            "on timing, not only on the seed (each row still comes once; logged once, however "
             "often it happens again). For a reproducible order raise shm_budget (several "
             "shuffle windows of tasks: docs/dataset.md, 'Order and shuffling')",
             epoch,
@@ -399,7 +399,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
                 "epoch %d, the master's last: still waiting after %.0f s for %d task(s) of it "
                 "that other trainers hold; one that died with them gives them up once the "
                 "master's lease_timeout (consumer_timeout, for a task its loop had begun) has "
-                "passed since it was last heard from (said once)",
+                "passed since it was last heard from (logged once)",
                 epoch,
                 now - since,
                 held,
@@ -419,7 +419,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             "Should one of them have died, its tasks come to this trainer once its leases "
             "lapse, but only in one more pass over the loader (it waits for them, delivers "
             "what comes, and ends): iterate it once more after the last epoch, or use "
-            "shmloader.DataLoader, which does so itself (said once)",
+            "shmloader.DataLoader, which does so itself (logged once)",
             epoch,
             held,
         )

@@ -70,7 +70,7 @@ class Wrapper:
     began: int
     drawn_by: torch.utils.data.DataLoader[object]
 
-    def loop_got_the_last(self) -> bool:
+    def loop_has_last_batch(self) -> bool:
         """Whether the loop has the pass's last batch: the wrapper yielded it (and the loop
         has not begun another pass since), or the pass ran to its end."""
         return self.ends.end_of_dataloader or self.ends.iteration != self.began

@@ -89,7 +89,7 @@ class FormCheck:
             "gives such a column as a list of 1-D tensors. SharedTaskDataset(ragged='padded') "
             "gives one padded tensor and a '<name>_lengths' column instead, ragged='offsets' "
             "the values and '<name>_offsets'; ragged='list' keeps the lists and says nothing "
-            '(docs/dataset.md, "Variable-length columns"; said once)',
+            '(docs/dataset.md, "Variable-length columns"; logged once)',
             ", ".join(map(repr, lists)),
         )
 

@@ -87,7 +87,7 @@ class Maintenance:
         """Tell the thread to end (at its next tick); errors from then on are not reported."""
         self._stop.set()
 
-    def look_at_the_master(self) -> None:
+    def poll_master_now(self) -> None:
         """Read the master's progress at the next tick, not at the next renewal: a reader's
         retried failure may have been the task's last try (then the loop raises at once)."""
         self._look_now.set()

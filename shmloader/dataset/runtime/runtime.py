@@ -501,7 +501,7 @@ class Runtime:
         """After a retried failure, which may have been the task's last try: the loop raises
         now if the master quarantined the task, not at the maintenance thread's next look."""
         if self._maintenance is not None:
-            self._maintenance.look_at_the_master()
+            self._maintenance.poll_master_now()
         self.task_errors.fail_if_quarantined(self.master_client.progress(), self.plane.ready)
 
     def _on_reader_death(self, info: ReaderInfo, death: ReaderDeath) -> None:
