@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob as _glob
 import logging
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatch
@@ -259,3 +260,24 @@ def open_output(path: str) -> Any:
         return fs.open_output_stream(inner, compression=None)
     except (OSError, pa.ArrowException) as exc:
         raise ConfigError(f"{path}: cannot open for writing: {exc}") from exc
+
+
+def claim_output_folder(
+    output_dir: str, prefix: str, ending: str, fix: str
+) -> tuple[pafs.FileSystem, str]:
+    """``output_dir``'s filesystem and path in it, the folder created, for a run that writes
+    shards named ``<prefix>-00000[-of-00000]<ending>`` into it: a ConfigError ending in ``fix``
+    if it is a file, or holds shards of those names (a run's would mix with, or be renamed
+    over, them)."""
+    shard_name = re.compile(rf"{re.escape(prefix)}-\d{{5}}(-of-\d{{5}})?{re.escape(ending)}")
+    fs, inner = resolve(output_dir)
+    if fs.get_file_info(inner).type == pafs.FileType.File:
+        raise ConfigError(f"output folder {output_dir} is a file; {fix}")
+    selector = pafs.FileSelector(inner, allow_not_found=True)
+    taken = sorted(i.base_name for i in fs.get_file_info(selector) if shard_name.match(i.base_name))
+    if taken:
+        raise ConfigError(
+            f"{output_dir} already holds shards named {prefix}-* ({taken[0]}, ...); {fix}"
+        )
+    fs.create_dir(inner, recursive=True)
+    return fs, inner

@@ -75,39 +75,21 @@ def test_the_shards_hold_every_file_once_spread_over_the_classes(tmp_path: Path)
     )
 
 
+def _convert(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``shmloader convert train --output-dir out``, as a user runs it."""
+    command = ["convert", str(tmp_path / "train"), "--output-dir", str(tmp_path / "out")]
+    return subprocess.run(
+        [sys.executable, "-m", "shmloader", *command], capture_output=True, text=True, check=False
+    )
+
+
 def test_the_command_converts_a_folder_and_says_how_to_read_it(tmp_path: Path) -> None:
     made = _folder(tmp_path / "train")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "shmloader",
-            "convert",
-            str(tmp_path / "train"),
-            "--output-dir",
-            str(tmp_path / "out"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    done = _convert(tmp_path)
     assert done.returncode == 0, done.stderr
     assert f"wrote {len(made)} files to 1 tar shard:" in done.stdout
     assert f'shmloader.WebDatasetSource("{tmp_path}/out/part-*.tar", decode=decode)' in done.stdout
-    again = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "shmloader",
-            "convert",
-            str(tmp_path / "train"),
-            "--output-dir",
-            str(tmp_path / "out"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    again = _convert(tmp_path)
     assert again.returncode == 2 and "already holds shards named part-*" in again.stderr
 
 

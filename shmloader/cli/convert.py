@@ -30,7 +30,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from .._fs import expand_paths, open_random, open_stream, resolve
+from .._fs import claim_output_folder, expand_paths, open_random, open_stream, resolve
 from ..errors import ConfigError, DataError
 from ..formats.example import encode_example
 from ..formats.tfrecord import RecordFile, RecordWriter
@@ -151,80 +151,47 @@ class ConvertResult:
 def run(args: argparse.Namespace) -> int:
     try:
         if args.format == FILES or (args.format is None and _is_folder_of_files(args.inputs)):
-            return _run_files(args)
-        result = convert(
-            args.inputs,
-            args.output_dir,
-            records_per_file=(
-                _ROWS_PER_FILE if args.records_per_file is None else args.records_per_file
-            ),
-            fmt=args.format,
-            prefix=args.prefix,
-            compression=args.compression,
-            column_types=split_column_type_args(args.column_type),
-        )
+            _write_files(args)
+        else:
+            _convert_rows(args)
     except ConfigError as exc:
         print(f"shmloader convert: {exc}", file=sys.stderr)
         return 2
     except DataError as exc:
         print(f"shmloader convert: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _convert_rows(args: argparse.Namespace) -> None:
+    """``convert`` of tables: TFRecord shards, and the spec that decodes them."""
+    result = convert(
+        args.inputs,
+        args.output_dir,
+        records_per_file=_ROWS_PER_FILE if args.records_per_file is None else args.records_per_file,
+        fmt=args.format,
+        prefix=args.prefix,
+        compression=args.compression,
+        column_types=split_column_type_args(args.column_type),
+    )
     for note in result.notes:
         print(f"shmloader convert: note: {note}", file=sys.stderr)
     where = f" ({args.compression})" if args.compression else ""
     files = len(result.files)
     print(f"wrote {result.records} records to {files} file{'s' if files != 1 else ''}{where}:")
-    shown = result.files if len(result.files) <= 8 else [*result.files[:3], *result.files[-3:]]
-    for i, (path, n) in enumerate(shown):
-        if len(result.files) > 8 and i == 3:
-            print(f"  ... {len(result.files) - 6} more")
-        print(f"  {path}  ({n} record{'s' if n != 1 else ''})")
+    _list_shards([(path, n, "record") for path, n in result.files])
     print("\nFeature spec that decodes them:\n")
     print(result.spec_text())
-    return 0
 
 
-def _is_folder_of_files(inputs: Sequence[str]) -> bool:
-    """Whether the inputs include a folder and, all of them expanded, no file has a table
-    format's ending: files to put in tar shards, not rows to convert."""
-    folders = [p for p in inputs if resolve(p)[0].get_file_info(resolve(p)[1]).type == _DIR]
-    if not folders:
-        return False
-    return not any(_table_format(p) for p in expand_paths(inputs, directories=True))
-
-
-_DIR = pafs.FileType.Directory
-
-
-def _table_format(path: str) -> str | None:
-    try:
-        return format_of(path)
-    except ConfigError:
-        return None
-
-
-def _run_files(args: argparse.Namespace) -> int:
+def _write_files(args: argparse.Namespace) -> None:
     """``convert`` of a folder of files: tar shards, and how to read them."""
-    try:
-        written = write_file_shards(
-            args.inputs,
-            args.output_dir,
-            files_per_shard=args.records_per_file,
-            prefix=args.prefix,
-        )
-    except ConfigError as exc:
-        print(f"shmloader convert: {exc}", file=sys.stderr)
-        return 2
-    except DataError as exc:
-        print(f"shmloader convert: {exc}", file=sys.stderr)
-        return 1
+    written = write_file_shards(
+        args.inputs, args.output_dir, files_per_shard=args.records_per_file, prefix=args.prefix
+    )
     files = sum(shard.files for shard in written)
     print(f"wrote {files} files to {len(written)} tar shard{'s' if len(written) != 1 else ''}:")
-    shown = written if len(written) <= 8 else [*written[:3], *written[-3:]]
-    for i, shard in enumerate(shown):
-        if len(written) > 8 and i == 3:
-            print(f"  ... {len(written) - 6} more")
-        print(f"  {shard.path}  ({shard.files} file{'s' if shard.files != 1 else ''})")
+    _list_shards([(shard.path, shard.files, "file") for shard in written])
     pattern = f"{args.output_dir.rstrip('/')}/{args.prefix}-*.tar"
     print(
         "\nRead them with:\n\n"
@@ -232,7 +199,35 @@ def _run_files(args: argparse.Namespace) -> int:
         "where decode(sample) gets {'__key__': 'cat/001', 'jpg': b'...'}: the key is the "
         "file's path under the folder without its ending, the field its ending."
     )
-    return 0
+
+
+def _list_shards(shards: list[tuple[str, int, str]]) -> None:
+    """One line per shard (path, count, what it counts), the first and last 3 of more than 8."""
+    shown = shards if len(shards) <= 8 else [*shards[:3], *shards[-3:]]
+    for i, (path, n, unit) in enumerate(shown):
+        if len(shards) > 8 and i == 3:
+            print(f"  ... {len(shards) - 6} more")
+        print(f"  {path}  ({n} {unit}{'s' if n != 1 else ''})")
+
+
+def _is_folder_of_files(inputs: Sequence[str]) -> bool:
+    """Whether the inputs include a folder and, all of them expanded, no file has a table
+    format's ending: files to put in tar shards, not rows to convert."""
+    if not any(_is_folder(p) for p in inputs):
+        return False
+    return not any(_table_format(p) for p in expand_paths(inputs, directories=True))
+
+
+def _is_folder(path: str) -> bool:
+    fs, inner = resolve(path)
+    return bool(fs.get_file_info(inner).type == pafs.FileType.Directory)
+
+
+def _table_format(path: str) -> str | None:
+    try:
+        return format_of(path)
+    except ConfigError:
+        return None
 
 
 _ROWS_PER_FILE = 100_000
@@ -444,7 +439,9 @@ class _ShardWriter:
     """Fills shards of ``per_file`` records under partial names; ``finish`` names them."""
 
     def __init__(self, output_dir: str, prefix: str, per_file: int, compression: str | None):
-        self.fs, self.dir = resolve(output_dir)
+        self.fs, self.dir = claim_output_folder(
+            output_dir, prefix, ".tfrecord", "remove them or pick another --prefix or --output-dir"
+        )
         self.output_dir = output_dir.rstrip("/")
         self.prefix = prefix
         self.per_file = per_file
@@ -452,23 +449,6 @@ class _ShardWriter:
         self.paths: list[str] = []  # every shard written so far (partial or final name)
         self.counts: list[int] = []
         self._writer: RecordWriter | None = None
-        self._check_free()
-
-    def _check_free(self) -> None:
-        info = self.fs.get_file_info(self.dir)
-        if info.type == pafs.FileType.File:
-            raise ConfigError(f"--output-dir {self.output_dir} is a file")
-        selector = pafs.FileSelector(self.dir, allow_not_found=True)
-        pattern = re.compile(rf"{re.escape(self.prefix)}-\d{{5}}(-of-\d{{5}})?\.tfrecord")
-        taken = sorted(
-            i.base_name for i in self.fs.get_file_info(selector) if pattern.match(i.base_name)
-        )
-        if taken:
-            raise ConfigError(
-                f"{self.output_dir} already holds shards named {self.prefix}-* ({taken[0]}, ...); "
-                "remove them or pick another --prefix or --output-dir"
-            )
-        self.fs.create_dir(self.dir, recursive=True)
 
     def _path(self, name: str) -> str:
         return f"{self.output_dir}/{name}"

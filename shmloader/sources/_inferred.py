@@ -79,8 +79,9 @@ def infer_schema_from(
             f"first failure: {failures[0]}; pass schema= or fix the data",
             fix="",  # on_error="skip" does not help: there is no schema to read any record with
         )
-    if not _may_change(merge_inferred(schemas, lists_vary=lists_vary)):
-        return merge_inferred(schemas, lists_vary=lists_vary)  # the spread reads spared
+    first_seen = merge_inferred(schemas, lists_vary=lists_vary)
+    if not _may_change(first_seen):
+        return first_seen  # the spread reads spared
     for path, at, item in spread:
         schema = _schema_or_failure(path, at, item, schema_of, [])
         if schema is not None and schema.names == schemas[0].names:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
-from .._fs import resolve
+from .._fs import claim_output_folder, resolve
 from ..errors import ConfigError, DataError
 from ..formats.index import sidecar_path
 from .files import FileSource
@@ -120,22 +120,11 @@ class _Output:
     """The output folder: partial shards written into it, then renamed or removed."""
 
     def __init__(self, output_dir: str, prefix: str) -> None:
-        self.fs, self.dir = resolve(output_dir)
+        self.fs, self.dir = claim_output_folder(
+            output_dir, prefix, ".tar", "remove them or pick another prefix or output folder"
+        )
         self.output_dir = output_dir.rstrip("/")
         self.written: list[str] = []  # every shard written so far (partial or final name)
-        if self.fs.get_file_info(self.dir).type == pafs.FileType.File:
-            raise ConfigError(f"output folder {output_dir} is a file")
-        pattern = re.compile(rf"{re.escape(prefix)}-\d{{5}}-of-\d{{5}}\.tar")
-        selector = pafs.FileSelector(self.dir, allow_not_found=True)
-        taken = sorted(
-            i.base_name for i in self.fs.get_file_info(selector) if pattern.match(i.base_name)
-        )
-        if taken:
-            raise ConfigError(
-                f"{output_dir} already holds shards named {prefix}-* ({taken[0]}, ...); remove "
-                "them or pick another prefix or output folder"
-            )
-        self.fs.create_dir(self.dir, recursive=True)
 
     def path(self, name: str) -> str:
         return f"{self.output_dir}/{name}"
