@@ -68,8 +68,9 @@ class ReaderInfo:
     failures: int = 0
     busy_seconds: float = 0.0  # reading and writing tasks, not waiting for room
     room_wait_seconds: float = 0.0  # waiting for room in the shm budget
-    # time.monotonic() when the slot's first reader started, and when its last one exited for
-    # good (None: still running): busy_seconds is a share of the time in between.
+    # time.monotonic() when the slot's first reader began its first task (its interpreter's
+    # start and first lease are not time spent waiting for tasks), and when its last one
+    # exited for good (None: still running): busy_seconds is a share of the time in between.
     since: float | None = None
     ended: float | None = None
     current_lease: int | None = None
@@ -303,8 +304,6 @@ class ReaderPool:
         # the start-up need not wait for that (the server may still be importing).
         info.pid = 0
         info.current_lease = info.started_at = info.task = None
-        if info.since is None:
-            info.since = time.monotonic()
         self._procs[info.index] = proc
 
     def _send_config(self, info: ReaderInfo) -> None:
@@ -424,6 +423,8 @@ class ReaderPool:
             if proc is not None:
                 info.pid = proc.process.pid
         if isinstance(message, Started):
+            if info.since is None:
+                info.since = time.monotonic()
             info.current_lease = message.lease_id
             info.task = message
             info.started_at = time.monotonic()

@@ -53,8 +53,8 @@ class ReaderStats:
     busy_seconds: float  # reading, decoding and writing tasks
     memory: Memory | None
     room_wait_seconds: float = 0.0  # waiting for room in the shm budget
-    # busy_seconds and room_wait_seconds as shares of the slot's time since it started (until
-    # its last reader exited).
+    # busy_seconds and room_wait_seconds as shares of the slot's time since it began its first
+    # task (until its last reader exited).
     busy_share: float = 0.0
     room_wait_share: float = 0.0
     alive: bool = True
