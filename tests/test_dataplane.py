@@ -5,14 +5,22 @@ order in which tasks arrive can be chosen (and scrambled) at will."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from _dataplane_helpers import OFFSETS, TOTAL, make
+from _dataplane_helpers import OFFSETS, SHARDS, TOTAL, DispatcherOps, announce, make
 
+from shmloader.dataset.accounting.plane import DataPlane
+from shmloader.dataset.accounting.sampler_feed import SamplerFeed
 from shmloader.dataset.gather.gatherer import Gatherer
+from shmloader.dataset.gather.ledger import LedgerReader, ledger_dir
+from shmloader.dataset.order.sampler import TaskSampler
+from shmloader.master.config import JobConfig
+from shmloader.master.dispatcher import Dispatcher
+from shmloader.shm.store import SegmentStore
 
 
 def read_all(d, store, plane, order_seed):
@@ -44,7 +52,7 @@ def run_epoch(d, store, plane, sampler, order_seed, batch=16):
         out = gatherer.gather(indices[i : i + batch])
         assert np.array_equal(out["x"].numpy(), out["id"].numpy().astype(np.float32) * 2)
         seen.extend(out["id"].tolist())
-    plane.poll()
+    plane.read_ledger_and_send()
     return indices, seen
 
 
@@ -118,7 +126,7 @@ def test_abandoned_pass_is_finished_by_the_next_one(tmp_path):
         del it
         rest = list(iter(sampler))  # same epoch, continued
         got += gatherer.gather(rest)["id"].tolist()
-        plane.poll()
+        plane.read_ledger_and_send()
         assert sorted(got) == list(range(TOTAL))
         assert sampler.feed.epoch_to_iterate() == 1
 
@@ -157,9 +165,50 @@ def test_position_for_checkpoints(tmp_path):
         it = iter(sampler)
         taken = [next(it) for _ in range(12)]
         gatherer.gather(taken)
-        plane.poll()
+        plane.read_ledger_and_send()
         at = plane.position()
         epoch, done, partial = at.epoch, at.completed, at.partial
         assert epoch == 0
         assert len(done) == 1  # the first task (8 rows) is consumed
         assert sum(len(v) for v in partial.values()) == 4
+
+
+def test_a_checkpoint_asks_the_master_outside_the_plane_lock(tmp_path):
+    """A checkpoint needs each epoch's task count from the master; while that call is slow (a
+    master restarting), a reader's announcement must not wait on it."""
+    asked, answer = threading.Event(), threading.Event()
+
+    class SlowMaster(DispatcherOps):
+        slow = False
+
+        def epoch_tasks(self, epoch: int) -> int:
+            if self.slow:
+                asked.set()
+                assert answer.wait(30), "the announcement waited for the master's answer"
+            return super().epoch_tasks(epoch)
+
+    d = Dispatcher(SHARDS, JobConfig(records_per_task=8, epochs=2, shuffle=False))
+    d.register("c", time.time())
+    master = SlowMaster(d, "c")
+    with SegmentStore.create("64MiB", base_dir=str(tmp_path)) as store:
+        handle = store.handle()
+        plane = DataPlane(
+            consumer="c",
+            master=master,
+            segments=handle,
+            ledger=LedgerReader(ledger_dir(handle.path)),
+        )
+        sampler = TaskSampler(lambda: SamplerFeed(plane, master), shuffle=False, seed=0, window=2)
+        first, second = d.lease("c", 2, time.time())
+        announce(store, plane, first)
+        next(iter(sampler))  # the first task admitted: its epoch is kept
+        master.slow = True
+        states = []
+        checkpoint = threading.Thread(target=lambda: states.append(plane.loop_state()))
+        checkpoint.start()
+        assert asked.wait(30)
+        announce(store, plane, second)  # waited for ever under a lock the call held
+        answer.set()
+        checkpoint.join(30)
+        assert not checkpoint.is_alive() and states[0].position is not None
+        assert len(plane.ready) == 1  # the second task, ready beside the first's admitted rows

@@ -77,7 +77,7 @@ def test_a_lapsed_lease_is_logged_once_outside_the_lock_and_forgotten_when_done(
         # copy) and completes each task: nothing is kept of their leases any more.
         rest = list(it)
         Gatherer(store.handle(), ["id"]).gather(first + rest)
-        plane.poll()
+        plane.read_ledger_and_send()
         assert kept(plane) == 0
 
 
@@ -99,7 +99,7 @@ def test_a_late_answer_about_a_lease_completed_here_is_not_kept(tmp_path):
         held = plane.held_leases()  # what a renew cycle sends
         indices = list(sampler)  # the pass takes every task of epoch 0 ...
         Gatherer(store.handle(), ["id"]).gather(indices)
-        plane.poll()  # ... and completes them
+        plane.read_ledger_and_send()  # ... and completes them
         assert kept(plane) == 0
         for _ in range(3):  # the cycle's answers come after: "lease N is not active: it was
             plane.outbox.lapsed(d.mark_taken(held, time.time()))  # completed at ..."

@@ -24,7 +24,7 @@ def consume(store, plane, sampler) -> list[int]:
     """One pass of a trainer's loop: gather everything the sampler yields."""
     indices = list(iter(sampler))
     ids = Gatherer(store.handle(), ["id"]).gather(indices)["id"].tolist() if indices else []
-    plane.poll()
+    plane.read_ledger_and_send()
     return ids
 
 
@@ -37,7 +37,7 @@ def maintained(*planes):
     def run() -> None:
         while not stop.wait(0.005):
             for plane in planes:
-                plane.poll()
+                plane.read_ledger_and_send()
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -109,7 +109,7 @@ def consume_as_it_goes(store, plane, sampler) -> list[int]:
     for chunk in sampler.chunks():
         if len(chunk):
             ids += gatherer.gather(chunk)["id"].tolist()
-        plane.poll()
+        plane.read_ledger_and_send()
     return ids
 
 
@@ -228,7 +228,7 @@ def test_a_trainer_that_leaves_hands_back_what_it_consumed_of_its_tasks(tmp_path
         # a's loop gets 13 rows (tasks have 8 or fewer: one task at least is partly consumed)
         indices = list(itertools.islice(iter(sampler), 13))
         first = Gatherer(store.handle(), ["id"]).gather(indices)["id"].tolist()
-        plane.poll()
+        plane.read_ledger_and_send()
         handed = plane.hand_back()
         assert handed and sum(b - a for rs in handed.values() for a, b in rs) < 13
         d.leave("a", time.time(), handed)
@@ -271,7 +271,7 @@ def test_a_stalled_trainer_whose_tasks_went_to_another_warns_and_counts(tmp_path
             announce(store, plane, lease)
         it = iter(sampler)
         first = Gatherer(store.handle(), ["id"]).gather(list(itertools.islice(it, 13)))
-        plane.poll()
+        plane.read_ledger_and_send()
         # Past consumer_timeout: a is declared dead, and every lease of it not completed
         # lapses, taken or not (tasks of 13 rows or less). A stall shorter than that keeps the
         # taken ones (test_dispatcher_kept.py, test_dataplane_lease_check.py).
@@ -287,7 +287,7 @@ def test_a_stalled_trainer_whose_tasks_went_to_another_warns_and_counts(tmp_path
         assert plane.figures().duplicates == 1
         with caplog.at_level("WARNING", logger="shmloader.dataset"):
             rest = Gatherer(store.handle(), ["id"]).gather(list(it))
-            plane.poll()
+            plane.read_ledger_and_send()
         got = first["id"].tolist() + rest["id"].tolist()
         assert sorted(got) == list(range(TOTAL))  # a delivered every row once itself
         warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]

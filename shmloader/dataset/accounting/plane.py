@@ -215,10 +215,11 @@ class DataPlane:
         self.update(Finished(before))
 
     # -- consumption ---------------------------------------------------------------------
-    def poll(self) -> int:
-        """Apply what the ledger says was gathered; release and complete what is finished.
-        Returns how many rows the ledger had (none unless a plain DataLoader's workers
-        gather)."""
+    def read_ledger_and_send(self) -> int:
+        """Apply what the ledger says was gathered (releasing and completing what that
+        finishes), then send the master the completions and marks queued (the outbox, outside
+        the lock). Returns how many rows the ledger had (none unless a plain DataLoader's
+        workers gather)."""
         rows = self.reports.read_ledger()
         self.outbox.flush()  # outside the lock: outbox.py
         return rows
@@ -232,8 +233,8 @@ class DataPlane:
     def position(self, also: np.ndarray | None = None) -> Position:
         """What checkpoints store, for the first epoch not wholly consumed
         (``ConsumptionBook.position``); ``also``: sample indices to count as consumed."""
-        with self._lock:
-            return self._book.position(self._master.epoch_tasks, _grouped(also))
+        groups = _grouped(also)
+        return self._with_epoch_sizes(lambda tasks_of: self._book.position(tasks_of, groups))
 
     def loop_state(
         self,
@@ -249,13 +250,39 @@ class DataPlane:
         (:meth:`_held_for_handover`). ``also``: as for :meth:`position`. (NOTE [exactly once
         on the trainer side], 7, in book.py.)"""
         groups = _grouped(also)
-        with self._lock:
+
+        def state(tasks_of: Callable[[int], int]) -> LoopState:
             shared = master_holds_position or self._book.shares_epochs
             epoch = self._book.epoch_to_iterate()
-            at = None if shared else self._book.position(self._master.epoch_tasks, groups)
+            at = None if shared else self._book.position(tasks_of, groups)
             held = () if handing_over_as is None else self._held_for_handover()
-        handover = None if handing_over_as is None else Handover(handing_over_as, held)
-        return LoopState(epoch=epoch, position=at, handover=handover)
+            handover = None if handing_over_as is None else Handover(handing_over_as, held)
+            return LoopState(epoch=epoch, position=at, handover=handover)
+
+        return self._with_epoch_sizes(state)
+
+    def _with_epoch_sizes(self, answer: Callable[[Callable[[int], int]], T]) -> T:
+        """``answer(tasks_of)`` under the lock, where ``tasks_of(epoch)`` is the master's count
+        of the epoch's tasks. The counts are asked before, outside the lock (a call to the
+        master may take a retry's time, and the readers' announcements and the loop's reports
+        would wait on it), for every epoch the book keeps; should an epoch be added meanwhile,
+        its count is asked and the answer made again."""
+        sizes: dict[int, int] = {}
+
+        def tasks_of(epoch: int) -> int:
+            if epoch not in sizes:
+                raise _SizeNotAsked(epoch)
+            return sizes[epoch]
+
+        while True:
+            with self._lock:
+                missing = [e for e in self._book.kept().epochs if e not in sizes]
+                if not missing:
+                    try:
+                        return answer(tasks_of)
+                    except _SizeNotAsked as unknown:
+                        missing = [unknown.epoch]
+            sizes.update((epoch, self._master.epoch_tasks(epoch)) for epoch in missing)
 
     def hand_back(self) -> dict[int, list[tuple[int, int]]]:
         """Lease id -> records consumed, of tasks the sampler took and the loop consumed part
@@ -279,6 +306,14 @@ class DataPlane:
         with self._lock:
             held = self._book.held_leases()
         return held + [t.lease_id for t in self.ready.pending()]
+
+
+class _SizeNotAsked(Exception):
+    """An answer needed the size of an epoch the book did not keep when the sizes were asked."""
+
+    def __init__(self, epoch: int) -> None:
+        super().__init__(epoch)
+        self.epoch = epoch
 
 
 def _grouped(also: np.ndarray | None) -> list[SegmentRows]:

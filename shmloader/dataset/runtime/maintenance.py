@@ -103,7 +103,7 @@ class Maintenance:
         tick = POLL_SECONDS
         try:
             while not self._stop.wait(tick):
-                busy = plane.poll() > 0
+                busy = plane.read_ledger_and_send() > 0
                 busy = self.hold_readers_back() or busy  # lowered here once the sampler took tasks
                 tick = POLL_SECONDS if busy else IDLE_POLL_SECONDS
                 now = time.monotonic()

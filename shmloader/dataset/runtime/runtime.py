@@ -279,7 +279,7 @@ class Runtime:
         plane = getattr(self, "plane", None)
         if plane is not None:
             try:
-                plane.poll()
+                plane.read_ledger_and_send()
             except MasterError:
                 self.master_client.stop_retrying()  # gone: leave and the rest get one try each
         if self.embedded is None:  # an embedded master stops next: nobody to tell
