@@ -306,13 +306,14 @@ def test_under_ddp_rows_kept_for_the_next_batch_make_no_short_batch() -> None:
             yield np.arange(40, dtype=np.int64)
             yield SHORT_BATCH
 
-    def pinned(held: int) -> bool:  # a wanted reader is blocked, and only these 8 rows pin
-        return held == 8
+    class Reports:  # the dataset's side: a wanted reader is blocked, and only 8 rows pin
+        def pinned(self, held: int) -> bool:
+            return held == 8
 
-    batcher = TaskBatchSampler(Blocks(), 32, False, lambda rows: None, pinned, short_batches=False)  # type: ignore[arg-type]
+    batcher = TaskBatchSampler(Blocks(), 32, False, Reports(), short_batches=False)  # type: ignore[arg-type]
     batches = iter(batcher)
     assert len(next(batches)) == 32
-    assert batcher._stuck()  # the 8 rows held are all that is not consumed
+    assert batcher.stuck()  # the 8 rows held are all that is not consumed
     with pytest.raises(shmloader.ShmSpaceError, match="under DDP a short batch"):
         next(batches)
 

@@ -12,7 +12,7 @@ import json
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -98,31 +98,90 @@ def read_record(source: Source, index: int, columns: Sequence[str] | None) -> di
     return gather(lambda slot: views, encode_indices(0, np.zeros(1, np.int64)), names)
 
 
+class _DatasetReports:
+    """A batch sampler's reports (``BatchReports``, core/ports.py), to the data plane of the
+    dataset's runtime, which the first report starts; its states, from the dataset."""
+
+    def __init__(
+        self,
+        runtime: Callable[[], Runtime],
+        state: Callable[[np.ndarray | None], dict[str, Any]],
+        load_state: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self._runtime = runtime
+        self.state = state
+        self.load_state = load_state
+
+    def dropped(self, rows: np.ndarray) -> None:
+        self._runtime().plane.reports.dropped(rows)
+
+    def received(self, rows: np.ndarray) -> None:
+        self._runtime().plane.reports.received(rows)
+
+    def counted_early(self, rows: np.ndarray) -> None:
+        self._runtime().plane.reports.counted_early(rows)
+
+    def pinned(self, held: int) -> bool:
+        return self._runtime().plane.room.pinned(held)
+
+
 class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
-    """Rows of ``source``, read by ``num_readers`` processes into shared memory
-    (``"auto"``: as many as keep the loop fed, between 1 and the cores this process may use).
+    """A map-style torch ``Dataset`` over the rows of ``source``, which reader processes
+    decode into shared memory; iterate it with :class:`~shmloader.DataLoader`.
 
-    See docs/dataset.md for every argument; in short: the master splits the source into tasks
-    of ``records_per_task`` records and hands them out per epoch (``epochs=None``: unbounded),
-    shuffled from ``seed`` when ``shuffle``; ``shm_budget`` bounds the shared memory the
-    readers may fill; ``master="host:port"`` uses a standalone master instead of an embedded
-    one; ``rank``/``world_size`` give each DDP rank the same number of rows per epoch;
-    ``master="torchrun"`` takes them from torchrun, and rank 0's embedded master serves every
-    rank (``master_host``: where an embedded master listens, loopback by default;
-    ``metrics_port``: where it serves Prometheus metrics, docs/how-to/tuning.md).
-    ``token`` and ``tls_ca`` (a CA certificate file) are what a standalone master serving a
-    token and TLS asks for (else ``$SHMLOADER_TOKEN``, ``$SHMLOADER_TLS_CA``); a token is
-    never sent in clear beyond this machine (docs/how-to/security.md). ``cache=True`` keeps
-    the decoded tasks in shared memory for the next epochs, as far as ``shm_budget`` holds
-    them: from the second epoch on, a task kept is served without reading or decoding; its
-    ``decode`` must give the same records every epoch (docs/dataset.md, "Decoded data kept
-    across epochs"). ``ragged`` says what a batch holds for a list column whose length
-    varies: ``"list"`` (of 1-D tensors, the default), ``"padded"`` (one tensor padded with
-    ``pad_value``, and ``<name>_lengths``) or ``"offsets"`` (the values, and
-    ``<name>_offsets``); docs/dataset.md, "Variable-length columns".
+    A master (embedded, or standalone with ``master=``) splits the source into tasks and
+    hands them out each epoch; every record reaches the loop once per epoch. Every argument
+    is checked as the dataset is made, before anything starts. Guide: docs/dataset.md.
 
-    Every argument is checked as the dataset is made, before anything starts; ``ds.options``
-    holds them as checked (``DatasetOptions``), and the attributes of the same names read it.
+    Args:
+        source: Any source (``RecordFileSource``, ``ParquetSource``, ...), or a Hugging Face
+            ``datasets.Dataset``.
+        num_readers: Reader processes. ``"auto"``: as many as keep the loop fed, between 1
+            and the cores this process may use (docs/how-to/tuning.md).
+        records_per_task: Records per task, never spanning two files. ``None``: sized from
+            the data (docs/dataset.md, "Task size"), or a standalone master's own.
+        shuffle: Shuffle the task order each epoch, and rows within a window of tasks.
+        seed: Seed of both shuffles and of ``task_rng()``.
+        shm_budget: Most bytes of segments in shared memory at once (``"4GiB"`` or an int).
+            ``"auto"``: 1 GiB, or three quarters of the free space, split among the
+            machine's ranks, where that is less.
+        epochs: Epochs the master hands out (``None``: no last epoch). Give the passes the
+            script makes: readers then decode nothing past them.
+        shuffle_window: Tasks whose rows are shuffled together.
+        master: ``"host:port"`` of a standalone master; ``"torchrun"``: rank 0's embedded
+            master serves every rank; ``None``: an embedded master.
+        master_host: Interface an embedded master listens on (``None``: loopback).
+        metrics_port: Port of an embedded master's Prometheus ``/metrics`` (0: any free
+            port; ``None``: not served).
+        token: Secret of a master started with ``--token`` (else ``$SHMLOADER_TOKEN``);
+            never sent in clear beyond this machine (docs/how-to/security.md).
+        tls_ca: CA certificate (PEM file) of a standalone master serving TLS (else
+            ``$SHMLOADER_TLS_CA``).
+        rank: DDP rank. With ``world_size``, every rank gets the same rows per epoch;
+            without both, trainers on one master share its epochs.
+        world_size: DDP ranks.
+        ddp_policy: ``"pad"`` repeats rows to make the ranks' shares equal; ``"drop"``
+            leaves the tail out (reported).
+        lease_timeout: Seconds before a dead or stuck reader's task is handed out again.
+        max_retries: Retries of a task that failed for a reason a retry may fix, before
+            it is quarantined.
+        shm_dir: Base folder of the shared memory (``None``: ``$SHMLOADER_SHM_DIR``, else
+            ``/dev/shm``).
+        columns: Columns to put in batches (``None``: all).
+        cache: Keep decoded tasks in shared memory for the next epochs, as far as
+            ``shm_budget`` holds them; ``decode`` must give the same records every epoch
+            (docs/dataset.md, "Decoded data kept across epochs").
+        ragged: What a batch holds for a list column whose length varies: ``"list"`` (of
+            1-D tensors; the default), ``"padded"`` (a tensor and ``<name>_lengths``) or
+            ``"offsets"`` (the values and ``<name>_offsets``); docs/dataset.md,
+            "Variable-length columns".
+        pad_value: Value after each row's end under ``ragged="padded"``.
+
+    Attributes:
+        options: The arguments as checked, a frozen ``DatasetOptions``:
+            ``ds.options.num_readers``, ``ds.options.shm_budget`` (bytes), ...; the job's
+            settings are ``ds.options.job`` (``records_per_task``, ``epochs``, ``shuffle``,
+            ``seed``, ``lease_timeout``, ``max_retries``, ``world_size``, ``ddp_policy``).
     """
 
     collate = staticmethod(collate)
@@ -494,13 +553,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             self.sampler(),
             batch_size,
             drop_last,
-            on_drop=lambda rows: self._ensure_started().plane.reports.dropped(rows),
-            on_received=lambda rows: self._ensure_started().plane.reports.received(rows),
-            on_counted_early=lambda rows: self._ensure_started().plane.reports.counted_early(rows),
-            pinned=lambda held: self._ensure_started().plane.room.pinned(held),
+            _DatasetReports(self._ensure_started, self._batcher_state, self.load_state_dict),
             short_batches=self.world_size in (None, 1),  # DDP: a short batch would unbalance steps
-            state_counting=self._batcher_state,
-            load_state=self.load_state_dict,
         )
         self._batchers.add(batcher)  # settled before a state is taken (TaskBatchSampler.settle)
         return batcher

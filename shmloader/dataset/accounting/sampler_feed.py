@@ -58,7 +58,8 @@ class SamplerFeed:
         ``reclaim`` gives them back), and the records of its tasks not admitted yet, less those
         a loaded state consumed. An upper bound where records the source skips, or tasks other
         trainers take (shared epochs), are not known yet (docs/dataset.md, "Length")."""
-        self._plane.read_ledger_and_send()  # what workers gathered for an abandoned pass is consumed
+        # What workers gathered for an abandoned pass is consumed.
+        self._plane.read_ledger_and_send()
         total = self._master.epoch_records(epoch)
         return self._plane.read(lambda book: book.rows_left(epoch, total))
 

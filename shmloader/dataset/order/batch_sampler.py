@@ -9,13 +9,14 @@ import logging
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch.utils.data
 
 from ...errors import ConfigError, ShmSpaceError
+from ..core.ports import BatchReports
 from ..core.receipts import ConsumedWhen, IndexBatch, Receipt, SampleIndices
 from .delivery import RequestCounts, Requests, depth_of, prefetch_depth
 from .sampler import FLUSH, SHORT_BATCH, TaskSampler
@@ -34,7 +35,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
     it changes).
 
     ``drop_last`` drops the short last batch of a pass *for its epoch*, as torch means it: its
-    rows are handed to ``on_drop``, which marks them consumed. torch's own ``drop_last`` (a
+    rows are reported ``dropped``, which marks them consumed. torch's own ``drop_last`` (a
     plain DataLoader given ``sampler=``) drops them without the dataset knowing, so they are
     still owed to the epoch and come first in the next pass.
 
@@ -44,7 +45,8 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
     those fill ``shm_budget`` (a budget below about a window of tasks), the task the sampler
     waits for finds no room and the run would wait for ever. ``pinned(n)`` says when that is
     so: a writer of a task the sampler waits for is blocked on room, and the ``n`` rows held
-    here are all that is not consumed. This batcher then hands the rows it keeps out as a short
+    here are all that is not consumed (both asked of ``reports``, the dataset's: one port,
+    core/ports.py). This batcher then hands the rows it keeps out as a short
     batch, with a warning (torch receives the batches in flight meanwhile). Under DDP
     (``short_batches=False``) a short batch would give ranks unequal steps, and with no rows kept
     nothing could be handed out: then it raises ``ShmSpaceError``.
@@ -55,26 +57,18 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         sampler: TaskSampler,
         batch_size: int,
         drop_last: bool,
-        on_drop: Callable[[np.ndarray], None],
-        pinned: Callable[[int], bool] | None = None,
+        reports: BatchReports | None = None,
+        *,
         short_batches: bool = True,
-        on_received: Callable[[np.ndarray], None] | None = None,
-        on_counted_early: Callable[[np.ndarray], None] | None = None,
-        state_counting: Callable[[np.ndarray | None], dict[str, Any]] | None = None,
-        load_state: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
         self.sampler = sampler
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
-        self.on_drop = on_drop
-        self.pinned = pinned
+        # None: no dataset behind it (rows count as gathered, nothing is reported).
+        self.reports = reports
         self.short_batches = short_batches
-        self.on_received = on_received
-        self.on_counted_early = on_counted_early
-        self._state_counting = state_counting
-        self._load_state = load_state
         # Batches issued and not received by the loop yet, oldest first: shmloader.DataLoader
         # reports each as its loop receives it, and a plain DataLoader's requests tell
         # (delivery.py). Their rows are in flight: consumed only once received.
@@ -113,9 +107,11 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         finally:
             self._claimed = False
 
-    def _stuck(self) -> bool:
+    def stuck(self) -> bool:
+        """Whether the rows this batcher holds (kept for the next batch, or in batches in
+        flight) are all that keeps the task the sampler waits for from being read."""
         held = self._held + self._in_flight()
-        return held > 0 and self.pinned is not None and self.pinned(held)
+        return held > 0 and self.reports is not None and self.reports.pinned(held)
 
     def _in_flight(self) -> int:
         """Rows of batches issued that only this thread could receive (none where a plain
@@ -129,7 +125,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         if self._claimed:
             return _listed(self.loop_pass(), Receipt.LOOP)
         self._end_wrapped_pass()
-        if self.on_received is None:
+        if self.reports is None:
             return _listed(self._start(Receipt.GATHER), Receipt.GATHER)
         wrapper = wrapper_of(self)  # ConfigError for one that would drop batches
         # A wrapper says which DataLoader it iterates (accelerate's GradientState); a plain
@@ -142,7 +138,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
             self._wrapper = wrapper
         if depth is not None and depth + ahead:
             batches = self._start(Receipt.REQUESTS)
-            requests = Requests(batches, depth, ahead, self.issued, self.on_received)
+            requests = Requests(batches, depth, ahead, self.issued, self.reports.received)
             if self._wrapper is not None:
                 # torch's iterator, which holds these requests, goes as the wrapper's pass
                 # ends or is left (break), while the wrapper still says whether the loop had
@@ -162,17 +158,17 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         ``use_stateful_dataloader``): it takes the state as it asks for a batch, and gives back
         the one taken with the last batch the loop got. ``ds.state_dict()`` counts only what
         the loop has."""
-        if self._state_counting is None:
+        if self.reports is None:
             raise ConfigError("this batch sampler has no dataset: take it from ds.batch_sampler()")
         issued = [batch for batch in self.issued if len(batch)]
-        return self._state_counting(np.concatenate(issued) if issued else None)
+        return self.reports.state(np.concatenate(issued) if issued else None)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (the dataset's, as :meth:`state_dict` gave it): before the
         first iteration, as ``SharedTaskDataset.load_state_dict``."""
-        if self._load_state is None:
+        if self.reports is None:
             raise ConfigError("this batch sampler has no dataset: take it from ds.batch_sampler()")
-        self._load_state(state)
+        self.reports.load_state(state)
 
     def settle(self) -> None:
         """Receive what a wrapper that holds batches back has handed to the loop by now
@@ -180,10 +176,10 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         iterator has ended. Called as a pass begins, and before a state is taken or the
         dataset closes."""
         wrapper = self._wrapper
-        if wrapper is None or not wrapper.loop_has_last_batch() or self.on_received is None:
+        if wrapper is None or not wrapper.loop_has_last_batch() or self.reports is None:
             return
         while self.issued:
-            self.on_received(self.issued.popleft())
+            self.reports.received(self.issued.popleft())
 
     def _settle_in(self, thread: int, counts: RequestCounts) -> None:
         if threading.get_ident() == thread:
@@ -260,7 +256,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         # arrays: no work per sample
         delivered = self._receipt is not Receipt.GATHER
         chunks = self.sampler.chunks(
-            stuck=self._stuck,
+            stuck=self.stuck,
             rest_alone=True,
             flush=True,
             consumed_when=ConsumedWhen.DELIVERED if delivered else ConsumedWhen.GATHERED,
@@ -302,7 +298,8 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         """The rows kept for a batch the pass does not fill: a short batch, or dropped.
         Only a pass that ran to its end drops: one left early (``break``) resumes with them."""
         if len(carry) and self.drop_last:
-            self.on_drop(carry)
+            if self.reports is not None:
+                self.reports.dropped(carry)
         elif len(carry):
             yield self._issue(np.sort(carry))
 
@@ -316,8 +313,8 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         accounting/book.py.)"""
         rows = self._in_flight()
         for i, batch in enumerate(self.issued):
-            if len(batch) and self.on_counted_early is not None:
-                self.on_counted_early(batch)
+            if len(batch) and self.reports is not None:
+                self.reports.counted_early(batch)
             self.issued[i] = batch[:0]  # its request still comes: nothing left to report
         if warn and not self._warned_early:
             self._warned_early = True

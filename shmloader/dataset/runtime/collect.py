@@ -61,7 +61,8 @@ class StatsCollector:
     def _collect(self, runtime: Observed, for_heartbeat: bool) -> Stats:
         plane = runtime.plane
         if not for_heartbeat:
-            plane.read_ledger_and_send()  # count what workers gathered up to now, not up to the last tick
+            # Count what workers gathered up to now, not up to the last tick.
+            plane.read_ledger_and_send()
         epoch = plane.read(lambda book: book.epoch_to_iterate())
         pool = runtime.pool
         if pool is not None:
