@@ -11,7 +11,10 @@ file; the docstrings themselves stay as they are), this extension:
 - turns each ``docs/<page>.md`` pointer into a link to that page, and to the section's anchor
   when it names one (the section is found as ``scripts/check_doc_refs.py`` finds it);
 - shows each parameter default that is a name (``shuffle: bool = JobConfig.shuffle``, where
-  a default is defined once for all) as its value (``True``), read from the live signature.
+  a default is defined once for all) as its value (``True``), read from the live signature;
+- gives an attribute set in ``__init__`` (``self.options = ...``), which has no docstring of
+  its own, the text its class's ``Attributes:`` section gives it, and drops that section
+  from the class's docstring, so the reference describes it once, at its own entry.
 
 tests/test_docs_site.py builds the site and checks the result.
 """
@@ -139,8 +142,58 @@ def _live(path: str) -> Any:
     return None
 
 
+# An "Attributes:" section of a Google-style class docstring, up to the next section or the end.
+ATTRIBUTES = re.compile(r"^Attributes:\n(?P<body>(?:[ \t]+\S.*\n?|\n)+)", re.M)
+ITEM = re.compile(r"^(?P<indent>[ \t]+)(?P<name>\w+)(?:\s*\([^)]*\))?:\s*(?P<text>.*)$")
+
+
+def _attribute_texts(body: str) -> dict[str, str]:
+    """name -> description of each item of an ``Attributes:`` section's body."""
+    items: dict[str, list[str]] = {}
+    first_indent: str | None = None
+    name = None
+    for line in body.splitlines():
+        m = ITEM.match(line)
+        if m and (first_indent is None or m["indent"] == first_indent):
+            first_indent = m["indent"]
+            name = m["name"]
+            items[name] = [m["text"]]
+        elif name is not None and line.strip():
+            items[name].append(line.strip())
+    return {k: " ".join(v) for k, v in items.items()}
+
+
 class PublicDocs(griffe.Extension):
     """See the module docstring."""
+
+    def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+        if pkg.path == "shmloader":
+            self._attributes_to_members(pkg)
+
+    def _attributes_to_members(self, module: griffe.Module) -> None:
+        for member in module.members.values():
+            if member.is_alias:
+                continue
+            if isinstance(member, griffe.Module):
+                self._attributes_to_members(member)
+            elif isinstance(member, griffe.Class) and member.docstring is not None:
+                doc = member.docstring
+                m = ATTRIBUTES.search(doc.value)
+                if m is None:
+                    continue
+                texts = _attribute_texts(m["body"])
+                bare: dict[griffe.Object, str] = {}
+                for name, text in texts.items():
+                    target = member.members.get(name)
+                    if isinstance(target, griffe.Object) and target.docstring is None:
+                        bare[target] = text
+                if not bare or len(bare) != len(texts):
+                    continue  # leave a section that documents anything else as it is
+                for target, text in bare.items():
+                    target.docstring = griffe.Docstring(
+                        _rewrite(text, _owner(target)), parent=target
+                    )
+                doc.value = (doc.value[: m.start()] + doc.value[m.end() :]).rstrip()
 
     def on_object(self, *, obj: griffe.Object, **kwargs: Any) -> None:
         if not obj.path.startswith("shmloader") or obj.is_alias:

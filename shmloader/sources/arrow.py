@@ -54,9 +54,19 @@ HF_STATE = "state.json"
 
 
 class ArrowSource(BaseSource):
-    """Arrow IPC files/streams (a glob, path or list), Hugging Face ``save_to_disk`` folders,
-    or a ``datasets.Dataset`` object: its own Arrow files when they hold it as it is, else one
-    file written for it into ``cache_dir`` once (hf.py); its columns by default."""
+    """Arrow IPC files or streams, Hugging Face ``save_to_disk`` folders, or a
+    ``datasets.Dataset``: its own Arrow files where they hold it as it is, else one file
+    written for it once into ``cache_dir``.
+
+    Args:
+        paths: A glob, a path, a folder or a list of them, or a ``datasets.Dataset``.
+        columns: Columns to read (``None``: all).
+        tensors: Shapes of list columns to read as tensors, ``{"x": (2, 3)}``. A list
+            column whose rows all have one length is a tensor without it.
+        cache_dir: Where a ``datasets.Dataset`` that is not its files as they are is
+            written (else ``$SHMLOADER_DATASETS_DIR``, else ``~/.cache/shmloader/datasets``).
+        filesystem: A ``pyarrow.fs.FileSystem`` to read the paths through.
+    """
 
     # Row shapes of the list columns found to hold one length in every row (tensor_shapes):
     # None until a plan looks.

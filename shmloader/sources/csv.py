@@ -45,12 +45,21 @@ _TEXT = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary)
 
 
 class CSVSource(IndexedSource):
-    """CSV files (a glob, a path or a list), optionally projected and decoded.
+    """CSV files, indexed by line on first use; column types inferred once and pinned.
 
-    ``columns`` picks columns (read by pyarrow, the others are not converted). ``decode(row
-    dict) -> mapping`` turns a parsed row (values typed as above) into the stored columns.
-    Without ``decode``, ``schema=`` is the stored schema: its names pick the columns and its
-    types are the conversion types.
+    Args:
+        paths: A glob, a path or a list of them.
+        columns: Columns to read (the others are not converted).
+        decode: ``decode(row) -> mapping``: a parsed row (a dict of typed values, ``None``
+            for an empty field) into the stored columns.
+        on_error: ``"raise"``, or ``"skip"``: bad rows are left out, reported as skipped.
+        schema: Schema of the stored columns; without ``decode``, its names pick the
+            columns and its types are the conversion types.
+        index_dir: Folder for line indexes that cannot be written beside the data.
+        delimiter: The field separator.
+        header: Whether the first non-empty line names the columns (``False``: ``f0``,
+            ``f1``, ...).
+        filesystem: A ``pyarrow.fs.FileSystem`` to read the paths through.
     """
 
     @suggest_keywords()

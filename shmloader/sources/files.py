@@ -88,24 +88,25 @@ _GONE = (
 
 
 class FileSource(InferringSource):
-    """A folder (a glob, a path or a list of them) of files, one record per file.
+    """A folder of files, one record per file: ``FileSource("train/*/*.jpg", decode=decode)``.
 
-    ``FileSource("train/*/*.jpg", decode=decode)`` reads each file whole and gives its bytes
-    and path to ``decode(data: bytes, path: str) -> mapping``, whose values are the record's
-    columns (a label from the folder name: ``os.path.basename(os.path.dirname(path))``).
-    Without ``decode`` a record is ``{"path": str, "data": bytes}``.
+    The files are listed once, here, and sorted, and planned as one shard whose records are
+    spread over the listing, so that every task is a sample across all the folders
+    (docs/sources.md, "FileSource"). ``root`` is the files' common folder, ``num_files``
+    how many there are.
 
-    A folder stands for every file under it, at any depth (names starting with ``.`` or ``_``
-    left out). The files are listed once, here, and sorted: a pattern that matches nothing
-    is a :class:`~shmloader.ConfigError`. ``on_error="skip"`` leaves out files whose decode
-    fails or does not fit the schema (reported as skipped records); a file that cannot be
-    read raises a :class:`~shmloader.DataError` naming it under either setting. ``schema=``
-    fixes ``decode``'s output (inferred from a sample of the files otherwise). ``filesystem=``
-    reads the paths through a ``pyarrow.fs`` filesystem (an object store of its own).
-
-    The files are one shard, whose records are spread over the listing so that every task
-    is a sample across all the folders: docs/sources.md, "FileSource", says how and why.
-    ``root`` is the files' common folder, ``num_files`` how many there are.
+    Args:
+        paths: A glob, a folder (every file under it, names starting with ``.`` or ``_``
+            left out), a file, or a list of them; a pattern that matches nothing is a
+            :class:`~shmloader.ConfigError`.
+        decode: ``decode(data: bytes, path: str) -> mapping``: a file's columns (a label
+            from its folder: ``os.path.basename(os.path.dirname(path))``). ``None``: a
+            record is ``{"path": str, "data": bytes}``.
+        on_error: ``"skip"`` leaves out files whose decode fails or does not fit the schema
+            (reported as skipped); a file that cannot be read raises a
+            :class:`~shmloader.DataError` either way.
+        schema: Schema of ``decode``'s output (``None``: inferred from a sample of the files).
+        filesystem: A ``pyarrow.fs.FileSystem`` to read the paths through.
     """
 
     _LOCAL = ("_builder", "_store")

@@ -51,12 +51,19 @@ _BLANK = b" \t\r"
 
 
 class JSONLSource(IndexedSource):
-    """JSON Lines files (a glob, a path or a list), optionally projected and decoded.
+    """JSON Lines files, indexed by line on first use.
 
-    ``columns`` picks keys of each object (others are ignored); without it every key of the
-    schema is required and an extra key is an error. ``decode(dict) -> mapping`` turns a
-    parsed (and projected) object into the stored columns; it must be picklable. Without
-    ``decode``, ``schema=`` is the stored schema and its names act as ``columns``.
+    Args:
+        paths: A glob, a path or a list of them.
+        columns: Keys to read, the others ignored (``None``: every key of the schema is
+            required, and an extra key is an error).
+        decode: ``decode(obj) -> mapping``: a parsed (and projected) object into the stored
+            columns.
+        on_error: ``"raise"``, or ``"skip"``: bad lines are left out, reported as skipped.
+        schema: Schema of the stored columns (``None``: inferred from a sample); without
+            ``decode``, its names act as ``columns``.
+        index_dir: Folder for line indexes that cannot be written beside the data.
+        filesystem: A ``pyarrow.fs.FileSystem`` to read the paths through.
     """
 
     kind = "jsonl"

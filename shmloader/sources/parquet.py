@@ -37,8 +37,17 @@ from .base import BaseSource, ReadResult, Shard, check_held
 
 
 class ParquetSource(BaseSource):
-    """Parquet files (a glob, a path, a directory as ``pyarrow.dataset`` reads one, or a list
-    of them), optionally projected to ``columns``."""
+    """Parquet files: one shard per file, row counts from the footers; a read touches only
+    the row groups and columns it needs.
+
+    Args:
+        paths: A glob, a path, a directory (the Parquet files under it, as
+            ``pyarrow.dataset`` reads one) or a list of them.
+        columns: Columns to read (``None``: all).
+        tensors: Shapes of list columns to read as tensors, ``{"x": (2, 3)}``, for files
+            whose writer stored no Arrow schema.
+        filesystem: A ``pyarrow.fs.FileSystem`` to read the paths through.
+    """
 
     @suggest_keywords()
     def __init__(

@@ -58,29 +58,34 @@ _OPEN_FILES = 16  # RecordFiles (with their loaded offsets) kept per process
 
 
 class RecordFileSource(InferringSource):
-    """Record files (TFRecord framing, optionally gzip/zlib) decoded by a user function.
+    """Record files (TFRecord framing, optionally gzip/zlib), each record decoded in the
+    readers by a function of yours.
 
-    ``decode(payload) -> mapping`` is called per record; ``decode_batch(payloads) -> mapping``
-    with batched arrays (faster for numeric data), once per block of the range read from the
-    file: about 2 MiB of records, so the whole range for small records, and one block's
-    decoded columns are written into shared memory while they are still in the CPU cache.
-    With neither, batches have one ``record: binary`` column of raw payloads. Both functions
-    must be picklable (module-level functions), since sources travel to reader processes.
-
-    ``on_error="skip"`` leaves out records whose framing is corrupt or whose decode fails or
-    does not fit the schema, and reports each as a :class:`SkippedRecord`; ``"raise"`` raises
-    a DataError naming file, record and byte offset. Under skip, a damaged length field or a
-    cut-short last record met while indexing is stepped over too: the damaged bytes keep one
-    record number, reported as skipped in every epoch (``RecordFile(resync=True)``).
-
-    ``views=True`` hands the decode functions ``memoryview`` slices of the blocks read from the
-    file instead of a ``bytes`` copy of every payload: one copy of every record less, which
-    pays off for large records (12 KB images: see docs/performance.md) and not for small ones,
-    where a memoryview costs more than a small ``bytes``. The functions must then
-    take any bytes-like object: ``numpy.frombuffer``, ``b"".join``, ``int.from_bytes``,
-    ``struct.unpack_from`` and slicing do; ``bytes`` methods (``.decode()``, ``.split()``)
-    and hashing do not. A view keeps its whole block (about 2 MiB) alive, so copy what a
-    decode function keeps beyond its return.
+    Args:
+        paths: A glob, a path or a list of them, local or URIs that ``pyarrow.fs`` reads.
+            Sidecar ``*.shmidx`` files a glob matches are left out.
+        decode: ``decode(payload) -> mapping`` of column values, once per record. With
+            neither function, batches have one ``record: binary`` column of raw payloads.
+            Defined anywhere: docs/sources.md, "Where functions may live".
+        decode_batch: ``decode_batch(payloads) -> mapping`` of batched arrays (or lists),
+            once per block of about 2 MiB of records: faster for numeric data.
+        on_error: ``"raise"``: a bad record (corrupt framing, a decode that raises or does
+            not fit the schema) raises an error naming file, record and byte offset.
+            ``"skip"``: it is left out and reported as a :class:`SkippedRecord`; damaged
+            framing met while indexing is stepped over too (docs/formats.md, "Damaged
+            framing").
+        schema: ``pyarrow.Schema`` of the decoded columns (``None``: inferred from a sample
+            of the records).
+        compression: ``"auto"`` (told from the file's first bytes), ``None``, ``"gzip"`` or
+            ``"zlib"``.
+        index_dir: Folder for offset indexes that cannot be written beside the data (else
+            ``$SHMLOADER_INDEX_DIR``, else ``~/.cache/shmloader/index``).
+        views: Hand the functions ``memoryview`` slices of the blocks read instead of a
+            ``bytes`` copy of each payload: one copy less, worth it for large records (12 KB
+            images: see docs/performance.md), not for small ones. The functions must then
+            take any bytes-like object, and copy what they keep after returning.
+        filesystem: A ``pyarrow.fs.FileSystem`` to read the paths through (an object store
+            with its own endpoint and credentials); it travels to the readers.
     """
 
     _LOCAL = ("_files", "_builder")

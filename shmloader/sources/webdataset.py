@@ -42,9 +42,16 @@ _READ_BLOCK = 1 << 20
 
 
 class WebDatasetSource(IndexedSource):
-    """WebDataset ``.tar`` shards (a glob, a path or a list), optionally decoded.
+    """WebDataset ``.tar`` shards (uncompressed), their members grouped into samples by key.
 
-    ``schema=`` fixes ``decode``'s output schema (inferred from a sample of the records otherwise).
+    Args:
+        paths: A glob, a path or a list of them.
+        decode: ``decode(sample) -> mapping``, a sample being ``{"__key__": str, field:
+            bytes, ...}`` (``None``: a ``__key__`` column and one binary column per field).
+        on_error: ``"raise"``, or ``"skip"``: bad samples are left out, reported as skipped.
+        index_dir: Folder for member indexes that cannot be written beside the data.
+        schema: Schema of ``decode``'s output (``None``: inferred from a sample).
+        filesystem: A ``pyarrow.fs.FileSystem`` to read the paths through.
     """
 
     kind = "wds"
