@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import threading
 import time
+from collections.abc import Callable
 
 from _dataplane_helpers import announce, trainer
 from test_dataplane_shared import dispatcher
@@ -20,8 +22,16 @@ from shmloader.dataset.gather.gatherer import Gatherer
 
 
 def kept(plane) -> int:
-    r = plane.lapsed_leases
-    return len(r._to) + len(r._warned) + len(r._told) + len(r._epoch)
+    return len(plane.lapsed_leases.kept_leases())
+
+
+def blocks(call: Callable[[], object]) -> bool:
+    """Whether ``call``, made in another thread, waits: for a lock this thread holds (the
+    thread goes on once it is let go)."""
+    other = threading.Thread(target=call, daemon=True)
+    other.start()
+    other.join(timeout=5)
+    return other.is_alive()
 
 
 def stall(d):
@@ -58,7 +68,7 @@ def test_a_lapsed_lease_is_logged_once_outside_the_lock_and_forgotten_when_done(
         class Spy(logging.Handler):
             def emit(self, record: logging.LogRecord) -> None:
                 if record.levelno == logging.INFO:
-                    lock_held.append(plane._lock._is_owned())
+                    lock_held.append(blocks(plane.held_leases))  # it takes the plane's lock
 
         spy = Spy()
         logging.getLogger("shmloader.dataset").addHandler(spy)
@@ -85,7 +95,8 @@ def test_what_is_kept_goes_with_a_forgotten_epoch(tmp_path):
     with ready_at_a(tmp_path) as (d, _, plane, sampler, leases):  # ready, never taken
         _, later = stall(d)
         plane.outbox.lapsed(d.mark_taken(plane.held_leases(), later))
-        assert len(plane.lapsed_leases._epoch) == len(leases)
+        epochs = plane.lapsed_leases.kept_leases()
+        assert epochs == {x.lease_id: 0 for x in leases}  # each lease's epoch, kept
         sampler.feed.finish_epoch(0)
         plane.forget_finished(1)  # the master finished epoch 0 (b delivered it)
         assert kept(plane) == 0

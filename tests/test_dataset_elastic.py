@@ -105,6 +105,8 @@ def check_master_held_state(state, source, master, tmp_path) -> None:
     options = {"num_readers": 1, "shm_budget": "8MiB", "shm_dir": str(tmp_path)}
     with shmloader.SharedTaskDataset(source, master=master.address, **options) as again:
         shmloader.DataLoader(again, batch_size=8).load_state_dict(state)
+        # private: what a loaded state leaves out is the dataset's own resume point
+        # (dataset.py, resume/); nothing public tells an empty one from a fresh start yet.
         assert not again._resume.loaded  # nothing skipped, nothing left out of the schedule
     with (
         shmloader.SharedTaskDataset(source, **options) as alone,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from shmloader.dataset.accounting.plane import slot_name
 from shmloader.dataset.core.indices import encode_indices
 from shmloader.dataset.gather.gather import segment_views
-from shmloader.dataset.gather.gatherer import Gatherer
+from shmloader.dataset.gather.gatherer import SWEEP_SECONDS, Gatherer
 from shmloader.dataset.gather.view_cache import ParsedViews
 from shmloader.shm.region import PAGE, Placed, Region
 from shmloader.shm.store import SegmentStore, read_segment
@@ -115,12 +116,12 @@ def test_the_gatherer_parses_a_segment_of_another_length_anew(tmp_path: Path) ->
         _write(store, 1, np.arange(100, 200))
         g.gather(encode_indices(0, np.arange(100)))
         handle.release(slot_name(0))
-        g._next_sweep = 0.0  # the next gather sweeps: segment 0's mapping is kept
+        time.sleep(SWEEP_SECONDS)  # the next gather sweeps: segment 0's mapping is kept
         g.gather(encode_indices(1, np.arange(3)))
         _write(store, 2, np.arange(1000, 1090))  # fewer rows, into segment 0's file
         got = g.gather(encode_indices(2, np.arange(90)))
         assert got["id"].tolist() == list(range(1000, 1090))
-        assert g._parsed.hits == 0
+        assert g.parses_spared == 0
         with pytest.raises(IndexError, match="out of range"):  # its own length, not 100
             g.gather(encode_indices(2, np.array([95])))
         g.close()

@@ -133,6 +133,7 @@ def test_readers_do_not_register_again_a_trainer_that_left_on_sigterm(
         leased = _waiter("the readers to lease every task")
         while master.progress().counters["granted"] < TASKS:
             leased()
+        # private: the SIGTERM hook, called as the signal calls it (a real one ends pytest).
         runtime._on_sigterm()
         assert [c.consumer for c in master.progress().consumers] == []
         lost = _waiter("the readers to hear the master forgot their trainer")
@@ -156,7 +157,9 @@ def test_sigterm_leaves_the_master_even_while_the_loop_holds_the_plane_s_lock(
         leased = _waiter("the reader to lease")
         while not master.progress().counters["granted"]:
             leased()
-        with runtime.plane._lock:  # as if the signal came inside the plane's code
+        # private: the plane's lock and its SIGTERM hook, as if the signal came inside the
+        # plane's code: no public seam holds that lock, and a real SIGTERM ends pytest itself
+        with runtime.plane._lock:
             runtime._on_sigterm()
             assert [c.consumer for c in master.progress().consumers] == []
     assert shm_entries(tmp_path / "shm") == []
@@ -183,8 +186,10 @@ def test_sigterm_while_close_stops_the_readers_still_leaves_the_master(
         def sigterm_during_close() -> None:
             try:
                 stopping = _waiter("close() to stop the readers")
-                while not pool._stopping.is_set():
+                while not pool.stopping:
                     stopping()
+                # private: the SIGTERM hook, called as the signal calls it (a real one ends
+                # pytest itself), while close() waits for a stopped reader
                 runtime._on_sigterm()
                 left.append([c.consumer for c in master.progress().consumers])
             finally:

@@ -42,7 +42,7 @@ def test_readers_that_die_now_and_then_are_restarted_past_the_cap(tmp_path: Path
     with dataset(tmp_path / "data", tmp_path / "shm", **options) as ds:
         ds.start()
         pool = ds.runtime.pool
-        pool._max_restarts = 2  # the cap (10 by default), low to keep the test short
+        pool.max_restarts = 2  # the cap (10 by default), low to keep the test short
         info = pool.readers[0]
         dl = shmloader.DataLoader(ds, batch_size=50)
         kills, read_at_kill, killed = 0, -1, 0
@@ -170,7 +170,9 @@ def test_a_reader_whose_trainer_is_gone_exits_quietly(
         next(batches)
         pid = reader_pid(ds, 0)
         info = ds.runtime.pool.readers[0]
-        pipe = ds.runtime.pool._procs[0].conn  # the trainer's end
+        proc = ds.runtime.pool.reader_process(0)
+        assert proc is not None
+        pipe = proc.conn  # the trainer's end
         with socket.socket(fileno=os.dup(pipe.fileno())) as end:
             end.shutdown(socket.SHUT_RDWR)
         deadline = time.monotonic() + 60  # a bound: it exits within a task's decode

@@ -33,6 +33,27 @@ def _children() -> set[int]:
     return {child.pid for child in psutil.Process().children(recursive=True)}
 
 
+def _new_readers(before: set[int], count: int = 2) -> tuple[psutil.Process, list[psutil.Process]]:
+    """The fork server this process started since ``before`` was taken (a child of ours) and
+    its ``count`` readers, once it has forked them all (it answers fork requests as it gets to
+    them: the dataset does not wait for the pids)."""
+    deadline = time.monotonic() + 30.0  # a bound: it forks within a second or so
+    while True:
+        servers = [child for child in psutil.Process().children() if child.pid not in before]
+        readers = servers[0].children() if len(servers) == 1 else []
+        if len(readers) == count:
+            return servers[0], readers
+        assert time.monotonic() < deadline, f"no fork server with {count} readers: {servers}"
+        time.sleep(0.01)
+
+
+def _exited(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def _read_all(ds: shmloader.SharedTaskDataset) -> list[int]:
     return sorted(i for b in shmloader.DataLoader(ds, batch_size=50) for i in ids_of(b))
 
@@ -43,13 +64,10 @@ def test_readers_started_with_the_dataset_are_the_ones_that_read(
     directory, expected = data
     before = _children()
     with dataset(directory, tmp_path / "shm", num_readers=2) as ds:
-        started = {proc.process.pid for proc in ds._launched}  # forked by now
-        assert len(started) == 2
         # Forks of their server, started with them.
-        launcher = ds._launched[0].launcher
-        server = None if launcher is None else launcher.server_pid
-        assert server is not None and server in _children() - before
-        assert {p.pid for p in psutil.Process(server).children()} == started
+        fork_server, forked = _new_readers(before)
+        server, started = fork_server.pid, {p.pid for p in forked}
+        assert len(started) == 2
         assert not ds.started  # not used yet: no master, no pool thread
         assert _read_all(ds) == expected
         readers = ds.stats().readers
@@ -64,13 +82,12 @@ def test_a_dataset_closed_before_its_first_use_stops_its_readers(
     directory, _ = data
     before = _children()
     ds = dataset(directory, tmp_path / "shm")
-    processes = [proc.process for proc in ds._launched]
+    _, processes = _new_readers(before)
     assert len(processes) == 2
     ds.close()
     # Not configured, they hold nothing: close() does not wait for them to finish importing.
-    assert [p.poll() is not None for p in processes] == [True, True]
-    assert ds._launched == []
-    assert wait_gone(_children() - before) == []  # their fork server too
+    assert [_exited(p) for p in processes] == [True, True]
+    assert wait_gone(_children() - before) == []  # their fork server too: nothing kept
     assert os.listdir(tmp_path / "shm") == []
 
 
@@ -78,8 +95,9 @@ def test_a_dataset_dropped_unused_stops_its_readers(
     data: tuple[Path, list[int]], tmp_path: Path
 ) -> None:
     directory, _ = data
+    before = _children()
     ds = dataset(directory, tmp_path / "shm")
-    pids = [proc.process.pid for proc in ds._launched]
+    pids = [p.pid for p in _new_readers(before)[1]]
     del ds
     gc.collect()
     assert wait_gone(pids) == []
@@ -97,7 +115,7 @@ def test_made_in_another_thread_its_readers_start_on_first_use(
     maker.start()
     maker.join()
     with made[0] as ds:
-        assert ds._launched == [] and _children() == before
+        assert _children() == before  # no reader launched, nor their fork server
         assert _read_all(ds) == expected
         assert [r.restarts for r in ds.stats().readers] == [0, 0]
 
@@ -106,10 +124,11 @@ def test_a_reader_killed_before_the_first_use_is_replaced(
     data: tuple[Path, list[int]], tmp_path: Path
 ) -> None:
     directory, expected = data
+    before = _children()
     with dataset(directory, tmp_path / "shm") as ds:
-        victim = ds._launched[0].process
+        victim = _new_readers(before)[1][0]
         os.kill(victim.pid, signal.SIGKILL)
-        victim.wait(30.0)
+        assert wait_gone([victim.pid], 30.0) == []
         assert _read_all(ds) == expected
         readers = ds.stats().readers
         assert victim.pid not in {r.pid for r in readers}

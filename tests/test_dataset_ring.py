@@ -18,7 +18,6 @@ from shmloader.dataset.core.batch import Batch
 from shmloader.dataset.gather import ring as ring_module
 from shmloader.dataset.gather.gather import block_layout
 from shmloader.dataset.gather.ring import RING_PREFIX, BatchRing, RingBatch, RingColumn
-from shmloader.dataset.loader import ring_slots
 
 SIZES = [400, 333]
 
@@ -61,12 +60,11 @@ def test_a_slot_is_copied_out_and_freed(tmp_path: Path) -> None:
     del sent
     assert ring.claim(1) is None  # both slots still busy
     ring_module.forget(str(tmp_path))
-    assert not ring_module._MAPPED
+    assert ring_module.mapped_rings() == []
 
 
 def _mapped_rings(ds: Any) -> list[str]:
-    store = str(ds.runtime.store.path)
-    return [p for p in ring_module._MAPPED if os.path.dirname(p) == store]
+    return ring_module.mapped_rings(str(ds.runtime.store.path))
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
@@ -88,10 +86,10 @@ def test_workers_hand_batches_over_through_rings(
                 assert isinstance(batch, dict) and isinstance(batch["id"], torch.Tensor)
                 got += ids_of(batch)
             assert sorted(got) == expected
-        assert len(_mapped_rings(ds)) == 2  # one ring per worker, mapped here: the path was taken
-        gatherer = ds._gatherer
-        assert gatherer is not None and gatherer._ring_slots == 0  # set for the workers only
-        # A plain DataLoader's workers, started afterwards, use torch's transport.
+        rings = _mapped_rings(ds)
+        assert len(rings) == 2  # one ring per worker, mapped here: the path was taken
+        # A plain DataLoader's workers, started afterwards, use torch's transport: the rings
+        # were set up for shmloader.DataLoader's workers only, not in the dataset they fork.
         plain = torch.utils.data.DataLoader(
             ds,
             batch_size=50,
@@ -102,6 +100,7 @@ def test_workers_hand_batches_over_through_rings(
         )
         got = [i for batch in plain for i in ids_of(batch)]
         assert sorted(got) == expected
+        assert _mapped_rings(ds) == rings  # no ring of the plain loader's worker arrived
 
 
 def test_without_persistent_workers_the_rings_go_with_each_epoch(
@@ -133,6 +132,5 @@ def test_batches_dropped_by_a_broken_off_loop_free_their_slots(
         assert set(got) <= set(expected) and len(got) == len(set(got))
         rings = _mapped_rings(ds)
         assert len(rings) == 2
-        slots = ring_slots(2)  # the workers' (prefetch_factor 2)
-        busy = [bytes(ring_module._MAPPED[p][:slots]) for p in rings]
-        assert busy == [bytes(slots)] * 2, f"slots still taken after a full pass: {busy}"
+        busy = [ring_module.busy_slots(p) for p in rings]
+        assert busy == [[], []], f"slots still taken after a full pass: {busy}"

@@ -37,6 +37,26 @@ def _open(path: Path, **kw: object) -> Journal:
     return Journal.open(path, PLAN, config, kw.pop("now", 0.0), **kw)  # type: ignore[arg-type]
 
 
+def _open_with_database(path: Path, **kw: object) -> tuple[Journal, sqlite3.Connection]:
+    """A journal, and the SQLite connection it opened its database with (its one connection:
+    the database is locked exclusively), to set a fault in the database as SQLite allows (a
+    trigger, a PRAGMA, the connection closed under the journal)."""
+    opened: list[sqlite3.Connection] = []
+    connect = sqlite3.connect
+
+    def recording(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        opened.append(connect(*args, **kwargs))
+        return opened[-1]
+
+    sqlite3.connect = recording  # type: ignore[assignment]
+    try:
+        journal = _open(path, **kw)
+    finally:
+        sqlite3.connect = connect
+    (database,) = opened
+    return journal, database
+
+
 def _drive(d: Dispatcher, t: float = 1.0) -> None:
     d.register("a", t)
     d.register("b", t)
@@ -114,14 +134,14 @@ def test_leases_held_across_a_long_outage_stay_valid_for_their_holders(tmp_path:
 _UNCOMMITTED = textwrap.dedent(
     """
     import json, os, sys, time
-    from test_journal import _drive, _open
+    from test_journal import _drive, _open_with_database
     from shmloader.master.updates import ConsumerHeartbeat
-    j = _open(sys.argv[1], fsync="never")
+    j, database = _open_with_database(sys.argv[1], fsync="never")
     _drive(j.dispatcher)
     wal = j.path + "-wal"
     print(json.dumps({"state": j.dispatcher.state_dict(), "seq": j.seq,
                       "wal": os.path.getsize(wal)}), flush=True)
-    j._db.execute("PRAGMA cache_size=8")  # pages spill into the log long before a commit
+    database.execute("PRAGMA cache_size=8")  # pages spill into the log long before a commit
     for i in range(3000):
         j.dispatcher.apply(ConsumerHeartbeat(5.0 + i, "a"))
     print(json.dumps({"seq": j.seq, "wal": os.path.getsize(wal)}), flush=True)
@@ -359,13 +379,13 @@ def test_batch_syncs_after_batch_records_updates_or_batch_seconds(tmp_path: Path
         d.register("a", 1.0)  # the open synced
         d.register("b", 2.0)
         d.register("c", 2.0)
-        assert j._unsynced == 3
+        assert j.updates_unsynced == 3
         d.register("d", 3.0)  # the fourth update since
-        assert j._unsynced == 0
+        assert j.updates_unsynced == 0
         d.register("e", 4.0)
-        assert j._unsynced == 1
+        assert j.updates_unsynced == 1
         d.heartbeat("e", 13.0)  # 10 s since the last sync
-        assert j._unsynced == 0
+        assert j.updates_unsynced == 0
 
 
 def test_bad_journal_settings_are_rejected(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_journal import CHILD_ENV, TESTS, _comparable, _drive, _open
+from test_journal import CHILD_ENV, TESTS, _comparable, _drive, _open, _open_with_database
 
 from shmloader.master.journal import DATABASE
 
@@ -85,14 +85,14 @@ def test_a_commit_on_a_full_disk_keeps_its_updates_and_refuses_later_ones(
 def test_a_snapshot_that_cannot_be_written_does_not_fail_the_request(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with _open(tmp_path, snapshot_every=3) as j:
+    j, database = _open_with_database(tmp_path, snapshot_every=3)
+    with j:
         d = j.dispatcher
         d.register("a", 1.0)
         d.register("b", 1.0)
         j.snapshot()
         # SQLite refuses the snapshot's row, as a disk with no room for it would.
-        assert j._db is not None
-        j._db.execute(
+        database.execute(
             "CREATE TEMP TRIGGER no_room BEFORE INSERT ON main.snapshot "
             "BEGIN SELECT RAISE(ABORT, 'no room for the snapshot'); END"
         )
@@ -101,11 +101,11 @@ def test_a_snapshot_that_cannot_be_written_does_not_fail_the_request(
         leases = d.lease("a", 2, 2.0)  # the request's updates are committed: it succeeds
         assert len(leases) == 2
         assert "compaction failed" in caplog.text and "no room for the snapshot" in caplog.text
-        j._db.execute("DROP TRIGGER temp.no_room")
+        database.execute("DROP TRIGGER temp.no_room")
         d.complete(leases[0].lease_id, 3.0)
         d.register("d", 3.0)
         d.register("e", 3.0)  # the third update since: the next compaction goes through
-        assert j._since_snapshot == 0
+        assert j.updates_since_snapshot == 0
         d.lease("b", 1, 4.0)
         before = d.state_dict()
     with _open(tmp_path, now=5.0) as j:
@@ -114,10 +114,9 @@ def test_a_snapshot_that_cannot_be_written_does_not_fail_the_request(
 
 
 def test_closing_releases_the_lock_even_when_the_final_sync_fails(tmp_path: Path) -> None:
-    j = _open(tmp_path)
+    j, database = _open_with_database(tmp_path)
     _drive(j.dispatcher)
-    assert j._db is not None
-    j._db.close()  # the sync at close now fails, as on a disk gone read-only
+    database.close()  # the sync at close now fails, as on a disk gone read-only
     with pytest.raises(OSError, match="cannot sync it"):
         j.close()
     _open(tmp_path).close()  # not "in use by another master"

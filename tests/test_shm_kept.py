@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 
 from shmloader.dataset.accounting.plane import slot_name
 from shmloader.dataset.core.indices import encode_indices
-from shmloader.dataset.gather.gatherer import Gatherer
+from shmloader.dataset.gather.gatherer import SWEEP_SECONDS, Gatherer
 from shmloader.shm.kept import KeptMappings
 from shmloader.shm.region import PAGE, Placed, Region
 from shmloader.shm.store import SegmentStore
@@ -64,7 +65,7 @@ def test_files_gone_too_small_or_beyond_the_caps_are_unmapped(tmp_path: Path) ->
     assert kept.sweep([placed[3].inode]) == 1  # f2's file is gone from the listing
     assert len(kept) == 1 and kept.take(placed[3].inode, PAGE) is not None
     # Every unmapped placement gave its part of the region back.
-    free = sum(length for _, length in region._free)
+    free = sum(length for _, length in region.free_extents)
     assert free == 64 * PAGE - PAGE  # only f3's page is still mapped (taken, the caller's)
     by_bytes = KeptMappings(region, max_count=8, max_bytes=PAGE)
     by_bytes.keep(_map(region, tmp_path / "g0", b"x" * PAGE))
@@ -93,27 +94,28 @@ def test_the_gatherer_reads_a_rewritten_spare_through_its_kept_mapping(tmp_path:
         _write(store, 0, np.arange(100))
         _write(store, 1, np.arange(100, 200))
         assert g.gather(encode_indices(0, np.arange(100)))["id"].tolist() == list(range(100))
-        offset = g._placed[0].offset
+        offset = g.in_region[0].offset
         handle.release(slot_name(0))
-        g._next_sweep = 0.0  # the next gather sweeps: segment 0's mapping is kept
+        time.sleep(SWEEP_SECONDS)  # the next gather sweeps: segment 0's mapping is kept
         g.gather(encode_indices(1, np.arange(3)))
-        assert g._kept is not None and len(g._kept) == 1
+        kept = g.kept_mappings
+        assert kept is not None and len(kept) == 1
         _write(store, 2, np.arange(1000, 1100))  # into segment 0's file, now a spare
         got = g.gather(encode_indices(2, np.arange(100)))
-        assert g._placed[2].offset == offset and len(g._kept) == 0  # the kept one, taken
+        assert g.in_region[2].offset == offset and len(kept) == 0  # the kept one, taken
         assert got["id"].tolist() == list(range(1000, 1100))  # the new rows, never stale ones
         assert np.array_equal(got["x"].numpy()[:, 3], np.arange(1000, 1100, dtype=np.float32))
-        assert g._parsed.hits == 1  # same place, same metadata: segment 0's views were used
+        assert g.parses_spared == 1  # same place, same metadata: segment 0's views were used
         # A kept mapping whose file a writer removed (to make room) goes at the next sweep.
         handle.release(slot_name(2))
-        g._next_sweep = 0.0
+        time.sleep(SWEEP_SECONDS)
         g.gather(encode_indices(1, np.arange(3)))
-        assert len(g._kept) == 1
+        assert len(kept) == 1
         (spare,) = [n for n in os.listdir(handle.path) if n.startswith("spare-")]
         os.unlink(os.path.join(handle.path, spare))
-        g._next_sweep = 0.0
+        time.sleep(SWEEP_SECONDS)
         g.gather(encode_indices(1, np.arange(3)))
-        assert len(g._kept) == 0
+        assert len(kept) == 0
         g.close()
 
 
@@ -132,7 +134,8 @@ def test_dataloader_workers_unmap_instead_of_keeping(
         _write(store, 1, np.arange(10, 20))
         g.gather(encode_indices(0, np.arange(10)))
         handle.release(slot_name(0))
-        g._next_sweep = 0.0
+        time.sleep(SWEEP_SECONDS)
         g.gather(encode_indices(1, np.arange(10)))
-        assert g._kept is not None and len(g._kept) == 0 and 0 not in g._placed
+        kept = g.kept_mappings
+        assert kept is not None and len(kept) == 0 and 0 not in g.in_region
         g.close()

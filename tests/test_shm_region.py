@@ -49,16 +49,16 @@ def test_files_map_side_by_side_and_unmapped_space_is_reused(tmp_path: Path) -> 
         assert region.map_file(fd, 11 * PAGE) is None
         region.unmap(placed[0])
         region.unmap(placed[1])
-        assert region._free == [(0, 5 * PAGE), (6 * PAGE, 10 * PAGE)]
+        assert region.free_extents == [(0, 5 * PAGE), (6 * PAGE, 10 * PAGE)]
         big = region.map_file(fd, 10 * PAGE)
     finally:
         os.close(fd)
     assert big is not None and big.offset == 6 * PAGE
     assert region.rows(np.dtype(np.uint8), (), 0)[16 * PAGE - 1] == 7
     region.unmap(placed[2])
-    assert region._free == [(0, 6 * PAGE)]  # merged with its neighbours again
+    assert region.free_extents == [(0, 6 * PAGE)]  # merged with its neighbours again
     region.unmap(big)
-    assert region._free == [(0, 16 * PAGE)]
+    assert region.free_extents == [(0, 16 * PAGE)]
     region.close()
 
 
@@ -133,6 +133,8 @@ def test_forked_child_goes_on_with_its_copy_of_the_mappings(tmp_path: Path) -> N
         _, status = os.waitpid(pid, 0)
         assert os.WEXITSTATUS(status) == 0
         assert g.gather(idx)["id"].tolist() == list(range(20))  # the parent's, unaffected
-        assert len(g._placed) == 2
+        assert len(g.in_region) == 2
+        region = g.region
+        assert region is not None
         g.close()
-        assert g._placed == {} and g._region is None
+        assert len(g.in_region) == 0 and region.closed

@@ -104,10 +104,10 @@ def test_mapping_cache_drop_and_lru(tmp_path: Path) -> None:
         store.written.clear()  # the writer's own mappings (test_shm_written.py) aside
         for name in names:
             store.open(name)
-        assert list(store._maps) == names[1:]  # least recently used went out
+        assert store.mapped_segments == names[1:]  # least recently used went out
         store.drop(names[1])
         store.drop("seg-" + "0" * 32)  # unknown names are fine
-        assert list(store._maps) == names[2:]
+        assert store.mapped_segments == names[2:]
         other = store.handle()
         other.open(names[0])
         inode = os.stat(path).st_ino
@@ -116,7 +116,7 @@ def test_mapping_cache_drop_and_lru(tmp_path: Path) -> None:
         assert other.drop_missing() == 1
         assert _mapped_ranges(path, inode) == []
         store.drop_all()
-        assert store._maps == {}
+        assert store.mapped_segments == []
 
 
 def test_errors_for_unknown_and_released_segments(store: SegmentStore) -> None:

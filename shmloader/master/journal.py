@@ -316,6 +316,19 @@ class Journal:
         finally:  # a failed sync (a disk gone read-only) must not keep the directory locked
             self._abandon()
 
+    @property
+    def updates_unsynced(self) -> int:
+        """Updates committed since the last sync: what a power loss may take back under
+        ``fsync="batch"`` (at most ``batch_records``, or ``batch_seconds`` of them) or
+        ``"never"``; 0 right after :meth:`sync`."""
+        return self._unsynced
+
+    @property
+    def updates_since_snapshot(self) -> int:
+        """Updates recorded since the last compaction, or since one failed: the journal's
+        growth the next one (due at ``snapshot_every``) folds into the snapshot."""
+        return self._since_snapshot
+
     def __enter__(self) -> Journal:
         return self
 

@@ -240,7 +240,8 @@ class ReaderPool:
         self._on_message = on_message
         self._on_death = on_reader_death
         self._on_error = on_error
-        self._max_restarts = max_restarts
+        # Read at each death: a caller may change it while the pool runs.
+        self.max_restarts = max_restarts
         # Where readers note the record they decode (position.py): their store's folder.
         self._positions = positions
         self.readers = [ReaderInfo(i) for i in range(num_readers)]
@@ -483,7 +484,7 @@ class ReaderPool:
         death = self._death(info, code)
         if self._on_death is not None:
             self._on_death(info, death)
-        if info.deaths_in_a_row >= self._max_restarts:
+        if info.deaths_in_a_row >= self.max_restarts:
             raise ShmloaderError(
                 f"reader {index} died {info.deaths_in_a_row + 1} times in a row without "
                 f"reading a task; giving up. The last one (pid {death.pid}) {death.how} "
@@ -515,6 +516,19 @@ class ReaderPool:
     def server_pid(self) -> int | None:
         """The readers' fork server's pid while it runs (forkserver.py)."""
         return self._launcher.server_pid
+
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called: from then on a reader that exits is not started
+        again, and the pool's thread winds down."""
+        return self._stopping.is_set()
+
+    def reader_process(self, index: int) -> ReaderProcess | None:
+        """What runs in reader slot ``index`` now (None between a death and its restart, or
+        once stopped): its process and the trainer's end of its pipe. A pid alone may name
+        another process once the reader exits; this is the reader itself, and the pipe says
+        whether the pool's thread has read all it sent (``conn.poll()``)."""
+        return self._procs.get(index)
 
     def alive(self) -> int:
         return sum(1 for p in self._procs.values() if p.process.poll() is None)

@@ -164,6 +164,19 @@ class Region:
         self._views.clear()
         self._finalizer()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the reservation was given back (:meth:`close`, or the region collected):
+        no file is mapped in it any more, and its address range may be anyone's."""
+        return not self._finalizer.alive
+
+    @property
+    def free_extents(self) -> list[tuple[int, int]]:
+        """The unused parts of the region, ``(offset, length)`` in bytes, in order: the largest
+        file that fits is the longest one, and how many there are says how fragmented the
+        region is (unmapped neighbours merge, so a region with nothing mapped is one)."""
+        return list(self._free)
+
     # -- first-fit allocation over sorted free extents ----------------------------------
     def _allocate(self, span: int) -> int | None:
         for i, (start, length) in enumerate(self._free):

@@ -360,6 +360,14 @@ class StoreHandle:
             self._close_mapping(name)
         return len(gone)
 
+    @property
+    def mapped_segments(self) -> list[str]:
+        """The segments this process holds mapped through :meth:`open`, least recently used
+        first (the next to go past ``max_open``): a released segment's memory comes back only
+        once its last mapping goes, so this says what :meth:`drop` and :meth:`drop_missing`
+        have left to do here."""
+        return list(self._maps)
+
     def _close_mapping(self, name: str) -> None:
         mm, _ = self._maps.pop(name)
         # Buffers of batches handed out keep the mapping alive until they are freed.

@@ -589,7 +589,7 @@ def rank_rows(slots: Mapping[int, SlotState], indices: np.ndarray, first: int) -
     slot_of, rows = split_indices(indices)
     lo, hi = int(slot_of.min()), int(slot_of.max())
     width = int(rows.max()) + 1
-    if (hi - lo + 1) * width > 4 * n:  # slots far apart: the table would be mostly empty
+    if not _table_fits(lo, hi, width, n):
         _rank_by_slot(slots, slot_of, rows, first)
         return first + n
     table = np.full((hi - lo + 1, width), -1, dtype=np.int64)
@@ -606,6 +606,23 @@ def rank_rows(slots: Mapping[int, SlotState], indices: np.ndarray, first: int) -
             state.rank = np.full(state.task.num_rows, -1, dtype=np.int64)
         state.rank[: len(part)][ranked] = part[ranked]
     return first + n
+
+
+def ranked_by_table(indices: np.ndarray) -> bool:
+    """Whether :func:`rank_rows` ranks the block ``indices`` through one flat ``(slot, row)``
+    table (slots numbered close together) rather than one slot at a time (slots far apart).
+    Both give the same ranks; this says which of the two costs a block pays."""
+    if not len(indices):
+        return False
+    slot_of, rows = split_indices(indices)
+    lo, hi = int(slot_of.min()), int(slot_of.max())
+    return _table_fits(lo, hi, int(rows.max()) + 1, len(indices))
+
+
+def _table_fits(lo: int, hi: int, width: int, n: int) -> bool:
+    """A table of slots ``lo..hi`` by ``width`` rows is worth it for ``n`` rows: it is not mostly
+    empty (slots far apart)."""
+    return (hi - lo + 1) * width <= 4 * n
 
 
 def _rank_by_slot(

@@ -106,6 +106,14 @@ class LapsedLeases:
         for lease_id in [x for x, e in self._settled.items() if e is None or e < epoch - 1]:
             del self._settled[lease_id]
 
+    def kept_leases(self) -> dict[int, int | None]:
+        """The leases something is kept of (where one went, a warning, the reason last told,
+        its epoch), each with its task's epoch where known: what ``done`` and
+        ``forget_before`` let go, so that a long elastic run stays flat in memory (but for the
+        few settled ones, kept an epoch longer: see ``__init__``)."""
+        ids = set(self._to) | self._warned | set(self._told) | set(self._epoch)
+        return {lease_id: self._epoch.get(lease_id) for lease_id in sorted(ids)}
+
     def warn(self, state: HeldTask) -> None:
         """Warn once about a task the sampler took, if its lease went to another consumer."""
         task = state.task

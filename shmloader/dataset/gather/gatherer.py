@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Protocol
 
 import numpy as np
@@ -132,6 +133,26 @@ class Gatherer:
     def region(self) -> Region | None:
         """The region segments are mapped into (None where there is none)."""
         return self._region_here()
+
+    @property
+    def in_region(self) -> Mapping[int, Placed]:
+        """Where each segment mapped into the region lies, by slot (read-only): what this
+        process maps, which its PSS counts as it reads them; empty once closed."""
+        return MappingProxyType(self._placed)
+
+    @property
+    def kept_mappings(self) -> KeptMappings | None:
+        """Mappings of released segments kept for their files' next segments (``shm/kept.py``;
+        none in a DataLoader worker, which unmaps them); None before the region is made or
+        where there is none."""
+        return self._kept
+
+    @property
+    def parses_spared(self) -> int:
+        """How many segment opens here were spared parsing the file: one parsed before at the
+        same place in the region, with the same metadata, lent its views (``view_cache.py``).
+        Opening is as costly as gathering thousands of rows; this says how often it was not."""
+        return self._parsed.hits
 
     def _region_here(self) -> Region | None:
         """The gather region, made on first use. A forked worker goes on with its copy of the

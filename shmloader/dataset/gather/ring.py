@@ -104,6 +104,20 @@ def mapped(path: str) -> mmap.mmap | None:
     return mm
 
 
+def mapped_rings(directory: str | None = None) -> list[str]:
+    """The ring files this process has mapped (of the store ``directory``, or of any): their
+    memory stays while they are mapped here, up to :func:`forget`."""
+    return [p for p in _MAPPED if directory is None or os.path.dirname(p) == directory]
+
+
+def busy_slots(path: str) -> list[int]:
+    """The slots of ring ``path``, mapped here, that are busy: claimed by the worker and not
+    yet copied out. A slot left busy by a batch that never arrives is lost to the ring, and
+    its batches fall back to torch's transport once none is free."""
+    mm = _MAPPED[path]
+    return [slot for slot, flag in enumerate(mm[:_HEADER]) if flag]
+
+
 def forget(directory: str) -> None:
     """Unmap the rings of ``directory`` (a store) mapped here: its workers are gone."""
     for path in [p for p in _MAPPED if os.path.dirname(p) == directory]:
