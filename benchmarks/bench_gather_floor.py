@@ -112,7 +112,7 @@ def main() -> None:
 
                 cached()  # the epoch that decodes and fills the cache
                 cached()
-                name = f"shmloader cache, tasks {label} ({ds.records_per_task})"
+                name = f"shmloader cache, tasks {label} ({ds.job.records_per_task})"
                 contenders.append((name, cached))
             figures: dict[str, list[float]] = {}
             for _ in range(args.rounds):  # interleaved, so each sees the same machine state

@@ -71,10 +71,10 @@ def test_a_dataset_sized_to_a_small_filesystem_delivers_every_record_once(
     shm.mkdir()
     monkeypatch.setenv("LOCAL_WORLD_SIZE", _ranks_for(shm, 12 * MiB))
     with dataset(tmp_path / "data", shm, shm_budget="auto") as ds:
-        assert 10 * MiB < ds.shm_budget <= 14 * MiB
+        assert 10 * MiB < ds.options.shm_budget <= 14 * MiB
         got = [i for batch in shmloader.DataLoader(ds, batch_size=64) for i in ids_of(batch)]
         stats = ds.stats()
-        assert stats.shm_budget == ds.shm_budget and stats.shm_peak <= ds.shm_budget
+        assert stats.shm_budget == ds.options.shm_budget and stats.shm_peak <= ds.options.shm_budget
     assert sorted(got) == sorted(expected)
     assert shm_entries(shm) == []
 

@@ -219,7 +219,7 @@ def test_cached_epochs_deliver_every_record_once_without_decoding_it_again(
     epochs = 4
     src = _counted_source(directory)
     with dataset(directory, tmp_path / "shm", src=src, epochs=epochs, cache=True) as ds:
-        assert ds.cache is True
+        assert ds.options.cache is True
         dl = shmloader.DataLoader(ds, batch_size=64, num_workers=num_workers)
         for _ in range(epochs):
             assert Counter(i for batch in dl for i in ids_of(batch)) == Counter(expected)

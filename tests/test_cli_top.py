@@ -112,8 +112,8 @@ def test_stats_of_a_running_dataset_with_an_embedded_master(tmp_path, capsys) ->
         shm_budget="8MiB",
         shm_dir=str(tmp_path),
     ) as ds:
-        assert not ds.started
-        address = ds.master_address  # asking starts it: the address is there before a batch
+        assert not ds.started and ds.master_address is None  # asking starts nothing
+        address = ds.start().master_address  # the address is there before a batch
         assert ds.started and address is not None and address.startswith("127.0.0.1:")
         rows = [r for batch in shmloader.DataLoader(ds, batch_size=8) for r in batch["record"]]
         assert len(rows) == 40

@@ -30,7 +30,7 @@ def relayed(ds: Any, index: int, pid: int) -> None:
     sent, and a moment more to apply the last of it. A fixed pause alone is a race: with the
     pool's thread starved (a loaded machine) it would still show a lease whose Ready it has
     not read, and the reader killed would hold nothing unannounced."""
-    proc = ds.runtime.pool._procs.get(index)
+    proc = ds.runtime.pool.reader_process(index)
     deadline = time.monotonic() + 30  # a bound: the pool's thread reads within milliseconds
     while proc is not None and proc.process.pid == pid and time.monotonic() < deadline:
         try:
@@ -302,7 +302,7 @@ def test_under_ddp_rows_kept_for_the_next_batch_make_no_short_batch() -> None:
     from shmloader.dataset.order.sampler import SHORT_BATCH
 
     class Blocks:  # the sampler's side: one block of 40 rows, then only SHORT_BATCH
-        def chunks(self, stuck: Any = None, **options: Any) -> Any:
+        def chunks(self, walk: Any = None) -> Any:
             yield np.arange(40, dtype=np.int64)
             yield SHORT_BATCH
 

@@ -41,7 +41,8 @@ def test_close_on_the_real_dev_shm_removes_everything(
         _source(directory), num_readers=2, records_per_task=100, epochs=1, shm_budget="8MiB"
     )
     with ds:
-        store = Path(ds.runtime.store.path)
+        assert ds.store_path is not None
+        store = Path(ds.store_path)
         assert store.parent == Path("/dev/shm") and store.name.startswith("shmloader-")
         got = [i for b in shmloader.DataLoader(ds, batch_size=50, num_workers=2) for i in ids_of(b)]
         assert sorted(got) == expected

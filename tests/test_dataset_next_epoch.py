@@ -68,7 +68,7 @@ def test_two_epochs_read_little_of_the_third(tmp_path: Path, epochs: int | None)
     # The next epoch's first window, and one more per reader that started one as the count
     # was reached; not the 2 * shuffle_window tasks of the ready bound and those read
     # meanwhile.
-    window = next_epoch_tasks(ds.shuffle_window, readers) + readers
+    window = next_epoch_tasks(ds.options.shuffle_window, readers) + readers
     assert two_epochs <= read <= two_epochs + window * RECORDS_PER_TASK, read
 
 

@@ -41,7 +41,7 @@ def test_a_standalone_master_and_its_trainer_resume_from_one_plain_state(
             if i == 4:
                 break
         state = json.loads(json.dumps(loader.state_dict()))
-        source = ds.source
+        source = ds.options.source
     resume = {int(t): [tuple(r) for r in rs] for t, rs in state["consumed"].items()}
     with (
         shmloader.Master(

@@ -370,7 +370,7 @@ def test_one_rank_needs_no_store(
     monkeypatch.setenv("MASTER_PORT", "1")
     directory, expected = data
     with dataset(directory, tmp_path / "shm", master="torchrun") as ds:
-        assert (ds.rank, ds.world_size) == (0, 1)
+        assert (ds.options.rank, ds.job.world_size) == (0, 1)
         rows = [i for batch in shmloader.DataLoader(ds, batch_size=64) for i in ids_of(batch)]
         assert ds.master_address is not None and ds.master_address.startswith("127.0.0.1:")
     assert sorted(rows) == expected

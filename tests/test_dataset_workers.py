@@ -107,7 +107,7 @@ def test_our_workers_write_no_ledger_and_everything_is_released(
         ours = shmloader.DataLoader(ds, batch_size=50, num_workers=2, persistent_workers=True)
         assert passes(ours, 2) == [expected] * 2
         assert _ledger_files(ds) == []
-        ds.runtime.plane.poll()  # what the maintenance thread does every few ms
+        ds.runtime.plane.read_ledger_and_send()  # what the maintenance thread does every few ms
         assert ds.stats().shm_in_use == 0  # every segment released
     with dataset(directory, tmp_path / "plain", epochs=1) as ds:
         plain = torch.utils.data.DataLoader(
@@ -115,7 +115,7 @@ def test_our_workers_write_no_ledger_and_everything_is_released(
         )
         assert passes(plain, 1) == [expected]
         assert _ledger_files(ds) != []
-        ds.runtime.plane.poll()
+        ds.runtime.plane.read_ledger_and_send()
         assert ds.stats().shm_in_use == 0
 
 

@@ -164,7 +164,7 @@ def test_tasks_are_sized_by_the_bytes_of_the_files(tmp_path: Path) -> None:
         with shmloader.SharedTaskDataset(
             source, shm_dir=str(tmp_path / "shm"), shm_budget=budget, shuffle_window=2
         ) as ds:
-            sized[name] = ds.records_per_task
+            sized[name] = ds.job.records_per_task
     # 64 MiB holds 4 shuffle windows of 2 tasks of 8 MiB: one file a task.
     assert sized == {"big": 4, "small": -(-100 // 8), "big, small budget": 1}
 

@@ -78,7 +78,7 @@ def test_numpy_integers_are_counts_for_every_option(tmp_path: Path) -> None:
     write_dataset(tmp_path / "data", [30, 20])
     counts = {"records_per_task": np.int64(10), "epochs": np.int64(1), "seed": np.int32(3)}
     with dataset(tmp_path / "data", tmp_path / "shm", num_readers=np.int64(1), **counts) as ds:
-        assert ds.records_per_task == 10 and type(ds.records_per_task) is int
+        assert ds.job.records_per_task == 10 and type(ds.job.records_per_task) is int
         got = sorted(int(i) for b in shmloader.DataLoader(ds, batch_size=16) for i in b["id"])
         assert got == list(range(50))
         json.dumps(ds.state_dict())  # a checkpoint of the job is JSON, counts included

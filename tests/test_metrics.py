@@ -71,8 +71,8 @@ def until(url: str, done: Callable[[Samples], bool], timeout: float = 20.0) -> S
 def test_an_embedded_master_serves_the_job_and_the_trainers_figures(tmp_path):
     expected = write_dataset(tmp_path / "data", [1000])
     with dataset(tmp_path / "data", tmp_path / "shm", metrics_port=0, epochs=2) as ds:
-        assert not ds.started
-        first = ds.metrics_url  # asking starts the dataset, and its master serves them
+        assert not ds.started and ds.metrics_url is None  # asking starts nothing
+        first = ds.start().metrics_url  # its master serves them from the start
         assert ds.started and first is not None
         seen = Counter(i for b in shmloader.DataLoader(ds, batch_size=50) for i in ids_of(b))
         assert seen == Counter(expected)
@@ -217,7 +217,7 @@ def test_with_a_token_metrics_are_served_only_to_requests_that_carry_it(tmp_path
 def test_an_embedded_master_asks_its_token_of_metrics_too(tmp_path):
     write_dataset(tmp_path / "data", [100])
     with dataset(tmp_path / "data", tmp_path / "shm", metrics_port=0, token="s3cret") as ds:
-        url = ds.metrics_url
+        url = ds.start().metrics_url
         assert url is not None
         assert get(url)[0] == 401 and get(url, "Bearer other")[0] == 401
         assert value(scrape(url, "s3cret"), "shmloader_epoch_records") == 100

@@ -91,9 +91,9 @@ def test_a_dataset_without_records_per_task_plans_sized_tasks_and_delivers_each_
     expected = write_dataset(tmp_path / "data", [300, 200, 160])
     options = {"records_per_task": None, "shuffle_window": 2}
     with dataset(tmp_path / "data", tmp_path / "shm", **options) as ds:
-        plan = ds.source.plan()
+        plan = ds.options.source.plan()
         size = records_per_task_for(plan, file_bytes(plan), None)
-        assert ds.records_per_task == size == -(-660 // TASKS_PER_RANK)
+        assert ds.job.records_per_task == size == -(-660 // TASKS_PER_RANK)
         got = [i for batch in shmloader.DataLoader(ds, batch_size=32) for i in ids_of(batch)]
         client = MasterClient(ds.master_address)
         try:
@@ -112,13 +112,13 @@ def test_tasks_sized_to_a_small_budget_run_within_it(tmp_path: Path) -> None:
     src = shmloader.RecordFileSource(str(tmp_path / "data" / "*.tfrecord"), decode=decode_padded)
     options = {"records_per_task": None, "shuffle_window": 2, "shm_budget": "16MiB"}
     with dataset(tmp_path / "data", tmp_path / "shm", src=src, **options) as ds:
-        plan = ds.source.plan()
+        plan = ds.options.source.plan()
         aim = task_bytes(16 * MiB, 2)
-        assert ds.records_per_task == records_per_task_for(plan, file_bytes(plan), None, aim)
-        assert 40 <= ds.records_per_task <= 60
+        assert ds.job.records_per_task == records_per_task_for(plan, file_bytes(plan), None, aim)
+        assert 40 <= ds.job.records_per_task <= 60
         got = [i for batch in shmloader.DataLoader(ds, batch_size=32) for i in ids_of(batch)]
         stats = ds.stats()
-        assert stats.shm_peak <= ds.shm_budget
+        assert stats.shm_peak <= ds.options.shm_budget
     assert Counter(got) == Counter(expected)
     assert shm_entries(tmp_path / "shm") == []
 
@@ -145,7 +145,7 @@ def test_a_sized_job_resumes_from_its_checkpoint(tmp_path: Path) -> None:
 def test_given_sizes_and_a_standalone_masters_are_kept(tmp_path: Path) -> None:
     write_dataset(tmp_path / "data", [300])
     with dataset(tmp_path / "data", tmp_path / "shm", records_per_task=7) as ds:
-        assert ds.records_per_task == 7
+        assert ds.job.records_per_task == 7
     # A standalone master splits by its own size; the trainer takes its plan as it is.
     source = shmloader.RecordFileSource(str(tmp_path / "data" / "*.tfrecord"), decode=decode)
     with (

@@ -130,7 +130,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         epochs=args.epochs,
         cache=args.cache,
     ) as ds:
-        records_per_task = ds.records_per_task  # sized from the data where not given
+        records_per_task = ds.job.records_per_task  # sized from the data where not given
         loader = shmloader.DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers)
         started = time.perf_counter()
         first_batch = None

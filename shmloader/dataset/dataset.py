@@ -257,9 +257,11 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         # The store exists from the start (cheap: a folder in /dev/shm), so DataLoader workers
         # forked before the first batch already know where segments will be; the master starts
         # on first use, and the readers are configured then.
-        self._store: SegmentStore | None = SegmentStore.create(self.shm_budget, base_dir=shm_dir)
+        self._store: SegmentStore | None = SegmentStore.create(
+            self.options.shm_budget, base_dir=shm_dir
+        )
         self._gatherer: Gatherer | None = Gatherer(
-            self._store.handle(), self.columns or [], self.options.ragged
+            self._store.handle(), list(self.options.columns or ()), self.options.ragged
         )
         # The reader processes start now and wait for their configuration until first use, so
         # that their imports (a few tenths of a second) overlap whatever the script does before
@@ -274,120 +276,19 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
                 self._close(wait_for_ranks=False)
                 raise
 
-    # The options, as checked (``options`` holds them; ``job``, the job's own parameters).
-    @property
-    def source(self) -> Source:
-        """The source read (a ``datasets.Dataset`` given: the ``ArrowSource`` over its files)."""
-        return self.options.source
-
+    # The options, as checked: ``options``; the job's own parameters, sized: ``job``.
     @property
     def job(self) -> JobConfig:
-        """The job's own parameters, as the embedded master runs them (``JobConfig``). Its
-        ``records_per_task``, where not given, is sized from the data on the first ask (the
-        source's plan is made then): see :attr:`records_per_task`."""
+        """The job's own parameters, as the embedded master runs them (``JobConfig``):
+        ``options.job`` with its ``records_per_task``, where not given, sized from the data on
+        the first ask (the source's plan is made then: about 32 MiB of the files per task,
+        less where ``shm_budget`` is small, and at least 8 tasks an epoch per rank; 4096 where
+        the files' sizes are not known: docs/dataset.md, "Task size"). A standalone master
+        splits by its own (``shmloader master --records-per-task``), and this says what was
+        given here."""
         if self._job is None:
             self._job = self.options.sized_job()
         return self._job
-
-    @property
-    def num_readers(self) -> int | Literal["auto"]:
-        """``num_readers=`` as given (``"auto"``: ``stats()`` says how many run)."""
-        return self.options.num_readers
-
-    @property
-    def records_per_task(self) -> int:
-        """Records per task: as given, else sized from the data (about 32 MiB of the files per
-        task, less where ``shm_budget`` is small, and at least 8 tasks an epoch per rank;
-        4096 where the files' sizes are not known: docs/dataset.md, "Task size"). A
-        standalone master splits by its own (``shmloader master --records-per-task``), and
-        this says what was given here (4096 if nothing was)."""
-        return self.job.records_per_task
-
-    @property
-    def shuffle(self) -> bool:
-        """Whether each epoch's order is shuffled."""
-        return self.options.job.shuffle
-
-    @property
-    def seed(self) -> int:
-        """The seed of the order: the same seed, the same order each epoch."""
-        return self.options.job.seed
-
-    @property
-    def epochs(self) -> int | None:
-        """Epochs the embedded master plans (None: no end)."""
-        return self.options.job.epochs
-
-    @property
-    def shm_budget(self) -> int:
-        """Bytes of shared memory the readers may fill."""
-        return self.options.shm_budget
-
-    @property
-    def shuffle_window(self) -> int:
-        """Tasks whose rows are shuffled together."""
-        return self.options.shuffle_window
-
-    @property
-    def master(self) -> str | None:
-        """``master=`` as given: ``"host:port"``, ``"torchrun"`` or None (an embedded one)."""
-        return self.options.master
-
-    @property
-    def master_host(self) -> str | None:
-        """Where an embedded master listens (None: loopback)."""
-        return self.options.master_host
-
-    @property
-    def metrics_port(self) -> int | None:
-        """Where the embedded master serves Prometheus metrics (None: not served)."""
-        return self.options.metrics_port
-
-    @property
-    def token(self) -> str | None:
-        """The token shown to the master (None: none)."""
-        return self.options.credentials.token
-
-    @property
-    def rank(self) -> int | None:
-        """This trainer's DDP rank (None: not DDP)."""
-        return self.options.rank
-
-    @property
-    def world_size(self) -> int | None:
-        """DDP ranks (None: elastic trainers, or one)."""
-        return self.options.job.world_size
-
-    @property
-    def ddp_policy(self) -> DdpPolicy:
-        """How DDP ranks get equal shares: ``"pad"`` or ``"drop"``."""
-        return self.options.job.ddp_policy
-
-    @property
-    def lease_timeout(self) -> float:
-        """Seconds a lease lasts without renewal."""
-        return self.options.job.lease_timeout
-
-    @property
-    def max_retries(self) -> int:
-        """Retries of a failed task before it is quarantined."""
-        return self.options.job.max_retries
-
-    @property
-    def shm_dir(self) -> str | None:
-        """Where the shared memory goes (None: ``$SHMLOADER_SHM_DIR``, else ``/dev/shm``)."""
-        return self.options.shm_dir
-
-    @property
-    def cache(self) -> bool:
-        """``cache=``: decoded tasks kept in shared memory for the next epochs."""
-        return self.options.cache
-
-    @property
-    def columns(self) -> list[str] | None:
-        """``columns=`` (None: every column of the data)."""
-        columns = self.options.columns
-        return None if columns is None else list(columns)
 
     # -- trainer side --------------------------------------------------------------------
     def start(self) -> SharedTaskDataset:
@@ -434,12 +335,17 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         some ranks only is a ConfigError after ``$SHMLOADER_STATE_SECONDS`` (180 s), naming
         the ranks that did not call.
 
-        After :meth:`close`, the rank's own state when it closed (a framework that checkpoints
-        after its loop ended; rank 0's master may be gone). In a DataLoader worker's copy,
-        ``{}``: the training process's dataset holds the state (torchdata's
+        Before the dataset started, the state loaded (or ``{}``: nothing consumed), without
+        starting anything; but under torchrun, where every rank takes part in the call, the
+        dataset starts. After :meth:`close`, the rank's own state when it closed (a framework
+        that checkpoints after its loop ended; rank 0's master may be gone). In a DataLoader
+        worker's copy, ``{}``: the training process's dataset holds the state (torchdata's
         ``StatefulDataLoader`` asks every worker for its dataset's)."""
         if self._owner_pid != os.getpid():
             return {}  # a DataLoader worker's copy (torchdata asks each worker): see above
+        before = self._state_before_start()
+        if before is not None and not self._states_shared():
+            return before
         return self._whole_job(self._state_counting(None))
 
     def rank_state_dict(self) -> dict[str, Any]:
@@ -449,13 +355,19 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         or each rank's own into the same rank of a job of the same size."""
         if self._owner_pid != os.getpid():
             return {}
-        return self._state_counting(None)
+        before = self._state_before_start()
+        return before if before is not None else self._state_counting(None)
+
+    def _states_shared(self) -> bool:
+        """Whether a state is the whole job's, every rank taking part (torchrun, 2 ranks+)."""
+        rendezvous = self.options.rendezvous
+        return rendezvous is not None and rendezvous.world_size >= 2
 
     def _whole_job(self, own: dict[str, Any]) -> dict[str, Any]:
         """``own`` merged with every other rank's of the same call, under torchrun (see
         :meth:`state_dict`); ``own`` otherwise, and once closed."""
         rendezvous = self.options.rendezvous
-        if rendezvous is None or rendezvous.world_size < 2 or self._closed:
+        if rendezvous is None or not self._states_shared() or self._closed:
             return own
         call, self._state_calls = self._state_calls, self._state_calls + 1
         runtime = self._ensure_started()
@@ -515,18 +427,18 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     def _facts(self) -> DatasetFacts:
         return DatasetFacts(
             identity=identity(
-                self.source,
-                records_per_task=self.records_per_task,
-                seed=self.seed,
-                shuffle=self.shuffle,
-                world_size=self.world_size,
-                rank=self.rank,
-                ddp_policy=self.ddp_policy,
+                self.options.source,
+                records_per_task=self.job.records_per_task,
+                seed=self.job.seed,
+                shuffle=self.job.shuffle,
+                world_size=self.job.world_size,
+                rank=self.options.rank,
+                ddp_policy=self.job.ddp_policy,
             ),
-            source=self.source,
-            records_per_task=self.records_per_task,
-            epochs=self.epochs,
-            master_given=self.master is not None,
+            source=self.options.source,
+            records_per_task=self.job.records_per_task,
+            epochs=self.job.epochs,
+            master_given=self.options.master is not None,
             standalone_master=self.options.standalone_master is not None,
         )
 
@@ -535,9 +447,9 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         if self._sampler is None:
             self._sampler = TaskSampler(
                 lambda: self._ensure_started().feed,
-                shuffle=self.shuffle,
-                seed=self.seed,
-                window=self.shuffle_window,
+                shuffle=self.job.shuffle,
+                seed=self.job.seed,
+                window=self.options.shuffle_window,
                 rows_before_start=self._rows_before_start,
             )
         return self._sampler
@@ -554,7 +466,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             batch_size,
             drop_last,
             _DatasetReports(self._ensure_started, self._batcher_state, self.load_state_dict),
-            short_batches=self.world_size in (None, 1),  # DDP: a short batch would unbalance steps
+            short_batches=self.job.world_size
+            in (None, 1),  # DDP: a short batch would unbalance steps
         )
         self._batchers.add(batcher)  # settled before a state is taken (TaskBatchSampler.settle)
         return batcher
@@ -592,8 +505,8 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         if resume.finished or (job.epochs is not None and resume.epoch >= job.epochs):
             rows = FirstPass(epoch_rows=0, left=0)
         else:
-            table = TaskTable(self.source.plan(), job.records_per_task)
-            share = schedule_of(table, job, resume.epoch).queue_records(self.rank or 0)
+            table = TaskTable(self.options.source.plan(), job.records_per_task)
+            share = schedule_of(table, job, resume.epoch).queue_records(self.options.rank or 0)
             left = max(0, share - (resume.consumed_records if resume.by_position else 0))
             rows = FirstPass(epoch_rows=share, left=left)
         self._rows_known = (resume, rows)
@@ -609,7 +522,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             batch = self._gather([index], ring=False)
             assert isinstance(batch, dict)
             return _one_row(batch)
-        return _one_row(read_record(self.source, index, self.columns))
+        return _one_row(read_record(self.options.source, index, self.options.columns))
 
     def __getitems__(
         self, indices: Sequence[int] | np.ndarray | IndexBatch
@@ -721,30 +634,24 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
     @property
     def master_address(self) -> str | None:
-        """The master's ``host:port``: ``master=``, or the embedded master's, which asking
-        starts if the dataset has not started (as ``stats()`` does); None once it is closed.
-        ``shmloader stats`` / ``top`` watch the job through it, and other trainers join it."""
+        """The master's ``host:port``: ``master=``, or the embedded master's once the dataset
+        has started (None before: :meth:`start` starts it; and once it is closed). ``shmloader
+        stats`` / ``top`` watch the job through it, and other trainers join it."""
         standalone = self.options.standalone_master
         if standalone is not None:
             return standalone
-        runtime = self._runtime_unless_closed()
+        runtime = self._runtime
         return None if runtime is None else str(runtime.address)
 
     @property
     def metrics_url(self) -> str | None:
-        """Where the embedded master serves the job's Prometheus metrics, which asking starts
-        if the dataset has not started (None: ``metrics_port`` was not given, the master is
-        standalone, or the dataset is closed)."""
-        if self.options.metrics_port is None:
-            return None
-        runtime = self._runtime_unless_closed()
-        if runtime is None or runtime.embedded is None:
+        """Where the embedded master serves the job's Prometheus metrics once the dataset has
+        started (None: not started, ``metrics_port`` not given, the master is standalone, or
+        the dataset is closed)."""
+        runtime = self._runtime
+        if self.options.metrics_port is None or runtime is None or runtime.embedded is None:
             return None
         return runtime.embedded.metrics_url
-
-    def _runtime_unless_closed(self) -> Runtime | None:
-        """The runtime, started now if it has not (None in a closed dataset)."""
-        return None if self._closed else self._ensure_started()
 
     def stats(self) -> Stats:
         """A snapshot to tell whether readers keep up and what the job's memory costs;
@@ -754,7 +661,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         and the master's progress are measured at most once a second and given from the last
         measurement in between, so a call every step costs little (docs/how-to/tuning.md).
         """
-        runtime = self.runtime
+        runtime = self._ensure_started()
         return runtime.stats_collector().collect(runtime)
 
     def close(self) -> None:
@@ -833,6 +740,10 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
     @property
     def runtime(self) -> Runtime:
-        """The running parts (master link, readers, store, data plane), started on first use:
-        what ``stats()`` and ``shmloader.DataLoader`` read."""
-        return self._ensure_started()
+        """The running parts (master link, readers, store, data plane) of a started dataset
+        (:attr:`started`); ShmloaderError before: asking starts nothing (:meth:`start` does)."""
+        runtime = self._runtime
+        if runtime is None:
+            why = "is closed" if self._closed else "has not started: ds.start() starts it"
+            raise ShmloaderError(f"this SharedTaskDataset {why}")
+        return runtime

@@ -74,30 +74,27 @@ def _torch_options() -> list[str]:
 
 
 class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
-    """A ``torch.utils.data.DataLoader`` over a :class:`SharedTaskDataset`.
+    """A ``torch.utils.data.DataLoader`` over a :class:`SharedTaskDataset` that knows which
+    rows reached the loop: exact through a ``break`` and a checkpoint, with any workers.
 
-    Takes the usual keyword arguments (``num_workers``, ``pin_memory``, ``persistent_workers``,
-    ``prefetch_factor``, ``multiprocessing_context``, ...) except ``sampler``,
-    ``batch_sampler``, ``shuffle`` and ``collate_fn``, which the dataset provides.
-
-    ``transform``: a function of each batch (the dict of tensors) whose result the loop gets
-    instead, called in the training process: for per-batch work such as normalising, mixing
-    rows (mixup) or moving to a device. The batch counts as delivered once it returned: if it
-    raises, the error reaches the loop and the batch's rows are not consumed (a state saved
-    then leaves them out, and the next pass or a resumed run delivers them). Per-record
-    augmentation belongs in ``decode``, in the readers (``shmloader.task_rng()``).
-
-    ``length``: what ``len()`` counts. ``"rest"``: the batches the next pass delivers (what
-    is left of the epoch after a ``break`` or a resume), for progress bars and schedules
-    computed at each pass. ``"epoch"``: the batches of the whole epoch the next pass is in,
-    whatever part of it was delivered, as torch's DataLoader counts and as frameworks that
-    restore a loader's state and count the resumed epoch's steps from where they stopped
-    expect (Lightning's fit loop ends an epoch at ``len()`` steps).
-
-    ``format``: ``"torch"`` (batches of tensors) or ``"numpy"``: each tensor column becomes a
-    NumPy array over the same memory (no copy), for JAX, TensorFlow or plain NumPy loops;
-    ``transform`` then gets the NumPy batch. Columns a batch holds as Python lists (strings,
-    variable-length lists) stay lists in both.
+    Args:
+        dataset: The dataset to iterate; each full pass is one epoch.
+        batch_size: Rows per batch; ``1`` gives each column a batch axis of 1 (``None`` is
+            refused: the dataset gathers whole batches).
+        drop_last: Drop each pass's short last batch; its rows stay owed to the epoch.
+        transform: Function of each batch (the dict of tensors) whose result the loop gets,
+            called in the training process: normalising, mixup, moving to a device. A batch
+            counts as delivered once it returned; if it raises, the batch's rows come again.
+            Per-record augmentation belongs in ``decode`` (``shmloader.task_rng()``).
+        format: ``"torch"`` (tensors) or ``"numpy"`` (arrays over the same memory, for JAX,
+            TensorFlow or NumPy loops). Columns held as lists stay lists.
+        length: What ``len()`` counts: ``"rest"``, the batches the next pass delivers (after
+            a ``break`` or a resume, what is left); ``"epoch"``, the whole epoch's, as torch
+            counts and as Lightning expects of a resumed epoch.
+        **kwargs: torch's ``DataLoader`` arguments (``num_workers``, ``pin_memory``,
+            ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``, ...),
+            except ``sampler``, ``batch_sampler``, ``shuffle`` and ``collate_fn``, which the
+            dataset provides.
     """
 
     @suggest_keywords(also=_torch_options)
@@ -156,7 +153,7 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
         )
 
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
-        plane = self.dataset.runtime.plane  # type: ignore[attr-defined]
+        plane = self.dataset.start().runtime.plane  # type: ignore[attr-defined]
         began = time.perf_counter()  # the loop waits for data from here (workers start too) ...
         step_began = began  # ... and its step began when it got the batch before
         batches = self._passes()

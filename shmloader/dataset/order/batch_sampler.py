@@ -19,7 +19,7 @@ from ...errors import ConfigError, ShmSpaceError
 from ..core.ports import BatchReports
 from ..core.receipts import ConsumedWhen, IndexBatch, Receipt, SampleIndices
 from .delivery import RequestCounts, Requests, depth_of, prefetch_depth
-from .sampler import FLUSH, SHORT_BATCH, TaskSampler
+from .sampler import FLUSH, PassWalk, Signal, TaskSampler
 from .wrappers import Wrapper, wrapper_of
 
 log = logging.getLogger(__name__)
@@ -255,13 +255,14 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._held = 0
         # arrays: no work per sample
         delivered = self._receipt is not Receipt.GATHER
-        chunks = self.sampler.chunks(
+        walk = PassWalk(
             stuck=self.stuck,
             rest_alone=True,
             flush=True,
             consumed_when=ConsumedWhen.DELIVERED if delivered else ConsumedWhen.GATHERED,
             passes_again=self._receipt is Receipt.LOOP,
         )
+        chunks = self.sampler.chunks(walk)
         for chunk in chunks:
             if chunk is FLUSH:
                 if len(carry):
@@ -274,7 +275,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
                     # these batches only once it goes on, so they count now, as gathered.
                     self._count_in_flight(warn=False)
                 continue
-            if chunk is SHORT_BATCH:
+            if isinstance(chunk, Signal):  # SHORT_BATCH
                 tracked = self._receipt is Receipt.REQUESTS
                 if not len(carry) and tracked and self._in_flight():
                     self._count_in_flight()  # their rows hold the room: count them now

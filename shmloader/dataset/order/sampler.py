@@ -11,6 +11,7 @@ about two windows (one being consumed, one filling). The batches of it for a Dat
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -27,12 +28,60 @@ from .blocks import DEFAULT_SHUFFLE_WINDOW, block_grid, block_order
 from .delivery import depth_of, loader_of
 from .feed import Feed, FirstPass
 
-__all__ = ["DEFAULT_SHUFFLE_WINDOW", "FLUSH", "SHORT_BATCH", "FirstPass", "TaskSampler"]
+__all__ = [
+    "DEFAULT_SHUFFLE_WINDOW",
+    "FLUSH",
+    "SHORT_BATCH",
+    "Chunk",
+    "FirstPass",
+    "PassWalk",
+    "Signal",
+    "TaskSampler",
+]
 
 log = logging.getLogger(__name__)
 
-# Yielded by ``TaskSampler.chunks`` when a batcher must hand out the rows it holds (see there).
-SHORT_BATCH = np.empty(0, dtype=np.int64)
+
+class Signal(enum.Enum):
+    """What ``TaskSampler.chunks`` yields to a batcher between blocks of indices."""
+
+    # The batcher must hand out the rows it holds as a short batch: they pin the budget, and
+    # the task waited for has no room until they are consumed.
+    SHORT_BATCH = "short batch"
+    # The end of the master's last epoch, before the pass waits for tasks other trainers hold:
+    # the batcher hands out (or with drop_last drops) the rows it keeps, as at a pass's end.
+    FLUSH = "flush"
+
+
+SHORT_BATCH = Signal.SHORT_BATCH
+FLUSH = Signal.FLUSH
+Chunk = np.ndarray | Signal  # what chunks() yields: a block's indices, or a signal
+
+
+@dataclass(frozen=True)
+class PassWalk:
+    """How a batcher walks a pass (``TaskSampler.chunks``).
+
+    ``stuck()``: whether the batcher holds every row handed out and not yet consumed, while
+    it waits for more (see ``ReadyTasks.take``); then :data:`SHORT_BATCH` comes.
+    ``rest_alone``: rows the last epoch's pass handed out and the loop never received (it
+    stopped in that pass's last batches) make up this pass alone, as the rest of their
+    epoch; the next pass starts the next epoch. For batchers that never drop rows unsaid
+    (ours): torch's BatchSampler with ``drop_last`` would drop such a short pass every time,
+    so for it they come first in the next epoch's pass instead.
+    ``flush``: the batcher takes :data:`FLUSH` (see ``Signal``).
+    ``consumed_when``: when the batcher's loader consumes rows; the end of the master's last
+    epoch allows a plain DataLoader's workers time to gather theirs.
+    ``passes_again``: the loader makes one more pass itself when this one leaves the master's
+    last epoch open (``shmloader.DataLoader``); else a warning says it is needed."""
+
+    stuck: Callable[[], bool] | None = None
+    rest_alone: bool = False
+    flush: bool = False
+    consumed_when: ConsumedWhen = ConsumedWhen.GATHERED
+    passes_again: bool = False
+
+
 # How long the rows handed out to a batcher the sampler cannot see stay unconsumed, while the
 # task waited for has no room, before that is taken for what it is (see _NoProgress).
 STALL_SECONDS = 8.0  # under ready.STUCK_WARN: the error comes instead of that warning
@@ -44,8 +93,6 @@ PINNED_BY_TORCH = (
     "records_per_task or shuffle_window), or use shmloader.DataLoader or "
     "batch_sampler=ds.batch_sampler(batch_size), which hand such rows out as a short batch"
 )
-# Yielded by ``TaskSampler.chunks(flush=True)`` when a batcher must hand out the rows it keeps.
-FLUSH = np.empty(0, dtype=np.int64)
 STRAY_POLL = 0.1  # seconds between asking the master where tasks given up as elsewhere are
 # After this long waiting at the end of the last epoch for tasks other trainers hold, say so.
 LAST_EPOCH_WARN = 10.0
@@ -146,44 +193,16 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         depth = None if loader is None else depth_of(loader).depth
         size = None if loader is None else loader.batch_size
         drawn = self._drawing = _Drawn(batch_size=size, depth=depth)  # taken by chunks()
-        for chunk in self.chunks(stuck=_NoProgress(self._get_feed().room)):
-            if chunk is SHORT_BATCH:
+        for chunk in self.chunks(PassWalk(stuck=_NoProgress(self._get_feed().room))):
+            if isinstance(chunk, Signal):  # SHORT_BATCH: torch cannot hand its rows out
                 raise ShmSpaceError(PINNED_BY_TORCH)
             for index in chunk.tolist():
                 drawn.pulled += 1
                 yield index
 
-    def chunks(
-        self,
-        stuck: Callable[[], bool] | None = None,
-        *,
-        rest_alone: bool = False,
-        flush: bool = False,
-        consumed_when: ConsumedWhen = ConsumedWhen.GATHERED,
-        passes_again: bool = False,
-    ) -> Iterator[np.ndarray]:
-        """The epoch's indices in order, a block at a time (for batchers that slice arrays).
-
-        ``stuck()``: whether the batcher holds every row handed out and not yet consumed, while
-        it waits for more (see ``ReadyTasks.take``). When the budget is full and nothing can
-        come until those rows are consumed, :data:`SHORT_BATCH` is yielded: the batcher hands them
-        out as they are, then asks again.
-
-        ``rest_alone``: rows the last epoch's pass handed out and the loop never received (it
-        stopped in that pass's last batches) make up this pass alone, as the rest of their
-        epoch; the next pass starts the next epoch. For batchers that never drop rows unsaid
-        (ours): torch's BatchSampler with ``drop_last`` would drop such a short pass every
-        time, so for it they come first in the next epoch's pass instead.
-
-        ``flush``: the batcher takes :data:`FLUSH`, yielded at the end of the master's last
-        epoch before the pass waits for tasks other trainers hold (see ``_strays``): it hands
-        out (or with ``drop_last`` drops) the rows it keeps, as at the end of the pass.
-
-        ``consumed_when``: when the batcher's loader consumes rows (``ConsumedWhen``); the end
-        of the master's last epoch allows a plain DataLoader's workers time to gather theirs.
-        ``passes_again``: the loader makes one more pass itself when this one leaves the
-        master's last epoch open (``shmloader.DataLoader``); else a warning says it is needed.
-        """
+    def chunks(self, walk: PassWalk = PassWalk()) -> Iterator[Chunk]:
+        """The epoch's indices in order, a block at a time (for batchers that slice arrays),
+        with the signals ``walk`` asks for between them (``PassWalk``, ``Signal``)."""
         feed = self._get_feed()
         epoch = self._pass_epoch(feed)
         if epoch != feed.epoch_to_iterate():
@@ -192,7 +211,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         # The rest of a last epoch left open (see _strays): every task of it not taken here
         # was found elsewhere, and is a stray; no need to ask about them again.
         reopened, self.left_open = self.left_open == epoch, None
-        if rest_alone:
+        if walk.rest_alone:
             rest = feed.rest_of_last_pass(epoch)
             if len(rest):
                 yield rest
@@ -206,6 +225,22 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         if len(leftover):
             yield leftover
         pending = [] if reopened else feed.remaining_seqs(epoch)
+        yield from self._blocks(feed, epoch, pending, walk.stuck)
+        over = yield from self._strays(feed, epoch, walk)
+        self._open_pass = None
+        if over:
+            feed.finish_epoch(epoch)
+        else:
+            self.left_open = epoch
+
+    def _blocks(
+        self, feed: Feed, epoch: int, pending: list[int], stuck: Callable[[], bool] | None
+    ) -> Iterator[Chunk]:
+        """The ``pending`` tasks of ``epoch`` in blocks of 1, 2, 4, ... tasks up to the window
+        from the epoch's first task: the first batch needs one task read, not a whole window.
+        A pass that continues an epoch (after a ``break``) goes on with the blocks the whole
+        pass would have had. Each block is waited for on the ready board and admitted; tasks
+        found elsewhere meanwhile are given up (strays, the pass's end)."""
         dropped: set[int] = set()
 
         def gone(missing: list[int]) -> set[int]:
@@ -213,9 +248,6 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             dropped.update(elsewhere)
             return elsewhere
 
-        # Blocks of 1, 2, 4, ... tasks up to the window from the epoch's first task: the first
-        # batch needs one task read, not a whole window. A pass that continues an epoch (after
-        # a ``break``) goes on with the blocks the whole pass would have had.
         size, full = block_grid(pending[0], self.window) if pending else (1, 1)
         while pending:
             block, pending = _next_block(feed, epoch, pending, size, gone)
@@ -246,12 +278,6 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             indices = self._block_indices(feed, epoch, tasks + feed.strays.take_strays())
             if len(indices):
                 yield indices
-        over = yield from self._strays(feed, epoch, flush, consumed_when, passes_again)
-        self._open_pass = None
-        if over:
-            feed.finish_epoch(epoch)
-        else:
-            self.left_open = epoch
 
     def _warn_prefetched(self, epoch: int, ledger_rows: int) -> None:
         """A pass begins; if the last one left ``epoch`` unfinished (a ``break``) while a
@@ -324,14 +350,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             got,
         )
 
-    def _strays(
-        self,
-        feed: Feed,
-        epoch: int,
-        flush: bool,
-        consumed_when: ConsumedWhen,
-        passes_again: bool,
-    ) -> Generator[np.ndarray, None, bool]:
+    def _strays(self, feed: Feed, epoch: int, walk: PassWalk) -> Generator[Chunk, None, bool]:
         """The end of a pass that gave tasks up as elsewhere (elastic mode: other trainers took
         them): wait until each is done or in some trainer's hands, delivering those that come
         here after all (their holder died and this trainer's readers leased them again).
@@ -352,6 +371,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         (``left_open``): the next pass waits for them, with nothing in flight
         (shmloader.DataLoader makes that pass itself; a plain DataLoader is told).
         """
+        flush = walk.flush
         last = feed.epochs_over(epoch + 1) is not None
         waited_since: float | None = None
         kept = flush  # the batcher may keep rows of the pass: FLUSH before waiting
@@ -369,9 +389,9 @@ class TaskSampler(torch.utils.data.Sampler[int]):
                     if kept:
                         kept = False
                         yield FLUSH
-                    by_the_loop = consumed_when is ConsumedWhen.DELIVERED
+                    by_the_loop = walk.consumed_when is ConsumedWhen.DELIVERED
                     if not _all_consumed(feed.room, 0.0 if by_the_loop else GATHER_GRACE):
-                        if not passes_again:
+                        if not walk.passes_again:
                             self._warn_left_open(epoch, held)
                         return False
                     waited_since = self._note_waiting(epoch, held, waited_since)

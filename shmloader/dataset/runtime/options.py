@@ -118,36 +118,11 @@ class DatasetOptions:
             # The user chose how ragged columns are batched, so expects some: a 1-D column of
             # numbers is a list whatever lengths the source's sample shows (sources/base.py).
             checked = with_varying_lists(checked)
-        if num_readers == "auto":
-            # Start small; the maintenance thread adds and retires readers (autoscale.py).
-            bounds = auto_bounds()
-            reader_bounds: tuple[int, int] | None = bounds
-            first_readers = bounds[0]
-        else:
-            example = 'reader processes, e.g. 2 (the default) or "auto"'
-            first_readers = check_count("num_readers", num_readers, 1, example)
-            reader_bounds = None
+        first_readers, reader_bounds = _readers(num_readers)
         window = check_count("shuffle_window", shuffle_window, 1, "tasks shuffled together, e.g. 8")
-        if master_host is not None and not master_host.strip():
-            raise ConfigError("master_host must name an interface ('0.0.0.0': all of them)")
-        rendezvous = None
-        if master == TORCHRUN:  # rank 0 hosts the master; rank and world size from torchrun
-            rendezvous = rendezvous_from_env(
-                rank=rank, world_size=world_size, master_host=master_host
-            )
+        rendezvous = _rendezvous(master, master_host, metrics_port, rank, world_size)
+        if rendezvous is not None:  # rank 0 hosts the master; rank and world size from torchrun
             rank, world_size = rendezvous.rank, rendezvous.world_size
-        standalone = master is not None and rendezvous is None
-        if metrics_port is not None and standalone:
-            raise ConfigError(
-                "metrics_port= is where an embedded master serves its /metrics; with "
-                "master='host:port' the standalone master serves them: start it with "
-                "shmloader master ... --metrics-port PORT"
-            )
-        if standalone and master_host is not None:
-            raise ConfigError(
-                "master_host= is where the embedded master listens; with master='host:port' "
-                "there is none"
-            )
         if not isinstance(cache, bool):
             raise ConfigError(
                 f"cache must be True or False, got {cache!r}: True keeps decoded tasks in "
@@ -195,6 +170,45 @@ class DatasetOptions:
             ragged=RaggedForm.checked("list" if ragged is None else ragged, pad_value),
             ragged_given=ragged is not None,
         )
+
+
+def _readers(num_readers: int | Literal["auto"]) -> tuple[int, tuple[int, int] | None]:
+    """How many readers start, and under ``"auto"`` the fewest and most (None: a fixed
+    count)."""
+    if num_readers == "auto":
+        # Start small; the maintenance thread adds and retires readers (autoscale.py).
+        bounds = auto_bounds()
+        return bounds[0], bounds
+    example = 'reader processes, e.g. 2 (the default) or "auto"'
+    return check_count("num_readers", num_readers, 1, example), None
+
+
+def _rendezvous(
+    master: str | None,
+    master_host: str | None,
+    metrics_port: int | None,
+    rank: int | None,
+    world_size: int | None,
+) -> Rendezvous | None:
+    """Where the master is, checked: under ``master="torchrun"`` rank 0's, found in the
+    launcher's store (rank and world size from torchrun); None otherwise. Refuses the
+    options that fit only an embedded master beside a standalone one."""
+    if master_host is not None and not master_host.strip():
+        raise ConfigError("master_host must name an interface ('0.0.0.0': all of them)")
+    if master == TORCHRUN:
+        return rendezvous_from_env(rank=rank, world_size=world_size, master_host=master_host)
+    if master is not None and metrics_port is not None:
+        raise ConfigError(
+            "metrics_port= is where an embedded master serves its /metrics; with "
+            "master='host:port' the standalone master serves them: start it with "
+            "shmloader master ... --metrics-port PORT"
+        )
+    if master is not None and master_host is not None:
+        raise ConfigError(
+            "master_host= is where the embedded master listens; with master='host:port' "
+            "there is none"
+        )
+    return None
 
 
 def _as_source(source: Source | HFDataset) -> Source:
