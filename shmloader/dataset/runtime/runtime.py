@@ -88,6 +88,12 @@ def next_epoch_tasks(window: int, readers: int) -> int:
 
 
 class Runtime:
+    """A started dataset's running parts, built in named steps: the readers launched, then
+    :meth:`_connect` (the master found or started, this trainer registered),
+    :meth:`_resume_at` (where it begins, as a running master sees the loaded state),
+    :meth:`_start_plane` (the data plane, and the readers configured to feed it) and
+    :meth:`_start_maintenance`. A failed step closes what the earlier ones started."""
+
     def __init__(
         self,
         options: DatasetOptions,
@@ -95,8 +101,6 @@ class Runtime:
         store: SegmentStore,
         launched: Sequence[ReaderProcess] = (),
     ) -> None:
-        from ...master.client import MasterClient
-
         forked.check("this dataset")  # before any reader starts: gRPC would hang here
         self.options = options
         # Where a loaded state leaves the job (checkpoint.py); FRESH_START: nothing loaded.
@@ -121,6 +125,7 @@ class Runtime:
         self._next_epoch_read: int | None = None
         self._ahead_lock = threading.Lock()
         self.store = store  # owned (and closed) by the dataset
+        self.handle = store.handle()
         self._pid = os.getpid()
         at_exit.close_at_exit(self)
         self.embedded: Master | None = None
@@ -129,7 +134,7 @@ class Runtime:
         try:
             # Readers start first (or were started with the dataset: ``launched``): their
             # imports (a few tenths of a second) overlap the master's start and the
-            # registration; they get their configuration below.
+            # registration; they get their configuration once the plane runs.
             self.pool = ReaderPool(
                 self._reader_config,
                 options.first_readers,
@@ -139,97 +144,124 @@ class Runtime:
                 launched=launched,
                 positions=store.path,
             ).launch()
-            address = self._master_address()
-            self.address = address
-            self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            # The embedded master's own calls skip gRPC (master/local.py); readers use it.
-            local = self.embedded.local_stub() if self.embedded is not None else None
-            if options.rendezvous is not None and local is None:  # rank 0's, on another machine?
-                options.credentials.check_transport(address, fix=TORCHRUN_TOKEN_FIX)
-            self.client = MasterClient(
-                address,
-                token=options.credentials.token,
-                root_certificates=options.credentials.tls_ca,
-                local=local,
-            )
-            info = self.client.register(self.consumer, options.rank)
-            if self.embedded is None:  # another process planned the tasks: the same plan?
-                chosen = options.job.records_per_task if options.records_per_task_given else None
-                check_same_plan(options.source.plan(), chosen, info, address)
-            self.lease_timeout = float(info.lease_timeout)
-            self._elastic = info.world_size is None  # trainers share the master's epochs
-            if options.cache and options.job.shuffle and (info.world_size or 1) > 1:
-                log.warning(
-                    "cache=True with %d DDP ranks: each epoch shares the tasks out to the "
-                    "ranks anew (as torch's DistributedSampler does), so a rank finds about "
-                    "1/%d of its next epoch's tasks in its own cache and reads the rest; "
-                    "shuffle=False hands every rank the same tasks each epoch "
-                    "(docs/dataset.md, 'Decoded data kept across epochs')",
-                    info.world_size,
-                    info.world_size,
-                )
-            # Each beat carries this trainer's figures, for the master's /metrics.
-            self.client.start_heartbeat(self.consumer, figures=self._figures)
-            self.handle = handle = self.store.handle()
-            ops = MasterOps(self.client, self.consumer, info.epochs)  # caches epoch sizes
-            if self.embedded is None and resume.by_position:
-                self.resume = self._unless_resumed(info, ops)
-            resume = self.resume
-            if resume.handover is not None and self.embedded is None:
-                resume.handover.take_over(self.client)  # before the readers lease anything
-            start = resume.epoch
-            if self.embedded is None:  # a running master may be past this trainer's start
-                start = max(start, self._first_unfinished_epoch())
-                # Before the readers lease anything (rejoin.py): a DDP rank on a whole share.
-                check_whole_share(
-                    self.client,
-                    self.consumer,
-                    info,
-                    start,
-                    rank=options.rank,
-                    under_torchrun=options.rendezvous is not None,
-                    loaded=resume.loaded,
-                )
-            self.plane = DataPlane(
-                master=ops,
-                segments=handle,
-                ledger=LedgerReader(ledger_dir(handle.path)),
-                starved=self._starved,
-                blocked=lambda: hints.writer_blocked(handle.path),
-                start_epoch=start,
-                resume=resume,
-                taken_over=(
-                    resume.handover.consumed_of()
-                    if resume.handover is not None and self._elastic and self.embedded is None
-                    else None
-                ),
-                consumer=self.consumer,
-                lease_timeout=self.lease_timeout if self._elastic else None,
-            )
-            self.feed = SamplerFeed(self.plane, ops)  # what the sampler asks of the plane
-            # The source's own plan, not the master's word: readers open only these files.
-            self._allowed = frozenset(shard.path for shard in options.source.plan())
-            self._files = identities(self._allowed)  # readers refuse a file changed since
-            self._hold_readers_back()  # the hints in place before a reader leases
-            self.pool.configure()
-            self._maintenance = Maintenance(
-                autoscaler=self._autoscaler(),
-                plane=self.plane,
-                client=self.client,
-                pool=self.pool,
-                store_path=self.store.path,
-                lease_timeout=self.lease_timeout,
-                hold_readers_back=self._hold_readers_back,
-                task_errors=self.task_errors,
-                elastic=self._elastic,
-            )
-            self._maintenance.start()
-            if self.embedded is None:  # a standalone master outlives us: tell it on SIGTERM
-                ref = weakref.WeakMethod(self._on_sigterm)
-                self._sigterm = lifecycle.on_sigterm(lambda: (ref() or _nothing)())
+            info = self._connect()
+            ops = MasterOps(self.master_client, self.consumer, info.epochs)  # caches sizes
+            start = self._resume_at(info, ops)
+            self._start_plane(ops, start)
+            self._start_maintenance()
         except BaseException:
             self.close(wait_for_ranks=False)
             raise
+
+    def _connect(self) -> ConsumerInfo:
+        """Find or start the master, register this trainer with it and start the heartbeat;
+        another process's master is checked to run this job's plan. Returns what the master
+        says of the job."""
+        from ...master.client import MasterClient
+
+        options = self.options
+        self.address = address = self._master_address()
+        self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        # The embedded master's own calls skip gRPC (master/local.py); readers use it.
+        local = self.embedded.local_stub() if self.embedded is not None else None
+        if options.rendezvous is not None and local is None:  # rank 0's, on another machine?
+            options.credentials.check_transport(address, fix=TORCHRUN_TOKEN_FIX)
+        self.client = MasterClient(
+            address,
+            token=options.credentials.token,
+            root_certificates=options.credentials.tls_ca,
+            local=local,
+        )
+        info = self.client.register(self.consumer, options.rank)
+        if self.embedded is None:  # another process planned the tasks: the same plan?
+            chosen = options.job.records_per_task if options.records_per_task_given else None
+            check_same_plan(options.source.plan(), chosen, info, address)
+        self.lease_timeout = float(info.lease_timeout)
+        self._elastic = info.world_size is None  # trainers share the master's epochs
+        if options.cache and options.job.shuffle and (info.world_size or 1) > 1:
+            log.warning(
+                "cache=True with %d DDP ranks: each epoch shares the tasks out to the "
+                "ranks anew (as torch's DistributedSampler does), so a rank finds about "
+                "1/%d of its next epoch's tasks in its own cache and reads the rest; "
+                "shuffle=False hands every rank the same tasks each epoch "
+                "(docs/dataset.md, 'Decoded data kept across epochs')",
+                info.world_size,
+                info.world_size,
+            )
+        # Each beat carries this trainer's figures, for the master's /metrics.
+        self.client.start_heartbeat(self.consumer, figures=self._figures)
+        return info
+
+    def _resume_at(self, info: ConsumerInfo, ops: MasterOps) -> int:
+        """Where this trainer begins: the loaded state's point, as a running master that
+        another process started sees it (it may have been resumed from that state, be past
+        it, or hold the leases a handover names). Returns the epoch to start at. Before the
+        readers lease anything."""
+        if self.embedded is not None:  # started here, from the loaded state: as it is
+            return self.resume.epoch
+        if self.resume.by_position:
+            self.resume = self._unless_resumed(info, ops)
+        resume = self.resume
+        if resume.handover is not None:
+            resume.handover.take_over(self.master_client)
+        start = max(resume.epoch, self._first_unfinished_epoch())
+        # A DDP rank must come back on a whole share (rejoin.py).
+        check_whole_share(
+            self.master_client,
+            self.consumer,
+            info,
+            start,
+            rank=self.options.rank,
+            under_torchrun=self.options.rendezvous is not None,
+            loaded=resume.loaded,
+        )
+        return start
+
+    def _start_plane(self, ops: MasterOps, start: int) -> None:
+        """The data plane from ``start``, and the readers configured to feed it."""
+        resume, handle = self.resume, self.handle
+        taken_over = None
+        if resume.handover is not None and self._elastic and self.embedded is None:
+            taken_over = resume.handover.consumed_of()
+        self.plane = DataPlane(
+            master=ops,
+            segments=handle,
+            ledger=LedgerReader(ledger_dir(handle.path)),
+            starved=self._starved,
+            blocked=lambda: hints.writer_blocked(handle.path),
+            start_epoch=start,
+            resume=resume,
+            taken_over=taken_over,
+            consumer=self.consumer,
+            lease_timeout=self.lease_timeout if self._elastic else None,
+        )
+        self.feed = SamplerFeed(self.plane, ops)  # what the sampler asks of the plane
+        # The source's own plan, not the master's word: readers open only these files.
+        self._allowed = frozenset(shard.path for shard in self.options.source.plan())
+        self._files = identities(self._allowed)  # readers refuse a file changed since
+        self._hold_readers_back()  # the hints in place before a reader leases
+        assert self.pool is not None
+        self.pool.configure()
+
+    def _start_maintenance(self) -> None:
+        """The maintenance thread; and, with a master that outlives this trainer, the SIGTERM
+        hook that tells it this trainer leaves."""
+        assert self.pool is not None
+        self._maintenance = Maintenance(
+            autoscaler=self._autoscaler(),
+            plane=self.plane,
+            client=self.master_client,
+            pool=self.pool,
+            store_path=self.store.path,
+            lease_timeout=self.lease_timeout,
+            hold_readers_back=self._hold_readers_back,
+            task_errors=self.task_errors,
+            elastic=self._elastic,
+        )
+        self._maintenance.start()
+        if self.embedded is None:
+            ref = weakref.WeakMethod(self._on_sigterm)
+            self._sigterm = lifecycle.on_sigterm(lambda: (ref() or _nothing)())
 
     def _on_sigterm(self) -> None:
         """SIGTERM (a preempted trainer) that will kill the process: leave the master as
@@ -265,10 +297,8 @@ class Runtime:
         """Leave (handing back ``handed``); first tell the readers, which may still run (they
         die with us), not to register this consumer again (shm/hints.py "left")."""
         self._left = True
-        handle = getattr(self, "handle", None)
-        if handle is not None:
-            with contextlib.suppress(FileNotFoundError):  # the store is gone: so are they
-                hints.set_left(handle.path)
+        with contextlib.suppress(FileNotFoundError):  # the store is gone: so are they
+            hints.set_left(self.handle.path)
         with contextlib.suppress(MasterError):
             self.master_client.leave(self.consumer, handed)
 
