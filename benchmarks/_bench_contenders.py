@@ -101,7 +101,7 @@ def run_loader(spec: Spec) -> dict[str, Any]:
                 num_workers=spec["workers"],
                 persistent_workers=spec["workers"] > 0,
             )
-        elif spec.get("loader") == "torch-batches":  # deliveries told by its requests
+        elif spec.get("loader") == "torch-batches":  # deliveries reported by its requests
             dl = torch.utils.data.DataLoader(
                 ds,
                 batch_sampler=ds.batch_sampler(spec["batch"]),

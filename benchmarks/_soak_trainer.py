@@ -41,7 +41,7 @@ def main(config_path: str) -> int:
     dl: Any
     if cfg.get("loader", "shmloader") == "shmloader":
         dl = shmloader.DataLoader(ds, batch_size=cfg["batch_size"], num_workers=workers)
-    else:  # a plain DataLoader: the dataset tells its deliveries from its requests
+    else:  # a plain DataLoader: the dataset learns its deliveries from its requests
         dl = torch.utils.data.DataLoader(
             ds,
             batch_sampler=ds.batch_sampler(cfg["batch_size"]),

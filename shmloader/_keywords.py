@@ -1,4 +1,4 @@
-"""A misspelt keyword argument is told with the name it was probably meant to be.
+"""A misspelt keyword argument is reported with the name it was probably meant to be.
 
 Python says only ``__init__() got an unexpected keyword argument 'num_reader'``. The
 constructors users call most take many keyword-only options; :func:`suggest_keywords` wraps

@@ -89,7 +89,7 @@ def passes(
         stops.insert(0, last - 1 if loop == "break_before_last" else last)
     step = 0
     for p, stop in enumerate(stops):
-        # After an iterator kept, the pass begins at once: len() would settle the doubt.
+        # After an iterator kept, the pass begins at once: len() would resolve the doubt.
         length = None if loop == "iterator_kept" and p == 0 else len(dl)
         got = []
         for batch in dl:

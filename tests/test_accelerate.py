@@ -2,7 +2,7 @@
 
 accelerate rebuilds the loader as a torch DataLoader (so shmloader.DataLoader's own loop is
 not the one iterating) and takes the next batch from it before it yields the current one.
-The dataset tells receipts from torch's requests one batch later, and the last batch from
+The dataset learns receipts from torch's requests one batch later, and the last batch from
 accelerate's ``end_of_dataloader`` (dataset/wrappers.py): a ``break`` and a checkpoint
 (``save_state`` with the dataset registered for checkpointing) are exact. Sharding across
 processes would draw batches for nothing and is refused with the fix; the fix, each process

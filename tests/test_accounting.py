@@ -69,7 +69,7 @@ def test_a_task_is_released_and_completed_once_every_row_is_consumed() -> None:
     indices, effects = admitted(book, t)
     slot = int(split_indices(indices)[0][0])
     assert effects[0] == Rename("r0-0", slot_name(slot))
-    assert isinstance(effects[1], MarkTaken) and effects[1].held.task == t
+    assert isinstance(effects[1], MarkTaken) and effects[1].admitted.task == t
     assert rows_of(indices) == list(range(ROWS))
     assert consume(book, indices[:5]) == []
     assert book.unconsumed_rows() == 3
@@ -77,8 +77,9 @@ def test_a_task_is_released_and_completed_once_every_row_is_consumed() -> None:
     assert [type(e) for e in effects] == [Release, Complete]
     assert effects[0] == Release(slot_name(slot))
     assert effects[1].lease_id == t.lease_id
-    assert book.consumed_records == ROWS and book.kept().segments == ()
-    # A row gathered again after it was settled (an abandoned pass's worker) changes nothing.
+    assert book.consumed_records == ROWS and book.contents().segments == ()
+    # A row gathered again after its slot was released and completed (an abandoned pass's
+    # worker) changes nothing.
     assert book.apply(Reported(group_by_segment(indices[:1]), gathered=True, consumed=False)) == []
     assert book.position(lambda e: 1).completed == [0]
     # Consumed again is a row delivered twice: said, not ignored, and nothing else changes.
@@ -119,10 +120,10 @@ def test_a_segment_stays_until_every_row_is_gathered_as_well_as_consumed() -> No
     indices, _ = admitted(book, task(0))
     effects = book.apply(Reported(group_by_segment(indices), gathered=False, consumed=True))
     assert [type(e) for e in effects] == [Complete]  # consumed: the task is done ...
-    assert book.kept().segments == (slot_name(1),)
+    assert book.contents().segments == (slot_name(1),)
     effects = book.apply(Reported(group_by_segment(indices), gathered=True, consumed=False))
     assert effects == [Release(slot_name(1))]  # ... and once gathered, nothing reads it
-    assert book.kept().segments == ()
+    assert book.contents().segments == ()
 
 
 def test_a_resume_leaves_out_what_the_loaded_state_consumed() -> None:
@@ -231,7 +232,7 @@ def test_a_copy_of_a_finished_epoch_is_dropped_once_the_epoch_is_forgotten() -> 
     consume(book, indices)
     book.apply(EpochIterated(0))
     assert book.apply(Finished(1)) == [Forgotten(1, ())]
-    assert book.kept().epochs == () and book.kept().announced == set()
+    assert book.contents().epochs == () and book.contents().announced == set()
     # A reader whose lease lapsed while it read writes its copy after the master finished it.
     assert book.apply(Announced(task(3, segment="late", lease=55))) == [
         Release("late"),
@@ -263,7 +264,7 @@ def test_a_state_saved_after_the_last_epoch_puts_the_sampler_past_it() -> None:
 
 
 def test_a_batch_received_before_its_rows_are_known_gathered_consumes_only_those_gathered() -> None:
-    """A plain DataLoader's loop received a batch (told by its requests): rows the ledger has
+    """A plain DataLoader's loop received a batch (reported by its requests): rows the ledger has
     not said gathered yet (or never will: the worker failed) are not consumed."""
     book = ConsumptionBook()
     indices, _ = admitted(book, task(0))
@@ -304,7 +305,7 @@ def test_only_updates_change_the_book() -> None:
 def test_the_rest_of_the_last_pass_is_a_pass_of_its_own_unless_trainers_share_epochs() -> None:
     """The last-pass policy is the book's: the rows a finished pass left unconsumed make a
     pass alone before the next epoch's, except at the first epoch and once another trainer
-    took a task of an epoch (then they come first in the current pass, as strays)."""
+    took a task of an epoch (then they come first in the current pass, as tasks elsewhere)."""
     book = ConsumptionBook()
     assert book.last_pass(0) is None and book.last_pass(3) == 2
     book.apply(Elsewhere(1, (4,)))
@@ -316,14 +317,14 @@ def test_the_figures_and_what_is_kept_are_values_of_the_moment() -> None:
     t = task(0, consumed=((0, 2),), nbytes=800)
     indices, _ = admitted(book, t)
     consume(book, indices[:2])
-    held = book.consumed_of_held()
+    held = book.consumed_of_admitted()
     before = book.figures()
     assert [(h.lease_id, records) for h, records in held] == [(t.lease_id, [(0, 4)])]
     assert (before.consumed_rows, before.consumed_records, before.duplicates) == (2, 0, 0)
-    assert book.kept().segments == (slot_name(1),)
+    assert book.contents().segments == (slot_name(1),)
     consume(book, indices[2:])
     assert held == [(t, [(0, 4)])] and before.consumed_rows == 2  # unchanged: values
     after = book.figures()
     assert (after.consumed_rows, after.consumed_records) == (ROWS - 2, ROWS - 2)  # here
     assert after.consumed_bytes == 600  # the 6 rows consumed here, each 1/8 of 800 bytes
-    assert book.consumed_of_held() == [] and book.kept().segments == ()
+    assert book.consumed_of_admitted() == [] and book.contents().segments == ()

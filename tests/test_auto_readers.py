@@ -25,7 +25,7 @@ def window(**figures: float) -> ScalingWindow:
     base: dict[str, float] = {
         "sampler_wait": 0.0,
         "reader_busy": 0.5,
-        "reader_room_wait": 0.0,
+        "reader_budget_wait": 0.0,
         "spare_cores": 1.0,
         "rows_per_second": 1000.0,
     }
@@ -39,7 +39,7 @@ STARVED = {"sampler_wait": 0.5, "reader_busy": 0.95, "spare_cores": 1.0}
 def test_a_reader_is_added_while_the_loop_waits_and_kept_when_the_loop_got_faster():
     scaling = ReaderScaling(1, 4)
     assert scaling.decide(1, window(**STARVED, rows_per_second=1000)) is Scale.ADD
-    assert scaling.decide(2, window(**STARVED)) is Scale.HOLD  # settling: the reader starts
+    assert scaling.decide(2, window(**STARVED)) is Scale.HOLD  # cooldown: the reader starts
     assert scaling.decide(2, window(**STARVED, rows_per_second=1800)) is Scale.ADD  # it paid
 
 
@@ -57,7 +57,7 @@ def test_a_reader_that_did_not_pay_is_retired_and_the_count_is_a_ceiling_for_a_w
 def test_no_reader_is_added_without_free_cores_at_the_bound_or_for_readers_that_wait_for_room():
     assert ReaderScaling(1, 4).decide(2, window(**{**STARVED, "spare_cores": 0.1})) is Scale.HOLD
     assert ReaderScaling(1, 2).decide(2, window(**STARVED)) is Scale.HOLD
-    room = {**STARVED, "reader_busy": 0.2, "reader_room_wait": 0.8}
+    room = {**STARVED, "reader_busy": 0.2, "reader_budget_wait": 0.8}
     assert ReaderScaling(1, 4).decide(2, window(**room)) is Scale.HOLD
     between_epochs = {**STARVED, "rows_per_second": 0.0}
     assert ReaderScaling(1, 4).decide(1, window(**between_epochs)) is Scale.HOLD

@@ -26,7 +26,7 @@ def test_clean_removes_dead_and_keeps_live(
         out = capsys.readouterr().out.splitlines()
         assert os.path.isdir(dead)
         assert any(line.startswith("would remove") and dead in line for line in out), out
-        assert any(line.startswith("kept") and live in line and "is alive" in line for line in out)
+        assert any(line.startswith("left") and live in line and "is alive" in line for line in out)
         assert out[-1].startswith("1 to remove (would free ")
 
         assert main(["clean", "--base", str(tmp_path)]) == 0
@@ -36,7 +36,7 @@ def test_clean_removes_dead_and_keeps_live(
         removed = [line for line in out if line.startswith("removed")]
         assert len(removed) == 1 and dead in removed[0] and "owner pid" in removed[0]
         assert " KiB " in removed[0]  # its size: the lock file is empty, the segment is not
-        assert out[-1].startswith("1 removed (freed ") and ", 1 kept (" in out[-1]
+        assert out[-1].startswith("1 removed (freed ") and ", 1 left (" in out[-1]
 
         assert main(["clean", "--base", str(tmp_path)]) == 0
         out = capsys.readouterr().out.splitlines()

@@ -64,7 +64,7 @@ def test_every_record_once_per_epoch_and_segments_released(tmp_path):
             _, seen = run_epoch(d, store, plane, sampler, order_seed=epoch)
             assert sorted(seen) == list(range(TOTAL))
         # (the dispatcher opens epoch 1 while epoch 0 is read, so check at the end)
-        assert plane.kept().segments == ()
+        assert plane.contents().segments == ()
         assert store.handle().in_use() == 0
         assert d.finished
         assert plane.figures().consumed_records == 2 * TOTAL
@@ -80,8 +80,8 @@ def test_epochs_the_master_finished_are_forgotten(tmp_path):
             _, seen = run_epoch(d, store, plane, sampler, order_seed=epoch)
             assert sorted(seen) == list(range(TOTAL))
             plane.forget_finished(epoch + 1)  # the master finished it (d.finished below)
-            assert min(plane.kept().epochs, default=epoch + 1) == epoch + 1
-            assert all(e > epoch for e, _ in plane.kept().announced)
+            assert min(plane.contents().epochs, default=epoch + 1) == epoch + 1
+            assert all(e > epoch for e, _ in plane.contents().announced)
         assert d.finished
         assert plane.position().epoch == 3  # the position is unchanged: past the last epoch
         plane.forget_finished(0)  # nothing the master has not finished goes

@@ -74,7 +74,7 @@ def test_a_lapsed_lease_is_logged_once_outside_the_lock_and_forgotten_when_done(
         logging.getLogger("shmloader.dataset").addHandler(spy)
         try:
             with caplog.at_level("INFO", logger="shmloader.dataset"):
-                for _ in range(3):  # three renew cycles, each told the same
+                for _ in range(3):  # three renew cycles, each answered the same
                     plane.outbox.lapsed(d.mark_taken(held, later))
         finally:
             logging.getLogger("shmloader.dataset").removeHandler(spy)

@@ -1,9 +1,9 @@
 """A ready task whose lease lapsed is not delivered by the trainer that stalled with it.
 
-The master keeps a lease once the trainer took its task (test_dispatcher_kept.py), but a task
+The master keeps a lease once the trainer took its task (test_dispatcher_long_hold.py), but a task
 that is only ready (sealed, not taken) lapses after ``lease_timeout`` and may go to another
 trainer. The sampler takes a ready task only while its lease is surely active; after a stall it
-asks the master, and drops its copy when the lease lapsed (the task becomes a stray: it comes
+asks the master, and drops its copy when the lease lapsed (the task is then elsewhere: it comes
 back to whichever trainer holds it now). A real dispatcher, store and plane; no processes.
 """
 
@@ -56,15 +56,15 @@ def test_after_a_stall_only_ready_tasks_still_leased_here_are_delivered(tmp_path
         assert d.get_lease(rest[0].lease_id).taken
         # Lapsed and handed to this trainer's own readers: one copy is delivered, this one.
         assert admit(came_back) == came_back.task.num_records
-        # Lapsed and handed to b, or waiting in the queue: not delivered here; strays now.
+        # Lapsed and handed to b, or waiting in the queue: not delivered here; elsewhere now.
         assert admit(went_to_b) == 0 and admit(queued) == 0
         assert plane.lease_check.dropped == 2
-        assert {(0, went_to_b.unit), (0, queued.unit)} <= plane.strays.strays
+        assert {(0, went_to_b.unit), (0, queued.unit)} <= plane.elsewhere.tasks
         names = set(store.segments())
         assert segments[went_to_b.lease_id] not in names
         assert segments[queued.lease_id] not in names
-        # The queued task comes back to a's readers: the new copy is welcome (a stray, ready).
+        # The queued task comes back to a's readers: the new copy is welcome (one elsewhere, ready).
         (back,) = d.lease("a", 1, later)
         assert back.unit == queued.unit
         announce(store, plane, back, lease_clock())
-        assert [t.seq for t in plane.strays.take_strays()] == [queued.unit]
+        assert [t.seq for t in plane.elsewhere.take_ready()] == [queued.unit]

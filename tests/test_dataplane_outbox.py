@@ -16,20 +16,20 @@ def test_a_task_taken_while_an_answer_is_routed_is_warned_about_once(tmp_path, c
         to_b, later = stall(d)
         assert {(x.epoch, x.unit) for x in leases} <= {(x.epoch, x.unit) for x in to_b}
         outbox = plane.outbox
-        held_tasks = ConsumptionBook.held_tasks
+        admitted_tasks = ConsumptionBook.admitted_tasks
         own_lock_held = []
 
         def listing(book):
             # The plane lists its book's tasks for the outbox under the plane's lock: the
             # outbox must not hold its own (its other callers would wait on it).
             own_lock_held.append(blocks(outbox.unconfirmed))  # it takes the outbox's lock
-            states = held_tasks(book)
+            states = admitted_tasks(book)
             if len(own_lock_held) == 1:  # the sampler takes a task just after the listing
                 (task,) = plane.ready.take_ready([(0, leases[0].unit)])
                 assert len(sampler.feed.admit(task)) == task.num_rows
             return states
 
-        monkeypatch.setattr(ConsumptionBook, "held_tasks", listing)
+        monkeypatch.setattr(ConsumptionBook, "admitted_tasks", listing)
         with caplog.at_level("WARNING", logger="shmloader.dataset"):
             plane.outbox.lapsed(d.mark_taken(plane.held_leases(), later))
             warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]

@@ -37,7 +37,7 @@ def expected_ranks(
 
 
 @pytest.mark.parametrize(
-    ("sizes", "settled", "table"),
+    ("sizes", "done", "table"),
     [
         ({3: 4096, 4: 4096, 5: 100, 6: 4096}, 3, True),  # a window of tasks, one short
         ({7: 200, 9: 150, 12: 200}, None, True),  # gaps between the slots
@@ -45,7 +45,7 @@ def expected_ranks(
     ],
 )
 def test_every_row_handed_out_gets_its_place_in_the_block(
-    sizes: dict[int, int], settled: int | None, table: bool
+    sizes: dict[int, int], done: int | None, table: bool
 ) -> None:
     rng = np.random.default_rng(len(sizes))
     parts = []
@@ -56,13 +56,13 @@ def test_every_row_handed_out_gets_its_place_in_the_block(
 
     slots = states(sizes)
     last = max(sizes)
-    # A slot ranked by an earlier block (a stray of the pass) keeps those ranks.
+    # A slot ranked by an earlier block (one elsewhere, of the pass) keeps those ranks.
     earlier = np.full(sizes[last], -1, dtype=np.int64)
     earlier[0] = 7
     slots[last].rank = earlier.copy()
-    if settled is not None:
-        del slots[settled]  # settled meanwhile: nothing of it left to deliver
-    live = {s: n for s, n in sizes.items() if s != settled}
+    if done is not None:
+        del slots[done]  # released and completed meanwhile: nothing of it left to deliver
+    live = {s: n for s, n in sizes.items() if s != done}
     want = expected_ranks(live, indices, 100, {last: earlier})
 
     assert ranked_by_table(indices) is table  # the way this case takes

@@ -30,7 +30,7 @@ def consume(store, plane, sampler) -> list[int]:
 
 @contextlib.contextmanager
 def maintained(*planes):
-    """What each trainer's maintenance thread does: tell the master what was taken and
+    """What each trainer's maintenance thread does: report to the master what was taken and
     consumed, every few milliseconds."""
     stop = threading.Event()
 
@@ -155,7 +155,7 @@ def test_a_task_a_dead_trainer_had_taken_comes_back_in_the_next_pass(tmp_path):
         assert [(x.epoch, x.unit) for x in leases[:2]] == [(0, 3), (0, 4)]
         for lease in leases:
             announce(a[0], a[1], lease)
-        (second,) = concurrently(a)  # epoch 1, with epoch 0's strays
+        (second,) = concurrently(a)  # epoch 1, with epoch 0's tasks elsewhere
         assert sorted(first + second) == sorted(list(range(TOTAL)) * 2)
         assert d.finished
 
@@ -274,7 +274,7 @@ def test_a_stalled_trainer_whose_tasks_went_to_another_warns_and_counts(tmp_path
         plane.read_ledger_and_send()
         # Past consumer_timeout: a is declared dead, and every lease of it not completed
         # lapses, taken or not (tasks of 13 rows or less). A stall shorter than that keeps the
-        # taken ones (test_dispatcher_kept.py, test_dataplane_lease_check.py).
+        # taken ones (test_dispatcher_long_hold.py, test_dataplane_lease_check.py).
         later = time.time() + d.config.consumer_timeout + 1
         d.heartbeat("b", later)
         *lapsed, left = d.expire(later)

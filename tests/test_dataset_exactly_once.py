@@ -140,7 +140,7 @@ def test_drop_last_drops_the_short_batch_for_its_epoch(
             dl: Any = shmloader.DataLoader(
                 ds, batch_size=BATCH, drop_last=True, num_workers=num_workers
             )
-        else:  # a plain DataLoader, told through the dataset's batch sampler
+        else:  # a plain DataLoader, reported through the dataset's batch sampler
             dl = torch.utils.data.DataLoader(
                 ds,
                 batch_sampler=ds.batch_sampler(BATCH, drop_last=True),

@@ -109,7 +109,7 @@ def test_sigkilled_readers_are_restarted_and_nothing_is_lost_or_doubled(
         assert [r.pid for r in stats.readers] == new_pids
         assert not set(new_pids) & set(old_pids)
         assert all(start_token(p) is None for p in old_pids)
-        # The killed readers' leases came back as failures the trainer told the master of as
+        # The killed readers' leases came back as failures the trainer reported to the master as
         # each death was seen (their tasks were read again at once), not through a duplicate.
         progress = ds.runtime.client.progress()
         assert progress.counters["failed"] >= len(killed)

@@ -23,9 +23,7 @@ def test_epoch_sizes_kept_stay_bounded_over_many_epochs() -> None:
                 assert ops.epoch_tasks(epoch) == 7  # 5 of a, 2 of b
                 assert ops.epoch_records(epoch) == 30
                 assert ops.epoch_records(epoch + 1) == 30  # the plane looks one ahead too
-            # private: what MasterOps keeps (runtime/master_ops.py) has no public count, and
-            # counting the master's calls cannot bound it (a hit says nothing of the rest).
-            assert len(ops._info) <= EPOCHS_KEPT
+            assert ops.epochs_known <= EPOCHS_KEPT
             assert ops.epoch_tasks(0) == 7  # a size that went is asked again, the same
         finally:
             client.close()

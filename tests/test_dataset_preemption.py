@@ -1,6 +1,6 @@
 """A trainer whose own SIGTERM handler (installed before the dataset) asks for a graceful stop:
 the loop finishes its step on a live dataset, saves its state, exits cleanly, and nothing of
-ours is left. The dataset's exit path (close, or atexit) still tells the master what the loop
+ours is left. The dataset's exit path (close, or atexit) still reports to the master what the loop
 consumed, so the records come exactly once, resumed from the state or by another trainer.
 
 Real trainer processes (tests/_dataset_trainer.py), SIGTERM sent from this process, real
@@ -133,8 +133,7 @@ def test_readers_do_not_register_again_a_trainer_that_left_on_sigterm(
         leased = _waiter("the readers to lease every task")
         while master.progress().counters["granted"] < TASKS:
             leased()
-        # private: the SIGTERM hook, called as the signal calls it (a real one ends pytest).
-        runtime._on_sigterm()
+        runtime.on_sigterm()  # as the signal calls it (a real one would end pytest itself)
         assert [c.consumer for c in master.progress().consumers] == []
         lost = _waiter("the readers to hear the master forgot their trainer")
         while not all(info.master_lost for info in pool.readers):
@@ -157,11 +156,10 @@ def test_sigterm_leaves_the_master_even_while_the_loop_holds_the_plane_s_lock(
         leased = _waiter("the reader to lease")
         while not master.progress().counters["granted"]:
             leased()
-        # private: the plane's lock and its SIGTERM hook, as if the signal came inside the
-        # plane's code: no public seam holds that lock, and a real SIGTERM ends pytest itself
-        with runtime.plane._lock:
-            runtime._on_sigterm()
-            assert [c.consumer for c in master.progress().consumers] == []
+        # As if the signal came inside the plane's code: a question to the book runs under the
+        # plane's lock (a real SIGTERM would end pytest itself).
+        runtime.plane.read(lambda book: runtime.on_sigterm())
+        assert [c.consumer for c in master.progress().consumers] == []
     assert shm_entries(tmp_path / "shm") == []
 
 
@@ -188,9 +186,9 @@ def test_sigterm_while_close_stops_the_readers_still_leaves_the_master(
                 stopping = _waiter("close() to stop the readers")
                 while not pool.stopping:
                     stopping()
-                # private: the SIGTERM hook, called as the signal calls it (a real one ends
+                # The SIGTERM hook, called as the signal calls it (a real one would end
                 # pytest itself), while close() waits for a stopped reader
-                runtime._on_sigterm()
+                runtime.on_sigterm()
                 left.append([c.consumer for c in master.progress().consumers])
             finally:
                 os.kill(reader, signal.SIGCONT)

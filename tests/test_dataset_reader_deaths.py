@@ -5,7 +5,7 @@ up at the 11th, however far apart they were. A death is seen even when the reade
 outlives it.
 
 A decode that kills its reader (``os._exit``, a segfault) raises nothing: the death itself is
-logged and told to the master as the task's failure, so the loop's error names the reader, how
+logged and reported to the master as the task's failure, so the loop's error names the reader, how
 it died, the file and the record (was: "lease N ... expired", after lease_timeout a try). A
 reader whose trainer is gone exits without a traceback."""
 
@@ -147,7 +147,7 @@ def test_a_decode_that_kills_its_reader_is_named_with_its_record(
     assert "records 100..200), on the task's last try: the task is quarantined" in text
     assert text.count(str(path)) == 1 and text.count(fix) == 1
     assert "expired" not in text
-    assert progress.counters["expired"] == 0  # told as failures, not left to lapse
+    assert progress.counters["expired"] == 0  # reported as failures, not left to lapse
     # Each death logged once, as it happened: the first try's names the records, the retry's
     # the record.
     deaths = [r.getMessage() for r in caplog.records if how in r.getMessage()]

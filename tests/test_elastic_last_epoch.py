@@ -1,7 +1,7 @@
 """The end of the master's last epoch in elastic mode, when a trainer dies holding tasks of it.
 
 Trainers that share a standalone master's epochs do not wait, at the end of a pass, for tasks
-another trainer took in hand: those come to them as strays of the next pass should that
+another trainer took in hand: those come to them in the next pass should that
 trainer die. The last epoch has no next pass: a trainer SIGKILLed shortly before the survivor
 finished had its tasks of it lost, the survivor exiting 0 without a word. The survivor now
 waits for them once nothing of its own is in flight, and delivers those that come to it when

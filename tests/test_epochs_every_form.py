@@ -58,7 +58,7 @@ def epochs_of(form: str, passes: list[dict[str, Any]], workers: int) -> list[lis
         assert passes[0]["batches"] == BATCHES - 1 and passes[1]["batches"] == 1
         return [ids[0] + ids[1], *ids[2:]]
     if loop == "iterator_kept" and workers:
-        # Whether the loop had the last batch cannot be told (torch returned it before the
+        # Whether the loop had the last batch cannot be known (torch returned it before the
         # loop asked for it): it comes again, with a warning.
         assert passes[1]["batches"] == 1 and set(ids[1]) <= set(ids[0])
         return [ids[0], *ids[2:]]

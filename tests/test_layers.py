@@ -105,7 +105,7 @@ def test_a_clean_package_passes(tmp_path: Path) -> None:
         "shmloader.dataset.accounting.book",
         "shmloader.dataset.core.indices",
         "shmloader.dataset.order.blocks",
-        "shmloader.dataset.waiting.room",
+        "shmloader.dataset.waiting.budget_pressure",
         "shmloader.dataset.runtime.options",
     ],
 )

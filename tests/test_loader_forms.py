@@ -8,7 +8,7 @@
   itself from the first batch, never a worker's traceback.
 - ``shmloader.DataLoader(transform=fn)``: a batch counts as delivered once ``fn`` returned, so
   rows of a batch whose transform raised come again, in the next pass and after a resume.
-- A plain DataLoader whose deliveries cannot be told says so once, with the fix.
+- A plain DataLoader whose deliveries cannot be reported says so once, with the fix.
 
 Real reader processes, real files, the multiset of delivered ids.
 """
@@ -264,11 +264,11 @@ def test_a_raising_transform_caught_saved_and_resumed_loses_nothing(
     "in_order" not in inspect.signature(torch.utils.data.DataLoader).parameters,
     reason="this torch's DataLoader has no in_order",
 )
-def test_deliveries_that_cannot_be_told_are_said_once_with_the_fix(
+def test_deliveries_that_cannot_be_reported_are_said_once_with_the_fix(
     tmp_path: Path, data: tuple[Path, list[int]], caplog: pytest.LogCaptureFixture
 ) -> None:
     """A DataLoader given in_order=False hands batches over as workers finish them: torch's
-    requests then tell nothing, so the rows count as gathered, and the user is told so."""
+    requests then report nothing, so the rows count as gathered, and the user is told so."""
     directory, expected = data
     with (
         caplog.at_level(logging.WARNING, logger="shmloader"),

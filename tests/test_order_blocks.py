@@ -1,6 +1,6 @@
-"""The pure order (order/blocks.py) and the room probes (waiting/room.py), alone: no feed, no
-store, no threads. The order is a function of the seed and the task order only, and a block's
-rest after a resume comes in the order the uninterrupted block had."""
+"""The pure order (order/blocks.py) and the budget pressure (waiting/budget_pressure.py), alone:
+no feed, no store, no threads. The order is a function of the seed and the task order only, and
+a block's rest after a resume comes in the order the uninterrupted block had."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from shmloader.dataset.core.indices import encode_indices
 from shmloader.dataset.core.tasks import Pressure, ReadyTask
 from shmloader.dataset.order.blocks import block_grid, block_order, block_permutation
-from shmloader.dataset.waiting.room import Room
+from shmloader.dataset.waiting.budget_pressure import BudgetPressure
 
 ROWS = 6
 
@@ -97,11 +97,13 @@ def test_no_task_no_rows() -> None:
         (False, True, 0, False, Pressure.DEAD_END),
     ],
 )
-def test_room_says_how_the_budget_stands_for_the_wait(
+def test_budget_pressure_says_how_the_budget_stands_for_the_wait(
     starved: bool, blocked: bool, unconsumed: int, stuck: bool, pressure: Pressure
 ) -> None:
-    room = Room(
+    budget = BudgetPressure(
         starved=lambda: starved, blocked=lambda: blocked, unconsumed_rows=lambda: unconsumed
     )
-    assert room.pressure(lambda: stuck) is pressure
-    assert room.pinned(unconsumed) is blocked and room.dead_end() is (blocked and not unconsumed)
+    assert budget.now(lambda: stuck) is pressure
+    assert budget.pinned(unconsumed) is blocked and budget.dead_end() is (
+        blocked and not unconsumed
+    )

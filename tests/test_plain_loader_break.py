@@ -2,7 +2,7 @@
 
 Without workers the batch the loop got is the last one gathered, so every record comes once
 per epoch, as with shmloader.DataLoader. With workers and ``batch_sampler=ds.batch_sampler()``
-the dataset tells from torch's requests which batches reached the loop (delivery.py): exact
+the dataset learns from torch's requests which batches reached the loop (delivery.py): exact
 too. With ``sampler=ds.sampler()`` torch's BatchSampler hides that, torch drops the batches it
 had prefetched when the pass is left, and the dataset (which sees gathers, not deliveries)
 counted them delivered: the next pass says how many rows its workers had gathered and why

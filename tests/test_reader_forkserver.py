@@ -1,5 +1,5 @@
-"""The readers' fork server (shmloader/reader/forkserver.py): readers are its forks, it tells
-the trainer how each exited, and nothing outlives the trainer or the server."""
+"""The readers' fork server (shmloader/reader/forkserver.py): readers are its forks, it reports
+to the trainer how each exited, and nothing outlives the trainer or the server."""
 
 from __future__ import annotations
 

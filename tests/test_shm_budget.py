@@ -120,7 +120,7 @@ def test_dead_writer_leaves_a_temp_segment_that_reap_removes(tmp_path: Path) -> 
         assert os.path.exists(temp)
         report = reap_stale(tmp_path)
         assert [(e.path, e.action) for e in report.removed] == [(temp, "removed")]
-        assert [e.path for e in report.kept] == [store.path]  # the live owner's store stays
+        assert [e.path for e in report.left] == [store.path]  # the live owner's store stays
         assert not os.path.exists(temp)
         assert store.in_use() == 0
 

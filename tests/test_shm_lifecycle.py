@@ -255,6 +255,6 @@ def test_reap_keeps_foreign_names(tmp_path: Path) -> None:
     (tmp_path / "other").mkdir()
     report = reap_stale(tmp_path)
     assert [(os.path.basename(e.path), e.action) for e in report.entries] == [
-        ("shmloader-not-ours", "kept")
+        ("shmloader-not-ours", "left")
     ]
     assert sorted(os.listdir(tmp_path)) == ["other", "shmloader-not-ours"]

@@ -242,7 +242,7 @@ def test_released_segments_are_reused_by_the_next_writer(tmp_path: Path) -> None
 
 
 def test_writers_take_the_spare_released_last(tmp_path: Path) -> None:
-    # Gathering processes keep their mappings of the files they released last (kept.py).
+    # Gathering processes keep their mappings of the files they released last (spare_maps.py).
     with SegmentStore.create("8MiB", base_dir=tmp_path) as store:
         infos = [store.write(make_batch(500, seed=s)) for s in range(3)]
         inodes = []

@@ -17,7 +17,7 @@ def register(subparsers: Any) -> None:
         description=(
             "Remove segment stores whose owner process is gone (e.g. a trainer killed with "
             "SIGKILL) and half-written segments of dead readers; stores of live owners are "
-            "listed and kept. Safe to run while training jobs run."
+            "listed and left. Safe to run while training jobs run."
         ),
     )
     parser.add_argument("--dry-run", action="store_true", help="only list what would be removed")
@@ -39,10 +39,10 @@ def run(args: argparse.Namespace) -> int:
     for e in report.entries:
         print(f"{e.action:<{width}}  {format_size(e.nbytes):>10}  {e.path}  ({e.reason})")
     freed = sum(e.nbytes for e in report.removed)
-    held = sum(e.nbytes for e in report.kept)
+    held = sum(e.nbytes for e in report.left)
     done, verb = ("to remove", "would free") if args.dry_run else ("removed", "freed")
     print(
         f"{len(report.removed)} {done} ({verb} {format_size(freed)}), "
-        f"{len(report.kept)} kept ({format_size(held)}), {len(report.failed)} failed"
+        f"{len(report.left)} left ({format_size(held)}), {len(report.failed)} failed"
     )
     return 1 if report.failed else 0

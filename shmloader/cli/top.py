@@ -225,7 +225,7 @@ def render(
 
 
 def _store_lines(stores: ReapReport) -> list[str]:
-    live, stale = stores.kept, stores.removed
+    live, stale = stores.left, stores.removed
     held = format_size(sum(e.nbytes for e in live))
     lines = [f"shared memory in {stores.base_dir}: {len(live)} live store(s), {held}"]
     lines.extend(f"  {format_size(e.nbytes):>10}  {e.path}  ({e.reason})" for e in live)

@@ -122,7 +122,7 @@ class _DatasetReports:
         self._runtime().plane.reports.counted_early(rows)
 
     def pinned(self, held: int) -> bool:
-        return self._runtime().plane.room.pinned(held)
+        return self._runtime().plane.pressure.pinned(held)
 
 
 class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
@@ -186,6 +186,22 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
 
     collate = staticmethod(collate)
 
+    # The trainer side's own, set by _forget_the_job.
+    _columns_checked: bool  # columns= against the data, at the first gather
+    _resume: ResumePoint  # where a loaded state leaves the job (checkpoint.py)
+    _loaded: dict[str, Any]  # the state loaded last, as given
+    _rows_known: tuple[ResumePoint, FirstPass] | None  # _rows_before_start's
+    _runtime: Runtime | None
+    _sampler: TaskSampler | None
+    _rows: RowStream | None  # a plain DataLoader's own sampler's (natural.py)
+    _batchers: weakref.WeakSet[TaskBatchSampler]
+    _lock: threading.Lock
+    _closed: bool
+    _state_at_close: dict[str, Any] | None
+    _launched: list[ReaderProcess]  # readers started with the dataset, not configured yet
+    _store: SegmentStore | None  # None in a worker's copy
+    _gatherer: Gatherer | None  # None once closed
+
     @suggest_keywords()
     def __init__(
         self,
@@ -215,52 +231,16 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         pad_value: int | float = 0,
     ) -> None:
         # Every option checked here, once, before anything starts (runtime/options.py).
-        self.options = DatasetOptions.checked(
-            source,
-            num_readers=num_readers,
-            records_per_task=records_per_task,
-            shuffle=shuffle,
-            seed=seed,
-            shm_budget=shm_budget,
-            epochs=epochs,
-            shuffle_window=shuffle_window,
-            master=master,
-            master_host=master_host,
-            metrics_port=metrics_port,
-            token=token,
-            tls_ca=tls_ca,
-            rank=rank,
-            world_size=world_size,
-            ddp_policy=ddp_policy,
-            lease_timeout=lease_timeout,
-            max_retries=max_retries,
-            shm_dir=shm_dir,
-            columns=columns,
-            cache=cache,
-            ragged=ragged,
-            pad_value=pad_value,
-        )
-        self._columns_checked = False  # columns= against the data, at the first gather
-        self._resume = FRESH_START  # where a loaded state leaves the job (checkpoint.py)
-        self._loaded: dict[str, Any] = {}  # the state loaded last, as given
-        self._rows_known: tuple[ResumePoint, FirstPass] | None = None  # _rows_before_start
-        self._runtime: Runtime | None = None
+        self.options = DatasetOptions.checked(**{k: v for k, v in locals().items() if k != "self"})
         self._job: JobConfig | None = None  # options.job, its task size sized (see job)
-        self._sampler: TaskSampler | None = None
-        self._rows: RowStream | None = None  # a plain DataLoader's own sampler's (natural.py)
-        self._batchers: weakref.WeakSet[TaskBatchSampler] = weakref.WeakSet()
-        self._lock = threading.Lock()
-        self._closed = False
-        self._state_at_close: dict[str, Any] | None = None
         self._state_calls = 0  # whole-job states taken (torchrun): the n-th meets the n-th
         self._owner_pid = os.getpid()
+        self._forget_the_job(gatherer=None)
         # The store exists from the start (cheap: a folder in /dev/shm), so DataLoader workers
         # forked before the first batch already know where segments will be; the master starts
         # on first use, and the readers are configured then.
-        self._store: SegmentStore | None = SegmentStore.create(
-            self.options.shm_budget, base_dir=shm_dir
-        )
-        self._gatherer: Gatherer | None = Gatherer(
+        self._store = SegmentStore.create(self.options.shm_budget, base_dir=shm_dir)
+        self._gatherer = Gatherer(
             self._store.handle(), list(self.options.columns or ()), self.options.ragged
         )
         # The reader processes start now and wait for their configuration until first use, so
@@ -268,7 +248,6 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         # its first batch, as building its model. Only from the main thread: a reader dies with
         # the thread that started it (the parent-death signal), and the main thread lasts as
         # long as the process; from another, they start on first use, from the pool's thread.
-        self._launched: list[ReaderProcess] = []
         if threading.current_thread() is threading.main_thread():
             try:
                 self._launched = launch_readers(self.options.first_readers)
@@ -380,7 +359,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         if self._closed and self._state_at_close is not None:
             return self._state_at_close  # a checkpoint written after the loop ended
         runtime = self._ensure_started()
-        self._settle_batchers()
+        self._receive_held_back()
         loop = runtime.loop_state(also)
         runtime.saved_state_of(loop)  # the master keeps what it counts, should this trainer die
         return saved_state(self._facts(), self._resume, loop, master=runtime.address)
@@ -469,7 +448,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             short_batches=self.job.world_size
             in (None, 1),  # DDP: a short batch would unbalance steps
         )
-        self._batchers.add(batcher)  # settled before a state is taken (TaskBatchSampler.settle)
+        self._batchers.add(batcher)  # asked before a state is taken (receive_held_back)
         return batcher
 
     def _batcher_state(self, also: np.ndarray | None) -> dict[str, Any]:
@@ -479,9 +458,9 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         before = self._state_before_start() if also is None else None
         return before if before is not None else self._whole_job(self._state_counting(also))
 
-    def _settle_batchers(self) -> None:
+    def _receive_held_back(self) -> None:
         for batcher in list(self._batchers):
-            batcher.settle()
+            batcher.receive_held_back()
 
     def __len__(self) -> int:
         """Rows the next pass delivers: what is left of the epoch (``TaskSampler.pass_rows``).
@@ -671,7 +650,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
     def _close(self, *, wait_for_ranks: bool, hurry: bool = False) -> None:
         live = self._runtime is not None and not self._closed
         if live and not hurry and self._owner_pid == os.getpid():
-            self._settle_batchers()  # what the loop got, for the state it closes with
+            self._receive_held_back()  # what the loop got, for the state it closes with
         with self._lock:
             if self._closed:
                 return
@@ -723,20 +702,27 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         return {"_gatherer": self._gatherer}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._gatherer = state["_gatherer"]
+        self._owner_pid = -1  # a worker copy: never starts or closes anything
+        self._forget_the_job(gatherer=state["_gatherer"])
+
+    def _forget_the_job(self, gatherer: Gatherer | None) -> None:
+        """What the trainer side holds, as it is before anything starts: in a new dataset
+        (``gatherer`` None: made with its store below), and in a DataLoader worker's copy (only
+        ``gatherer`` travels; no store, no readers)."""
         self._columns_checked = False
+        self._resume = FRESH_START
+        self._loaded = {}
+        self._rows_known = None
         self._runtime = None
-        self._launched = []
         self._sampler = None
         self._rows = None
-        self._loaded = {}
         self._batchers = weakref.WeakSet()
-        self._closed = False
         self._lock = threading.Lock()
-        self._owner_pid = -1  # a worker copy: never starts or closes anything
-        self._rows_known = None
-        self._store = None
+        self._closed = False
         self._state_at_close = None
+        self._launched = []
+        self._store = None
+        self._gatherer = gatherer
 
     @property
     def runtime(self) -> Runtime:

@@ -202,8 +202,8 @@ class DataLoader(torch.utils.data.DataLoader[dict[str, Any]]):
     def _passes(self) -> Iterator[dict[str, Any]]:
         """A pass of the sampler; and, if it left the master's last epoch open (elastic mode:
         other trainers held tasks of it, which it could not wait for while batches of its own
-        were in flight: TaskSampler._strays), one more, which waits for them with nothing in
-        flight and delivers those that come here (a trainer that died had them)."""
+        were in flight: TaskSampler._wait_for_elsewhere), one more, which waits for them with
+        nothing in flight and delivers those that come here (a trainer that died had them)."""
         sampler = self._recorder.sampler
         while True:
             yield from self._through_torch() if self.num_workers else self._in_process()

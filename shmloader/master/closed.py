@@ -94,7 +94,7 @@ class ClosedLeases:
 
     def complete_late(self, lease_id: int) -> Lease:
         """The holder of lapsed ``lease_id`` completed it: it is no longer lapsed (the caller
-        settles its unit and records why it is closed)."""
+        completes its unit late and records why it is closed)."""
         lease = self._lapsed.pop(lease_id)
         del self._by_unit[(lease.epoch, lease.unit)]
         self._gone.pop(lease_id, None)

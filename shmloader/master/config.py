@@ -89,12 +89,12 @@ class JobConfig:
             raise ConfigError(f"shuffle must be True or False, got {self.shuffle!r}")
 
     def hold(self, lease: Lease) -> float:
-        """How long a renewal keeps ``lease``: ``lease_timeout``, or for a ``kept`` one
+        """How long a renewal keeps ``lease``: ``lease_timeout``, or for a ``long_hold`` one
         ``max(lease_timeout, consumer_timeout)``. Bounded by the lease's own renewals (only
         its trainer's maintenance thread renews a taken lease), not by the consumer's other
         calls: a trainer whose main process is stuck while its readers still call the master
         under its consumer id must not keep its taken tasks for ever."""
-        if lease.kept:
+        if lease.long_hold:
             return max(self.lease_timeout, self.consumer_timeout)
         return self.lease_timeout
 

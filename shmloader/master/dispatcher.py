@@ -151,7 +151,7 @@ class Dispatcher:
         now = update.now
         self.apply(update)
         for lease_id, lease in sorted(self.state.leases.items()):
-            if lease.kept:
+            if lease.long_hold:
                 self.apply(LeaseRenewed(now, lease_id, now + self.config.hold(lease)))
         self._commit(now)
 
@@ -259,7 +259,7 @@ class Dispatcher:
             elif not lease.taken:
                 self.apply(LeaseTaken(now, lease_id))
                 taken = self.state.leases[lease_id]
-                if taken.kept:
+                if taken.long_hold:
                     self.apply(LeaseRenewed(now, lease_id, now + self.config.hold(taken)))
         self._commit(now)
         return problems
@@ -389,7 +389,7 @@ class Dispatcher:
                 self._hand_back_checkpoint(lease)
             self.state.open[lease.epoch].put_back(lease.unit)
             self.state.ended.lapse(lease, f"consumer {u.consumer!r} left ({u.reason}) at t={u.now}")
-            self.state.counters["released"] += 1
+            self.state.counters[snapshot.RETURNED] += 1
         del self.state.consumers[u.consumer]
 
     def _on_handed_back(self, u: LeaseHandedBack) -> None:
@@ -456,7 +456,7 @@ class Dispatcher:
         ep = self.state.open[lease.epoch]
         if late:
             self.state.ended.complete_late(u.lease_id)
-            ep.settle_lapsed(lease.unit)
+            ep.complete_late(lease.unit)
             self.state.counters["late_completed"] += 1
         else:
             self._drop_lease(lease)

@@ -107,7 +107,7 @@ class OpenEpoch:
         self.move(unit, QUARANTINED)
         self.quarantined[unit] = error
 
-    def settle_lapsed(self, unit: int) -> None:
+    def complete_late(self, unit: int) -> None:
         """A lapsed lease was completed late: take its unit out of the retry queue (or out of
         quarantine) and count it done."""
         status = int(self.status[unit])
@@ -116,7 +116,9 @@ class OpenEpoch:
         elif status == QUARANTINED:
             del self.quarantined[unit]
         else:
-            raise MasterError(f"epoch {self.epoch} unit {unit}: cannot settle, status {status}")
+            raise MasterError(
+                f"epoch {self.epoch} unit {unit}: cannot complete late, status {status}"
+            )
         self.move(unit, DONE)
 
     def outside(self, unit: int, ranges: tuple[tuple[int, int], ...]) -> tuple[int, int] | None:

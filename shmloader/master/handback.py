@@ -10,7 +10,7 @@ of the unit in the epoch carries them (``Lease.consumed``), and the trainer that
 those rows. Ranges accumulate when that trainer leaves partway too; a holder that dies hands
 nothing back (its rows come again), but what earlier holders handed back stays with the unit.
 
-A trainer that saves its state (``state_dict()``) also tells the master what that state counts
+A trainer that saves its state (``state_dict()``) also reports to the master what that state counts
 of its leases (``Checkpoint``, :class:`~.updates.LeaseCheckpointed`): should it die and its
 leases lapse before anyone resumes from that state, the master hands those ranges back for it.
 Rows a checkpoint counts then never come again from another trainer, however late the restart.

@@ -71,7 +71,7 @@ _LEASE_COUNTERS = {
     ),
     "released": (
         "shmloader_leases_released_total",
-        "Leases given back unread (a consumer left, or handed its tasks back).",
+        "Leases returned unread (a consumer left, or handed its tasks back).",
     ),
 }
 

@@ -39,10 +39,10 @@ class Lease:
     checkpointed: tuple[tuple[int, int], ...] = ()
 
     @property
-    def kept(self) -> bool:
+    def long_hold(self) -> bool:
         """Elastic, and taken: its rows are in its trainer's shared memory, so a trainer that
         stalled past ``lease_timeout`` still delivers them; letting it lapse then would make
-        them come twice (docs/master.md). It is kept for the longer ``JobConfig.hold``."""
+        them come twice (docs/master.md). It is held for the longer ``JobConfig.hold``."""
         return self.taken and self.rank is None
 
 

@@ -33,7 +33,10 @@ _STATUS_NAMES = {TODO: "todo", DONE: "done", QUARANTINED: "quarantined"}
 # Lease request ids remembered per consumer. A trainer's readers all lease under its consumer
 # id, so the memo must outlast the calls of its other readers made while one retries.
 REQUEST_MEMORY = 64
-COUNTERS = ("granted", "completed", "late_completed", "failed", "expired", "released")
+# Leases returned unread (their consumer left or was declared dead): the counter keeps the key
+# "released" on the wire, in journals and in /metrics (shmloader_leases_released_total).
+RETURNED = "released"
+COUNTERS = ("granted", "completed", "late_completed", "failed", "expired", RETURNED)
 
 
 @dataclass

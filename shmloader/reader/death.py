@@ -1,4 +1,4 @@
-"""A reader that died, told as the user needs it: which reader, how, on which record, and what
+"""A reader that died, reported as the user needs it: which reader, how, on which record, and what
 to do.
 
 A reader that dies sends nothing: the pool knows how from its exit code, which task from its

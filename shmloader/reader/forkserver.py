@@ -13,7 +13,7 @@ fork-safe by jemalloc itself), and no gRPC channel ever opened (a channel's thre
 do not survive a fork: a child forked from a process that used gRPC hangs, see
 ``master/forked.py``). A reader opens its own channel after the fork.
 
-Who waits for whom: the server is the readers' parent, so it reaps them and tells the trainer
+Who waits for whom: the server is the readers' parent, so it reaps them and reports to the trainer
 each exit code (``exited``); a reader asks Linux to kill it when the server dies, and the
 server when the trainer's launching thread dies (the parent-death signal), so a trainer's
 SIGKILL still leaves no reader behind. The trainer signals a reader through the server, which
@@ -205,7 +205,7 @@ class ForkServer:
 
 
 def serve(fd: int, parent: int) -> int:
-    """The server's loop: fork a reader per request, reap them, tell the trainer; returns
+    """The server's loop: fork a reader per request, reap them, report to the trainer; returns
     when the trainer closes the channel (or dies)."""
     # Here, not at the top: the trainer imports this module too, and must not load what a
     # reader needs (grpc, pyarrow) before its own start-up needs it.

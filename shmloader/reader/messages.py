@@ -66,7 +66,7 @@ class Ready:
     segment: str
     num_rows: int
     nbytes: int
-    read_seconds: float  # from the lease to the announcement, room_wait_seconds included
+    read_seconds: float  # from the lease to the announcement, budget_wait_seconds included
     skipped: tuple[SkippedRecord, ...]
     # Records of the task that earlier holders consumed (LeaseInfo.consumed): not delivered.
     consumed: tuple[tuple[int, int], ...] = ()
@@ -77,7 +77,7 @@ class Ready:
     # every task's columns gather alike (dataset/column_forms.py). Empty: not known.
     forms: tuple[tuple[str, bool, str], ...] = ()
     # Of read_seconds, how long the reader waited for room in the shm budget.
-    room_wait_seconds: float = 0.0
+    budget_wait_seconds: float = 0.0
     # cache=True: the key to keep the segment under once released (reader/cache_key.py);
     # "" when it is not to be kept (records skipped, or a decode that draws random numbers).
     cache_key: str = ""

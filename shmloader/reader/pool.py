@@ -2,8 +2,8 @@
 
 One pipe per reader (no shared queue lock that a SIGKILLed reader could leave held), and one
 thread in the trainer that waits on all pipes and process sentinels at once. A reader that
-dies is replaced, and its death told (death.py) to ``on_reader_death``: the trainer removes
-the segment it was writing and tells the master the task failed, naming the death, so the
+dies is replaced, and its death reported (death.py) to ``on_reader_death``: the trainer removes
+the segment it was writing and reports the task failed to the master, naming the death, so the
 task is tried again at once and a quarantine names its cause. Tasks it held and had not
 begun come back from the master when their leases expire; nothing is lost and nothing is
 delivered twice.
@@ -67,7 +67,7 @@ class ReaderInfo:
     bytes: int = 0
     failures: int = 0
     busy_seconds: float = 0.0  # reading and writing tasks, not waiting for room
-    room_wait_seconds: float = 0.0  # waiting for room in the shm budget
+    budget_wait_seconds: float = 0.0  # waiting for room in the shm budget
     # time.monotonic() when the slot's first reader began its first task (its interpreter's
     # start and first lease are not time spent waiting for tasks), and when its last one
     # exited for good (None: still running): busy_seconds is a share of the time in between.
@@ -441,8 +441,8 @@ class ReaderPool:
             info.cached_tasks += message.from_cache
             info.records += message.num_rows
             info.bytes += message.nbytes
-            info.busy_seconds += message.read_seconds - message.room_wait_seconds
-            info.room_wait_seconds += message.room_wait_seconds
+            info.busy_seconds += message.read_seconds - message.budget_wait_seconds
+            info.budget_wait_seconds += message.budget_wait_seconds
         elif isinstance(message, Failed):
             info.current_lease = info.started_at = info.task = None
             info.sealing = None

@@ -143,7 +143,8 @@ class _Renewer:
 
 
 GIVE_WAY_EVERY = 0.5  # seconds between looks at what the sampler waits for, while blocked
-MAX_HELD = 4  # a reader blocked on the budget holds at most this many times lease_ahead tasks
+# A reader blocked on the budget holds at most this many times lease_ahead leases.
+MAX_LEASED_AHEAD = 4
 
 
 def _key(lease: Any) -> str:
@@ -323,7 +324,10 @@ class Reader:
         if now < self._next_look or self._trainer_silent():
             return
         self._next_look = now + GIVE_WAY_EVERY
-        if self.config.store.wanted() and len(self._queue) < MAX_HELD * self.config.lease_ahead:
+        if (
+            self.config.store.wanted()
+            and len(self._queue) < MAX_LEASED_AHEAD * self.config.lease_ahead
+        ):
             asked_at = lease_clock()
             self._take(self.client.lease(self.config.consumer, 1).leases, asked_at)
 
@@ -342,7 +346,7 @@ class Reader:
             return False
         if any(_key(other) in wanted for other in self._queue):
             return True
-        if len(self._queue) >= MAX_HELD * self.config.lease_ahead:
+        if len(self._queue) >= MAX_LEASED_AHEAD * self.config.lease_ahead:
             return False
         # Leases are handed out retries first: a task whose reader died comes to us now.
         asked_at = lease_clock()
@@ -413,7 +417,7 @@ class Reader:
                 lease.lease_id, lease.epoch, lease.task_id, lease.path, error, raised, retry
             )
             if retry:
-                # The master first: told of the failure, the trainer asks it at once whether
+                # The master first: sent the failure, the trainer asks it at once whether
                 # that was the last try (the task is quarantined: the loop raises).
                 self.client.fail(lease.lease_id, error, permanent=False)
                 self.conn.send(failed)
@@ -483,7 +487,7 @@ class Reader:
                 num_rows=segment.num_rows,
                 nbytes=segment.nbytes,
                 read_seconds=time.monotonic() - began,
-                room_wait_seconds=segment.room_wait_seconds,
+                budget_wait_seconds=segment.budget_wait_seconds,
                 skipped=skipped,
                 consumed=tuple(lease.consumed),
                 confirmed=self._renewer.confirmed(lease.lease_id),

@@ -323,7 +323,7 @@ def _take_room(
     # The smallest spare that is large enough, else the largest: the fewest new pages. Among
     # equals the one released last (names sort by release time), and the first removed are
     # the largest, oldest ones: gathering processes keep their mappings of the files they
-    # released last (kept.py), so those are the ones worth writing into again.
+    # released last (spare_maps.py), so those are the ones worth writing into again.
     fits = [n for n in reusable if reusable[n] >= nbytes]
     if fits:
         name = max(fits, key=lambda n: (-reusable[n], n))

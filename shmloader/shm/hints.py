@@ -1,4 +1,4 @@
-"""What the consumer of a store tells its writers, through small files in the store's folder.
+"""What the consumer of a store sends its writers, through small files in the store's folder.
 
 Readers poll these between tasks; a file per hint, replaced or created atomically, so a
 reader never sees half of one. Neither needs a lock: a stale answer only delays a reader by
@@ -36,7 +36,7 @@ one poll.
   must not register it again (``MasterClient.speak_for``): that made a ghost of a trainer that
   had left, holding leases that lapsed only after ``lease_timeout``, as failed attempts.
 
-And ones that writers tell the consumer:
+And ones that writers send the consumer:
 
 - ``.peak``: the most bytes of segments the store held at once, written by the writer whose
   reservation reached it, under the store's lock (budget.reserve): ``ds.stats().shm_peak``.

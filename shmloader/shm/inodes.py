@@ -1,6 +1,6 @@
 """Mappings kept by file inode, least recently used first, capped by count and bytes.
 
-Both kinds of kept mapping (a gatherer's read-only ones, ``kept.py``; a writer's writable
+Both kinds of kept mapping (a gatherer's read-only ones, ``spare_maps.py``; a writer's writable
 ones, ``written.py``) rest on the same two facts. While a file is mapped it exists, even
 unlinked, so no other file can carry its inode number: an inode match is the same file. And
 a mapping of a file that left the store holds the file's memory, so :meth:`sweep` unmaps
@@ -23,11 +23,11 @@ class ByInode(Generic[T]):
     def __init__(self, max_count: int, max_bytes: int) -> None:
         self.max_count = max_count
         self.max_bytes = max_bytes
-        self._kept: OrderedDict[int, T] = OrderedDict()
+        self._maps: OrderedDict[int, T] = OrderedDict()
         self._bytes = 0
 
     def __len__(self) -> int:
-        return len(self._kept)
+        return len(self._maps)
 
     @property
     def nbytes(self) -> int:
@@ -43,14 +43,14 @@ class ByInode(Generic[T]):
     def _keep(self, inode: int, item: T) -> None:
         """Keep ``item`` as the mapping of file ``inode``; trims to the caps, oldest first."""
         self._drop(inode)  # an older mapping of the same file: one is enough
-        self._kept[inode] = item
+        self._maps[inode] = item
         self._bytes += self._size(item)
-        while self._kept and (len(self._kept) > self.max_count or self._bytes > self.max_bytes):
-            self._drop(next(iter(self._kept)))
+        while self._maps and (len(self._maps) > self.max_count or self._bytes > self.max_bytes):
+            self._drop(next(iter(self._maps)))
 
     def _pop(self, inode: int) -> T | None:
         """The mapping of file ``inode``, no longer kept (the caller owns it), or None."""
-        item = self._kept.pop(inode, None)
+        item = self._maps.pop(inode, None)
         if item is not None:
             self._bytes -= self._size(item)
         return item
@@ -58,14 +58,14 @@ class ByInode(Generic[T]):
     def sweep(self, live_inodes: Iterable[int]) -> int:
         """Unmap kept mappings whose files are gone from the store; how many were."""
         live = set(live_inodes)
-        gone = [inode for inode in self._kept if inode not in live]
+        gone = [inode for inode in self._maps if inode not in live]
         for inode in gone:
             self._drop(inode)
         return len(gone)
 
     def clear(self) -> None:
         """Unmap everything kept."""
-        for inode in list(self._kept):
+        for inode in list(self._maps):
             self._drop(inode)
 
     def _drop(self, inode: int) -> None:

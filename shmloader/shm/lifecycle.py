@@ -85,7 +85,7 @@ def register(owner: object, path: str) -> weakref.finalize[Any, Any]:
 
 def on_sigterm(hook: Callable[[], None]) -> int:
     """Run ``hook`` on SIGTERM before segments are removed, where the signal's disposition
-    was the default (the process is about to die): a dataset tells its master what it
+    was the default (the process is about to die): a dataset reports to its master what it
     consumed, as a clean close would. Where the application handles SIGTERM itself, hooks do
     not run: its exit path calls ``close()``. A hook runs in the signal handler, so it must
     not block on locks the interrupted code may hold. Returns a key for

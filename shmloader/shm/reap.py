@@ -11,7 +11,7 @@ from .budget import reap_dead_writers
 from .names import PREFIX, is_alive, parse_dataset_name, parse_temp_name
 from .space import resolve_base_dir
 
-Action = Literal["removed", "would remove", "kept", "failed"]
+Action = Literal["removed", "would remove", "left", "failed"]
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,8 @@ class ReapReport:
         return [e for e in self.entries if e.action in ("removed", "would remove")]
 
     @property
-    def kept(self) -> list[ReapEntry]:
-        return [e for e in self.entries if e.action == "kept"]
+    def left(self) -> list[ReapEntry]:
+        return [e for e in self.entries if e.action == "left"]
 
     @property
     def failed(self) -> list[ReapEntry]:
@@ -66,7 +66,7 @@ def reap_stale(
     """Remove stores whose owner is dead, and unsealed segments of dead writers in live stores.
 
     Only names we create are touched (``shmloader-<pid>-<start>-<hex>``); anything else starting
-    with ``shmloader`` is reported as kept. A store that cannot be removed (another user's, say)
+    with ``shmloader`` is reported as left. A store that cannot be removed (another user's, say)
     is reported as ``failed`` with the error, and the rest goes on.
     """
     base = resolve_base_dir(base_dir)
@@ -78,7 +78,7 @@ def reap_stale(
         path = os.path.join(base, name)
         owner = parse_dataset_name(name)
         if owner is None or not os.path.isdir(path):
-            report.entries.append(ReapEntry(path, held_bytes(path), "kept", "not a store name"))
+            report.entries.append(ReapEntry(path, held_bytes(path), "left", "not a store name"))
             continue
         pid, token = owner
         if is_alive(pid, token):
@@ -88,7 +88,7 @@ def reap_stale(
                 reason = f"unsealed segment, {who} is gone"
                 report.entries.append(ReapEntry(os.path.join(path, temp), nbytes, remove, reason))
             reason = f"owner pid {pid} is alive"
-            report.entries.append(ReapEntry(path, held_bytes(path), "kept", reason))
+            report.entries.append(ReapEntry(path, held_bytes(path), "left", reason))
             continue
         nbytes = held_bytes(path)
         try:

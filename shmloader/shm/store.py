@@ -60,7 +60,7 @@ class SegmentInfo(NamedTuple):
     name: str
     num_rows: int
     nbytes: int
-    room_wait_seconds: float = 0.0
+    budget_wait_seconds: float = 0.0
 
 
 class Occupancy(NamedTuple):
@@ -156,7 +156,7 @@ class StoreHandle:
         without building the batch (``template.py``).
 
         ``name``: the segment name to seal under (from ``new_segment_name()``), for a writer
-        that tells someone the name before it seals; a fresh one by default. ``urgent``: see
+        that sends someone the name before it seals; a fresh one by default. ``urgent``: see
         :func:`shmloader.shm.budget.reserve` (with :meth:`wanted` / :meth:`want`).
 
         Returns None if ``should_stop`` (an Event or a callable) turned true while waiting;
@@ -193,7 +193,7 @@ class StoreHandle:
                 info = self.write(rest, name=name, **wait)  # type: ignore[arg-type]
                 if info is None:
                     return None
-                return info._replace(room_wait_seconds=info.room_wait_seconds + waited)
+                return info._replace(budget_wait_seconds=info.budget_wait_seconds + waited)
             name = name or new_segment_name()
             _budget.seal(self.path, temp, name)
         except BaseException:

@@ -11,7 +11,7 @@ here once, and a failure reads the same whichever source hit it:
 * conversion by :class:`BatchBuilder` reports positions in the list it was given;
   :func:`locate` turns those back into file, record and offset;
 * the schema, when not given, is inferred from a sample of the records (_inferred.py);
-* within :func:`watching_records`, each record's index is told before its decode, for a
+* within :func:`watching_records`, each record's index is reported before its decode, for a
   reader to publish: a decode that kills the process (a crash in native code, ``os._exit``)
   raises nothing that could name the record (reader/position.py).
 """
@@ -178,7 +178,7 @@ def decode_to_batch(
 
 
 def _watched(watch: Callable[[int], None], at: At, decode: Callable[[Any], Any], item: Any) -> Any:
-    """``decode(item)``, the record's index told to ``watch`` first."""
+    """``decode(item)``, the record's index reported to ``watch`` first."""
     watch(at.index)
     return decode(item)
 
@@ -194,7 +194,7 @@ def _decode_each(
     watch: Callable[[int], None] | None,
 ) -> tuple[list[Any], list[int]]:
     """Records that decode, their positions in ``items``; failures appended to ``failures``;
-    each record's index told to ``watch`` (if any) before it is parsed."""
+    each record's index reported to ``watch`` (if any) before it is parsed."""
     records: list[Any] = []
     kept: list[int] = []
     for pos, item in enumerate(items):

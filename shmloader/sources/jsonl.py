@@ -205,7 +205,7 @@ def _is_utf8(span: bytes) -> bool:
     pyarrow.json copies a string's bytes unchecked, so a line with invalid UTF-8 would reach
     shared memory and fail only when a batch is gathered. Checking the whole span, not just
     the parsed string columns, also covers keys and values that ``columns=`` leaves out,
-    which ``json.loads`` refuses too. ASCII (most data) is settled by ``isascii``; other spans
+    which ``json.loads`` refuses too. ASCII (most data) is decided by ``isascii``; other spans
     by Arrow's validator over a zero-copy view, about four times faster than ``decode()``.
     """
     if span.isascii():

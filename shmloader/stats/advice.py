@@ -60,7 +60,7 @@ class ReaderFigures(Protocol):
     def busy_share(self) -> float: ...
 
     @property
-    def room_wait_share(self) -> float: ...
+    def budget_wait_share(self) -> float: ...
 
     @property
     def alive(self) -> bool: ...
@@ -178,7 +178,7 @@ def _feeding(stats: Figures) -> list[str]:
     running = [r for r in stats.readers if r.alive] or stats.readers  # not those retired
     n = len(running)
     busy = sum(r.busy_share for r in running) / n
-    room = sum(r.room_wait_share for r in running) / n
+    room = sum(r.budget_wait_share for r in running) / n
     free = max(0.0, stats.cpu_cores - stats.cpu_job_cores)
     job = f"this job kept {stats.cpu_job_cores:.1f} of {stats.cpu_cores} cores busy"
     waits = f"The loop waited for data {share:.0%} of its time ({on_readers:.0%} for the readers)"

@@ -4,7 +4,7 @@ Memory is measured with psutil per process (RSS, USS, and PSS, which splits shar
 the processes mapping them: the honest figure for "how much does this job use", since shared
 memory segments are mapped by several processes at once). Segment files are memory whether
 or not anyone maps them, gathering processes keep mappings of released segments for reuse
-(``shm/kept.py``) and readers keep mappings of the files they wrote (``shm/written.py``),
+(``shm/spare_maps.py``) and readers keep mappings of the files they wrote (``shm/written.py``),
 so :attr:`Stats.total_memory` counts the store's files once, as files, and the processes' PSS
 without their mappings of them.
 
@@ -52,14 +52,24 @@ class ReaderStats:
     failures: int
     busy_seconds: float  # reading, decoding and writing tasks
     memory: Memory | None
-    room_wait_seconds: float = 0.0  # waiting for room in the shm budget
-    # busy_seconds and room_wait_seconds as shares of the slot's time since it began its first
+    budget_wait_seconds: float = 0.0  # waiting for room in the shm budget
+    # busy_seconds and budget_wait_seconds as shares of the slot's time since it began its first
     # task (until its last reader exited).
     busy_share: float = 0.0
-    room_wait_share: float = 0.0
+    budget_wait_share: float = 0.0
     alive: bool = True
     cpu_share: float = 0.0  # the current reader's, as ProcessStats.cpu_share
     cached_tasks: int = 0  # of tasks, those served from the cache (cache=True): not read
+
+    @property
+    def room_wait_seconds(self) -> float:
+        """Deprecated: ``budget_wait_seconds``."""
+        return self.budget_wait_seconds
+
+    @property
+    def room_wait_share(self) -> float:
+        """Deprecated: ``budget_wait_share``."""
+        return self.budget_wait_share
 
 
 @dataclass(frozen=True)
@@ -72,7 +82,7 @@ class Stats:
     (``probe.py``); counts are exact at the call.
 
     - ``readers``: one ``ReaderStats`` per reader slot (pid, restarts, tasks, records, bytes,
-      failures, busy and room-wait seconds and shares, memory); ``processes``: the trainer,
+      failures, busy and budget-wait seconds and shares, memory); ``processes``: the trainer,
       its DataLoader workers and readers, with their ``Memory`` and CPU. Readers that exited
       keep their last figures (``alive`` False) and count in the totals.
     - ``shm_in_use``: bytes of segments in the store now, written or being written;
@@ -263,7 +273,7 @@ class Stats:
             lines.append(
                 f"  reader {r.index} pid {r.pid}{'' if r.alive else ' (exited)'}: "
                 f"{r.tasks} tasks, {r.records} records, busy {r.busy_seconds:.1f} s "
-                f"({r.busy_share:.0%}), waiting for room {r.room_wait_share:.0%}, "
+                f"({r.busy_share:.0%}), waiting for room {r.budget_wait_share:.0%}, "
                 f"restarts {r.restarts}, PSS {pss}"
             )
         lines.extend(self.notes)

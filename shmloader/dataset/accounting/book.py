@@ -28,19 +28,19 @@ Each invariant below is kept in one place; the other places that touch it point 
 1. *A row goes out once.* A task announced twice (its lease lapsed, another reader read it
    again) is made ready once and the second copy dropped (``_announce``); an admitted task's
    rows are issued once, under one new slot (``_admit``); a row reported consumed after its
-   task settled was delivered twice, and the book says so (``ConsumedAgain``) instead of
+   task completed was delivered twice, and the book says so (``ConsumedAgain``) instead of
    ignoring it.
 2. *A row counts once the loop has it, not before.* What "has it" means is the batch's
    ``Receipt``, chosen as each pass begins (order/delivery.py): ``shmloader.DataLoader``
-   reports after its transform returned (loader.py), torch's requests tell for a plain
-   DataLoader with workers, a gather in the loop's own thread tells itself. The one early
+   reports after its transform returned (loader.py), torch's requests report for a plain
+   DataLoader with workers, a gather in the loop's own thread reports itself. The one early
    count, rows a batch sampler must count before they arrive because the budget cannot hold
    the batches in flight, is a report like the others (``Reporter.counted_early``), warned once
    (order/batch_sampler.py). The book alone turns reports into consumption (``_report``).
 3. *A task completes once, when every row to deliver is consumed; its segment goes when no
-   batch reads it any more* (``_settle``: gathered and consumed). Completions leave through the
-   outbox, outside the plane's lock (outbox.py); the master settles a late one without
-   counting it twice (``Dispatcher``).
+   batch reads it any more* (``_release_and_complete``: gathered and consumed). Completions
+   leave through the outbox, outside the plane's lock (outbox.py); the master completes a late
+   one without counting it twice (``Dispatcher``).
 4. *What others consumed is left out.* A loaded state's rows (``ResumePoint``, at ``_admit``),
    rows a leaving trainer handed back (``task.consumed``, at ``_admit``), and the records a
    crashed trainer's loop consumed of a task this one took over (``taken_over``, at
@@ -70,6 +70,7 @@ from ..resume.checkpoint import FRESH_START, Position, ResumePoint
 from ..resume.handover import RecordRanges
 from .updates import (
     Admitted,
+    AdmittedTask,
     Announced,
     Complete,
     ConsumedAgain,
@@ -79,7 +80,6 @@ from .updates import (
     Finished,
     Forgotten,
     HandedOut,
-    HeldTask,
     Issue,
     MakeReady,
     MarkTaken,
@@ -105,7 +105,7 @@ class SlotState:
     to_deliver: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     gathered: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))  # per row
     consumed: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))  # per row
-    # How many rows are flagged: settling compares counts, not whole masks, on every batch.
+    # How many rows are flagged: release and completion compare counts, not masks.
     n_gathered: int = 0
     n_consumed: int = 0
     # Where each row stands in the order the sampler handed rows out (-1: not handed out): a
@@ -115,9 +115,11 @@ class SlotState:
     completed: bool = False
     has_segment: bool = True
 
-    def held(self) -> HeldTask:
-        """This slot's task and counts, as a value (see :class:`HeldTask`)."""
-        return HeldTask(self.task, len(self.to_deliver), min(len(self.to_deliver), self.n_consumed))
+    def admitted(self) -> AdmittedTask:
+        """This slot's task and counts, as a value (see :class:`AdmittedTask`)."""
+        return AdmittedTask(
+            self.task, len(self.to_deliver), min(len(self.to_deliver), self.n_consumed)
+        )
 
     def consumed_rows(self, also: np.ndarray | None = None) -> np.ndarray:
         """Rows consumed, or left out when admitted (consumed before a resume, or by an earlier
@@ -239,7 +241,7 @@ class ConsumptionBook:
                 self._elsewhere(epoch, seqs)
                 return []
             case Finished(before):
-                return [Forgotten(self._forget_finished(before), tuple(self.held_leases()))]
+                return [Forgotten(self._forget_finished(before), tuple(self.admitted_leases()))]
         raise TypeError(f"not an update of the consumption book: {update!r}")
 
     # -- readers' side -------------------------------------------------------------------
@@ -304,9 +306,9 @@ class ConsumptionBook:
         ep.records += stop - first
         if task.epoch in self._before:
             self._before[task.epoch] = max(0, self._before[task.epoch] - before)
-        effects.append(MarkTaken(state.held()))
+        effects.append(MarkTaken(state.admitted()))
         if len(rows) == 0:
-            effects += self._settle(state)
+            effects += self._release_and_complete(state)
         return effects
 
     def _iterated(self, epoch: int) -> None:
@@ -331,7 +333,7 @@ class ConsumptionBook:
         consumed: bool,
         only_gathered: bool,
     ) -> list[Effect]:
-        """Rows were gathered and/or consumed (see the module docstring); settle each slot:
+        """Rows were gathered and/or consumed (see the module docstring); for each slot,
         release a segment nothing reads any more, complete a task wholly consumed.
         ``only_gathered``: of the rows, consume those gathered already (a plain DataLoader's
         loop received their batch, delivery.py; a row a worker failed to gather is not)."""
@@ -339,8 +341,9 @@ class ConsumptionBook:
         for group in groups:
             state = self._slots.get(group.slot)
             if state is None and group.slot < self._next_slot:
-                # Settled already. Gathered again is fine (a batch of a pass left early, read
-                # from a view before the release); consumed again is a row delivered twice.
+                # Released and completed already. Gathered again is fine (a batch of a pass left
+                # early, read from a view before the release); consumed again is a row delivered
+                # twice.
                 if consumed:
                     effects.append(ConsumedAgain(group.slot, len(group.rows)))
                 continue
@@ -359,18 +362,19 @@ class ConsumptionBook:
             if gathered:
                 state.gathered[group.rows] = True
                 state.n_gathered = int(np.count_nonzero(state.gathered))
-            effects += self._settle(state)
+            effects += self._release_and_complete(state)
         return effects
 
     def all_gathered(self, groups: Sequence[SegmentRows]) -> bool:
-        """Whether every row of ``groups`` was reported gathered (or its slot is settled)."""
+        """Whether every row of ``groups`` was reported gathered (or its slot is released and
+        completed)."""
         for group in groups:
             state = self._slots.get(group.slot)
             if state is not None and not state.gathered[group.rows].all():
                 return False
         return True
 
-    def _settle(self, state: SlotState) -> list[Effect]:
+    def _release_and_complete(self, state: SlotState) -> list[Effect]:
         effects: list[Effect] = []
         need = len(state.to_deliver)
         # The segment stays until every row is consumed as well as gathered: rows gathered for
@@ -380,7 +384,7 @@ class ConsumptionBook:
                 effects.append(Release(slot_name(state.slot), state.task.cache_key))
             state.released = True
         if not state.completed and state.n_consumed >= need:
-            effects.append(Complete(state.task.lease_id, state.held()))
+            effects.append(Complete(state.task.lease_id, state.admitted()))
             state.completed = True
             self.consumed_records += need
             self.skipped_records += len(state.task.skipped)
@@ -499,21 +503,21 @@ class ConsumptionBook:
         """Tasks taken and not completed that the loop consumed part of, with the rows."""
         return list(partly_consumed(self._slots.values()))
 
-    def consumed_of_held(self) -> list[tuple[ReadyTask, list[tuple[int, int]]]]:
+    def consumed_of_admitted(self) -> list[tuple[ReadyTask, list[tuple[int, int]]]]:
         """Tasks taken and not completed that the loop consumed part of, with the records
         consumed (rows excluded at admit count as consumed): values, read now, for what a
         trainer hands over or back with its leases."""
         return [(s.task, s.records_of(rows)) for s, rows in self.partly_consumed()]
 
-    def held_tasks(self) -> list[HeldTask]:
+    def admitted_tasks(self) -> list[AdmittedTask]:
         """What the outbox needs of every admitted task: ids and flags, as they are now."""
-        return [state.held() for state in self._slots.values()]
+        return [state.admitted() for state in self._slots.values()]
 
     def last_pass(self, epoch: int) -> int | None:
         """The epoch whose pass's unconsumed rest makes a pass of its own before a pass over
         ``epoch`` starts (the loop stopped in that pass's last batches, which workers had
         gathered): the one before, so that the next pass is a whole epoch again. None at the
-        first epoch, and where trainers share epochs: there rows of older epochs (strays)
+        first epoch, and where trainers share epochs: there rows of older epochs (elsewhere)
         come first in the current pass instead (``unconsumed_in_order``)."""
         return None if epoch == 0 or self.shares_epochs else epoch - 1
 
@@ -528,15 +532,15 @@ class ConsumptionBook:
             shares_epochs=self.shares_epochs,
         )
 
-    def kept(self) -> Kept:
-        """What the book still keeps: epochs, tasks announced, segments not released."""
-        return Kept(
+    def contents(self) -> BookContents:
+        """What the book still holds: epochs, tasks announced, segments not released."""
+        return BookContents(
             epochs=tuple(sorted(self._epochs)),
             announced=frozenset(self._announced),
             segments=tuple(slot_name(s) for s, st in self._slots.items() if not st.released),
         )
 
-    def held_leases(self) -> list[int]:
+    def admitted_leases(self) -> list[int]:
         """Leases of admitted tasks not completed yet."""
         return [s.task.lease_id for s in self._slots.values() if not s.completed]
 
@@ -556,8 +560,8 @@ class BookFigures:
 
 
 @dataclass(frozen=True)
-class Kept:
-    """What the book keeps at one moment (forgotten once the master finished the epoch)."""
+class BookContents:
+    """What the book holds at one moment (forgotten once the master finished the epoch)."""
 
     epochs: tuple[int, ...]
     announced: frozenset[tuple[int, int]]  # (epoch, task id) of tasks announced
@@ -596,7 +600,7 @@ def rank_rows(slots: Mapping[int, SlotState], indices: np.ndarray, first: int) -
     table[slot_of - lo, rows] = np.arange(first, first + n, dtype=np.int64)
     for slot in range(lo, hi + 1):
         state = slots.get(slot)
-        if state is None:  # settled already, or not in this block
+        if state is None:  # released and completed already, or not in this block
             continue
         part = table[slot - lo, : state.task.num_rows]
         ranked = part >= 0
@@ -632,7 +636,7 @@ def _rank_by_slot(
     ranks = np.arange(first, first + len(rows), dtype=np.int64)
     for slot in np.unique(slot_of).tolist():
         state = slots.get(slot)
-        if state is None:  # settled already: nothing of it to deliver
+        if state is None:  # released and completed already: nothing to deliver
             continue
         if state.rank is None:
             state.rank = np.full(state.task.num_rows, -1, dtype=np.int64)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 
-from .book import HeldTask
+from .book import AdmittedTask
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +33,13 @@ class LapsedLeases:
         self._warned: set[int] = set()
         # Lease id -> why the master last said it is not active, as logged: a lapsed lease that
         # the trainer still holds fails every renew cycle, and is logged once per reason.
-        self._told: dict[int, str] = {}
+        self._logged: dict[int, str] = {}
         self._epoch: dict[int, int] = {}  # lease id -> its task's epoch, where known
         # Leases handed to another consumer that were forgotten here (lease id -> epoch): a
         # later answer about one (a renew sent before its completion, or the completion of a
         # task forgotten by forget_before meanwhile) must not warn and count it again, or its
         # rows would be counted twice. Few; kept an epoch longer.
-        self._settled: dict[int, int | None] = {}
+        self._forgotten: dict[int, int | None] = {}
         self.tasks = 0  # tasks warned about
         self.records = 0  # their rows this trainer delivers: they may come twice
 
@@ -47,22 +47,22 @@ class LapsedLeases:
         """Note the leases of ``problems`` (lease id -> why it is not active, a ``NotActive``)
         handed to another consumer. One handed to this trainer's own consumer is no duplicate:
         its readers read it again, and the plane drops the second copy. Returns the problems
-        not told before, for the caller to log outside its locks; ``held`` then warns."""
-        untold = []
+        not logged before, for the caller to log outside its locks; ``admitted`` then warns."""
+        unlogged = []
         for lease_id, why in problems.items():
-            if self._told.get(lease_id) != why:
-                self._told[lease_id] = why
-                untold.append((lease_id, why))
+            if self._logged.get(lease_id) != why:
+                self._logged[lease_id] = why
+                unlogged.append((lease_id, why))
             to = getattr(why, "handed_to", None)
-            known_to = lease_id in self._to or lease_id in self._settled
+            known_to = lease_id in self._to or lease_id in self._forgotten
             if to and to != self._consumer and not known_to:
                 self._to[lease_id] = (to, getattr(why, "handed_as", None))
-        return untold
+        return unlogged
 
-    def held(
+    def admitted(
         self,
         problems: Mapping[int, str],
-        states: Iterable[HeldTask],
+        states: Iterable[AdmittedTask],
         *,
         epochs: Mapping[int, int],
     ) -> None:
@@ -74,13 +74,13 @@ class LapsedLeases:
         known = dict(epochs)
         known.update((state.task.lease_id, state.task.epoch) for state in states)
         for lease_id in problems:
-            if lease_id in known and lease_id in self._told:
+            if lease_id in known and lease_id in self._logged:
                 self._epoch[lease_id] = known[lease_id]
             elif lease_id not in known and lease_id not in self._to:
                 # Not held here (a renew sent before the task completed here: "it was
                 # completed"), so never asked about again: no reason to keep, and kept, such
                 # answers would pile up for the trainer's life.
-                self._told.pop(lease_id, None)
+                self._logged.pop(lease_id, None)
         unwarned = {x for x in problems if x in self._to and x not in self._warned}
         for state in states if unwarned else ():
             if state.task.lease_id in unwarned:
@@ -90,9 +90,9 @@ class LapsedLeases:
         """These leases' tasks completed here, or their copy was dropped: nothing more to say."""
         for lease_id in lease_ids:
             if self._to.pop(lease_id, None) is not None:
-                self._settled[lease_id] = self._epoch.get(lease_id)
+                self._forgotten[lease_id] = self._epoch.get(lease_id)
             self._warned.discard(lease_id)
-            self._told.pop(lease_id, None)
+            self._logged.pop(lease_id, None)
             self._epoch.pop(lease_id, None)
 
     def forget_before(self, epoch: int, live: Iterable[int]) -> None:
@@ -103,18 +103,18 @@ class LapsedLeases:
             self.done([x for x, e in self._epoch.items() if e < epoch and x not in keep])
         # An epoch late: a task still completing here is not among ``live`` (the sampler's
         # slots), so it is forgotten above before its completion's answer comes.
-        for lease_id in [x for x, e in self._settled.items() if e is None or e < epoch - 1]:
-            del self._settled[lease_id]
+        for lease_id in [x for x, e in self._forgotten.items() if e is None or e < epoch - 1]:
+            del self._forgotten[lease_id]
 
     def kept_leases(self) -> dict[int, int | None]:
-        """The leases something is kept of (where one went, a warning, the reason last told,
+        """The leases something is kept of (where one went, a warning, the reason last logged,
         its epoch), each with its task's epoch where known: what ``done`` and
         ``forget_before`` let go, so that a long elastic run stays flat in memory (but for the
-        few settled ones, kept an epoch longer: see ``__init__``)."""
-        ids = set(self._to) | self._warned | set(self._told) | set(self._epoch)
+        few forgotten ones, kept an epoch longer: see ``__init__``)."""
+        ids = set(self._to) | self._warned | set(self._logged) | set(self._epoch)
         return {lease_id: self._epoch.get(lease_id) for lease_id in sorted(ids)}
 
-    def warn(self, state: HeldTask) -> None:
+    def warn(self, state: AdmittedTask) -> None:
         """Warn once about a task the sampler took, if its lease went to another consumer."""
         task = state.task
         if task.lease_id not in self._to or task.lease_id in self._warned:

@@ -1,4 +1,4 @@
-"""What the trainer tells the master about its leases, sent outside the data plane's lock.
+"""What the trainer reports to the master about its leases, sent outside the data plane's lock.
 
 The plane decides under its lock that the sampler took a task (``SamplerFeed.admit``: its lease
 is marked taken, so other trainers stop waiting for it and the master keeps it), that a task was
@@ -15,7 +15,7 @@ another trainer delivers too, and logs each lease's reason once, outside every l
 Locks, always taken in this order: the flush lock (one flush at a time, so a lease's answer is
 routed before the lease is forgotten), the plane's lock, this outbox's own lock (it guards the
 queues, the slots being completed and ``lapsed_leases``). The plane calls in while it holds its
-lock; the outbox asks for the plane's slots (``held``, which takes the plane's lock)
+lock; the outbox asks for the plane's slots (``admitted``, which takes the plane's lock)
 never while it holds its own, or the two threads would deadlock.
 """
 
@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from ..core.ports import LeaseOps
 from ..core.tasks import ReadyTask
-from .book import HeldTask
+from .book import AdmittedTask
 from .lapsed_leases import LapsedLeases
 
 log = logging.getLogger(__name__)
@@ -42,11 +42,12 @@ class Outbox:
         master: LeaseOps,
         consumer: str | None,
         *,
-        held: Callable[[], list[HeldTask]],  # the tasks the sampler took, listed under its lock
+        # The tasks the sampler took, listed under its lock.
+        admitted: Callable[[], list[AdmittedTask]],
         ready: Callable[[], list[ReadyTask]],  # tasks ready and not taken by the sampler
     ) -> None:
         self._master = master
-        self._held = held
+        self._admitted = admitted
         self._ready = ready
         self._flush_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -54,28 +55,28 @@ class Outbox:
         self._to_mark_taken: list[int] = []
         # Slots whose completion is being sent: warned about if the master answers that their
         # lease went to another trainer.
-        self._completing: dict[int, HeldTask] = {}
+        self._completing: dict[int, AdmittedTask] = {}
         self.lapsed_leases = LapsedLeases(consumer)  # leases lapsed and handed to another trainer
 
-    def complete(self, lease_id: int, held: HeldTask | None = None) -> None:
-        """Queue completing the lease: its task was consumed (``held``), or its copy was
+    def complete(self, lease_id: int, admitted: AdmittedTask | None = None) -> None:
+        """Queue completing the lease: its task was consumed (``admitted``), or its copy was
         dropped as a duplicate."""
         with self._lock:
             self._to_complete.append(lease_id)
-            if held is not None:
-                self._completing[lease_id] = held
+            if admitted is not None:
+                self._completing[lease_id] = admitted
 
-    def unconfirmed(self) -> list[HeldTask]:
+    def unconfirmed(self) -> list[AdmittedTask]:
         """Tasks whose completion is queued or being sent: the master may not have it yet."""
         with self._lock:
             return list(self._completing.values())
 
-    def taken(self, held: HeldTask) -> None:
+    def taken(self, admitted: AdmittedTask) -> None:
         """The sampler took the task: queue marking its lease taken, and warn now if its
         lease already went to another trainer."""
         with self._lock:
-            self._to_mark_taken.append(held.task.lease_id)
-            self.lapsed_leases.warn(held)
+            self._to_mark_taken.append(admitted.task.lease_id)
+            self.lapsed_leases.warn(admitted)
 
     def dropped(self, lease_id: int) -> None:
         """The lease's ready copy was not delivered (it lapsed): nothing more to say of it."""
@@ -113,16 +114,16 @@ class Outbox:
         if not problems:
             return
         with self._lock:
-            untold = self.lapsed_leases.lapsed(problems)
+            unlogged = self.lapsed_leases.lapsed(problems)
         # Listed after the leases are noted: a task the sampler takes from now on is warned
         # about by ``taken``, one it took before is in the list.
         epochs = {t.lease_id: t.epoch for t in self._ready()}
-        states = self._held()  # takes the plane's lock: never while holding ours
+        states = self._admitted()  # takes the plane's lock: never while holding ours
         with self._lock:
-            self.lapsed_leases.held(
+            self.lapsed_leases.admitted(
                 problems,
                 [*self._completing.values(), *states],
                 epochs=epochs,
             )
-        for lease_id, why in untold:
+        for lease_id, why in unlogged:
             log.info(what, lease_id, why)

@@ -9,7 +9,7 @@ the effects the book returns: tasks put on the ready board, segments renamed and
 store, leases marked taken and completed through the outbox (outbox.py, sent outside the lock).
 Around the book it keeps the board of ready tasks (ready.py), the check that a ready task's
 lease is still this trainer's (lease_check.py), the tasks the sampler waits for that are
-elsewhere (strays.py), where room in the budget stands (room.py) and the loop's waits
+elsewhere (elsewhere.py), the budget pressure (budget_pressure.py) and the loop's waits
 (loop_clock.py). The sampler's questions and requests go through ``SamplerFeed``
 (sampler_feed.py), written against this class's two seams: :meth:`DataPlane.update` and
 :meth:`DataPlane.read`.
@@ -29,23 +29,23 @@ from ..core.ports import LeaseOps, SegmentOps
 from ..core.tasks import ReadyTask
 from ..gather.ledger import LedgerReader
 from ..resume.checkpoint import FRESH_START, LoopState, Position, ResumePoint
-from ..resume.handover import Handover, HeldLease, RecordRanges
+from ..resume.handover import Handover, HandoverLease, RecordRanges
+from ..waiting.budget_pressure import BudgetPressure
+from ..waiting.elsewhere import ElsewhereTasks
 from ..waiting.lease_check import LeaseCheck
 from ..waiting.loop_clock import LoopClock
 from ..waiting.ready import ReadyTasks
-from ..waiting.room import Room
-from ..waiting.strays import Strays
-from .book import BookFigures, ConsumptionBook, Kept
+from .book import BookContents, BookFigures, ConsumptionBook
 from .outbox import Outbox
 from .reports import Reporter
 from .updates import (
+    AdmittedTask,
     Announced,
     Complete,
     ConsumedAgain,
     Effect,
     Finished,
     Forgotten,
-    HeldTask,
     MakeReady,
     MarkTaken,
     Release,
@@ -87,16 +87,20 @@ class DataPlane:
         self._lock = threading.RLock()
         # Every report of rows gathered or consumed (ledger, gathers, the loop's receipts).
         self.reports = Reporter(ledger, self.update, self._all_gathered)
-        self.strays = Strays(master, segments, self.ready)
-        self.outbox = Outbox(master, consumer, held=self._held_tasks, ready=self.ready.pending)
+        self.elsewhere = ElsewhereTasks(master, segments, self.ready)
+        self.outbox = Outbox(
+            master, consumer, admitted=self._admitted_tasks, ready=self.ready.pending
+        )
         self.lapsed_leases = self.outbox.lapsed_leases  # lapsed, handed to another trainer
         self.lease_check = LeaseCheck(master, lease_timeout, consumer)
-        # Where room in the budget stands, for the sampler's waits (room.py).
-        self.room = Room(starved=starved, blocked=blocked, unconsumed_rows=self.unconsumed_rows)
+        # How the budget stands, for the sampler's waits (budget_pressure.py).
+        self.pressure = BudgetPressure(
+            starved=starved, blocked=blocked, unconsumed_rows=self.unconsumed_rows
+        )
         # How long the loop waited for its batches (shmloader.DataLoader times them).
         self.loop_clock = LoopClock(self.ready)
-        # Rows reported consumed after their slot settled (ConsumedAgain): zero unless a row
-        # was delivered twice; the tests of exactly-once read it.
+        # Rows reported consumed after their slot was released and completed (ConsumedAgain):
+        # zero unless a row was delivered twice; the tests of exactly-once read it.
         self.consumed_again = 0
 
     def update(self, update: Update) -> list[Effect]:
@@ -136,13 +140,13 @@ class DataPlane:
             elif isinstance(effect, Rename):
                 self._segments.rename(effect.segment, effect.to)
             elif isinstance(effect, MarkTaken):
-                self.outbox.taken(effect.held)
-                self.strays.admitted(effect.held.task)
+                self.outbox.taken(effect.admitted)
+                self.elsewhere.admitted(effect.admitted.task)
             elif isinstance(effect, Undelivered):
-                self.strays.dropped(effect.task)
+                self.elsewhere.dropped(effect.task)
                 self.outbox.dropped(effect.task.lease_id)
             elif isinstance(effect, Complete):
-                self.outbox.complete(effect.lease_id, effect.held)
+                self.outbox.complete(effect.lease_id, effect.admitted)
             elif isinstance(effect, ConsumedAgain):
                 if not self.consumed_again:
                     log.error(
@@ -161,10 +165,10 @@ class DataPlane:
         with self._lock:
             return self._book.figures()
 
-    def kept(self) -> Kept:
-        """What the book still keeps (epochs, tasks announced, live segments), read at once."""
+    def contents(self) -> BookContents:
+        """What the book still holds (epochs, tasks announced, live segments), read at once."""
         with self._lock:
-            return self._book.kept()
+            return self._book.contents()
 
     # -- readers' side -------------------------------------------------------------------
     def announce(
@@ -205,9 +209,9 @@ class DataPlane:
         )
         self.update(Announced(task, confirmed))
 
-    def _held_tasks(self) -> list[HeldTask]:
+    def _admitted_tasks(self) -> list[AdmittedTask]:
         with self._lock:
-            return self._book.held_tasks()
+            return self._book.admitted_tasks()
 
     def forget_finished(self, before: int) -> None:
         """Drop what is kept of epochs before ``before``, which the master finished (every
@@ -247,7 +251,7 @@ class DataPlane:
         the epoch it iterates, its position (None when the master holds the position: told
         so by ``master_holds_position``, or seen to share the epochs with other trainers)
         and, given this trainer's consumer id (elastic mode), the leases it hands over
-        (:meth:`_held_for_handover`). ``also``: as for :meth:`position`. (NOTE [exactly once
+        (:meth:`_handover_leases`). ``also``: as for :meth:`position`. (NOTE [exactly once
         on the trainer side], 7, in book.py.)"""
         groups = _grouped(also)
 
@@ -255,7 +259,7 @@ class DataPlane:
             shared = master_holds_position or self._book.shares_epochs
             epoch = self._book.epoch_to_iterate()
             at = None if shared else self._book.position(tasks_of, groups)
-            held = () if handing_over_as is None else self._held_for_handover()
+            held = () if handing_over_as is None else self._handover_leases()
             handover = None if handing_over_as is None else Handover(handing_over_as, held)
             return LoopState(epoch=epoch, position=at, handover=handover)
 
@@ -276,7 +280,7 @@ class DataPlane:
 
         while True:
             with self._lock:
-                missing = [e for e in self._book.kept().epochs if e not in sizes]
+                missing = [e for e in self._book.contents().epochs if e not in sizes]
                 if not missing:
                     try:
                         return answer(tasks_of)
@@ -289,22 +293,22 @@ class DataPlane:
         of (rows excluded at admit count as consumed): what a trainer leaving an elastic job
         hands back with its leases (master/handback.py), so that nobody delivers them again."""
         with self._lock:
-            return {task.lease_id: records for task, records in self._book.consumed_of_held()}
+            return {task.lease_id: records for task, records in self._book.consumed_of_admitted()}
 
-    def _held_for_handover(self) -> tuple[HeldLease, ...]:
+    def _handover_leases(self) -> tuple[HandoverLease, ...]:
         """The leases this trainer holds whose tasks the loop consumed part of, or all of while
         the master may not know it yet (the completion is queued), with the records consumed:
         what an elastic trainer's checkpoint names, for the trainer resumed from it to hand
         back (handover.py). Under the lock, both lists at once: a slot completing meanwhile is
         in one or the other."""
-        held = self._book.consumed_of_held()
+        held = self._book.consumed_of_admitted()
         held += [(s.task, [s.task.records()]) for s in self.outbox.unconfirmed()]
-        return tuple(HeldLease(t.lease_id, t.epoch, t.task_id, tuple(r)) for t, r in held if r)
+        return tuple(HandoverLease(t.lease_id, t.epoch, t.task_id, tuple(r)) for t, r in held if r)
 
     def held_leases(self) -> list[int]:
         """Leases of announced tasks not yet completed: the trainer keeps renewing them."""
         with self._lock:
-            held = self._book.held_leases()
+            held = self._book.admitted_leases()
         return held + [t.lease_id for t in self.ready.pending()]
 
 

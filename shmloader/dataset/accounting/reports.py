@@ -1,6 +1,6 @@
 """One reporter: every way the trainer hears of rows gathered or consumed, as book updates.
 
-Rows are told three ways, and each becomes one :class:`~.updates.Reported` here (the book
+Rows are reported three ways, and each becomes one :class:`~.updates.Reported` here (the book
 decides what it means):
 
 - the gather ledger of a plain DataLoader's workers (``gather/ledger.py``): an entry is a row
@@ -49,7 +49,7 @@ def _grouped(indices: np.ndarray) -> list[SegmentRows] | None:
 class Reporter:
     """Turns reports into updates and hands them to ``apply`` (the data plane's, which applies
     them to the book under its lock). ``all_gathered``: whether the book has every row of these
-    groups gathered (asked before reading the ledger for a batch torch's requests tell)."""
+    groups gathered (asked before reading the ledger for a batch torch's requests report)."""
 
     def __init__(
         self,
@@ -66,7 +66,7 @@ class Reporter:
         self._ledger_lock = threading.Lock()
         # The batch the trainer gathered last for shmloader.DataLoader's loop, and its groups,
         # until the loop receives it (gathered / delivered).
-        self._kept: tuple[np.ndarray | None, list[SegmentRows]] = (None, [])
+        self._awaiting_loop: tuple[np.ndarray | None, list[SegmentRows]] = (None, [])
         self.ledger_rows = 0  # rows a plain DataLoader's workers reported consumed, in all
 
     def read_ledger(self) -> int:
@@ -89,7 +89,7 @@ class Reporter:
         ``groups``: ``indices`` grouped by segment already (by the gather).
 
         ``receipt``: ``GATHER``, a plain DataLoader's, for which gathered is consumed.
-        ``LOOP``, shmloader.DataLoader's: they are only kept, and :meth:`delivered` reports
+        ``LOOP``, shmloader.DataLoader's: they only await the loop, and :meth:`delivered` reports
         them gathered and consumed once its loop hands the batch over, in one pass over the
         batch's segments; a batch the loop never gets (an exception in between, a transform
         that raised) is then neither, and its rows come again like any unconsumed row.
@@ -98,17 +98,17 @@ class Reporter:
         if groups is None:
             groups = group_by_segment(indices)
         if receipt is Receipt.LOOP:
-            self._kept = (indices, groups)
+            self._awaiting_loop = (indices, groups)
             return
-        self._kept = (None, [])
+        self._awaiting_loop = (None, [])
         self._apply(Reported(groups, gathered=True, consumed=receipt is Receipt.GATHER))
 
     def delivered(self, indices: np.ndarray) -> None:
         """The training loop received these samples (``shmloader.DataLoader`` only): gathered
         (in a worker, which writes no ledger for this loader, or here: :meth:`gathered`) and
         consumed."""
-        last, groups = self._kept
-        self._kept = (None, [])
+        last, groups = self._awaiting_loop
+        self._awaiting_loop = (None, [])
         if last is None or not (indices is last or np.array_equal(indices, last)):
             found = _grouped(indices)
             if found is None:
@@ -117,7 +117,7 @@ class Reporter:
         self._apply(Reported(groups, gathered=True, consumed=True))
 
     def received(self, indices: np.ndarray) -> None:
-        """A plain DataLoader's loop receives this batch now, as its requests tell
+        """A plain DataLoader's loop receives this batch now, as its requests report
         (``order/delivery.py``): its rows that workers gathered are consumed. The ledger is
         read first only when the book does not have every row gathered yet (a worker writes
         the ledger before handing the batch over; the loop's thread reads no files for a

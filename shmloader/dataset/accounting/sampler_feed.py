@@ -15,9 +15,9 @@ import numpy as np
 
 from ..core.ports import LeaseOps
 from ..core.tasks import ReadyTask
+from ..waiting.budget_pressure import BudgetPressure
+from ..waiting.elsewhere import ElsewhereTasks
 from ..waiting.ready import ReadyTasks
-from ..waiting.room import Room
-from ..waiting.strays import Strays
 from .book import ConsumptionBook
 from .plane import DataPlane
 from .updates import Admitted, Elsewhere, EpochIterated, HandedOut, Issue, NotDelivered
@@ -32,11 +32,11 @@ class SamplerFeed:
         self._plane = plane
         self._master = master
         self.ready: ReadyTasks = plane.ready
-        self.room: Room = plane.room
+        self.pressure: BudgetPressure = plane.pressure
 
     @property
-    def strays(self) -> Strays:
-        return self._plane.strays
+    def elsewhere(self) -> ElsewhereTasks:
+        return self._plane.elsewhere
 
     def epoch_to_iterate(self) -> int:
         return self._plane.read(ConsumptionBook.epoch_to_iterate)
@@ -67,10 +67,10 @@ class SamplerFeed:
         total = self._master.epoch_tasks(epoch)
         return self._plane.read(lambda book: book.not_admitted(epoch, total))
 
-    def elsewhere(self, epoch: int, seqs: list[int]) -> set[int]:
+    def find_elsewhere(self, epoch: int, seqs: list[int]) -> set[int]:
         """Those of ``seqs`` (tasks the sampler waits for) that the master says will not come
-        here (strays.py): then this trainer shares epochs."""
-        gone = self._plane.strays.elsewhere(epoch, seqs)
+        here (elsewhere.py): then this trainer shares epochs."""
+        gone = self._plane.elsewhere.find(epoch, seqs)
         self._plane.update(Elsewhere(epoch, tuple(sorted(gone))))
         return gone
 
@@ -108,7 +108,7 @@ class SamplerFeed:
             lambda book: (*book.unconsumed_in_order(epoch), book.shares_epochs)
         )
         if older and not shared:
-            # One trainer has no strays: its last pass ran to the end without these rows.
+            # One trainer has no tasks elsewhere: its last pass ran to the end without these rows.
             log.warning(
                 "%d rows of an earlier epoch, whose pass ran to its end, never reached the "
                 "loop; they come first in this pass. Either the loop stopped in that pass's "

@@ -5,7 +5,7 @@ below, as the master's dispatcher changes only through its updates (``master/upd
 Each update says what happened, never what to do about it: a reader sealed a task, the sampler
 took one, rows were gathered or consumed. The book decides and answers with *effects*, which the
 data plane (plane.py) carries out against the store, the ready board and the master. Effects
-carry ids, numbers and frozen values (:class:`HeldTask`), never the book's live state, so the
+carry ids, numbers and frozen values (:class:`AdmittedTask`), never the book's live state, so the
 outbox may read them outside the plane's lock while the next update changes the book.
 
 Reports of rows come from three places, all as :class:`Reported` (reports.py turns each into
@@ -60,7 +60,7 @@ class HandedOut:
 @dataclass(frozen=True)
 class Reported:
     """Rows were gathered and/or consumed. ``only_gathered``: of the rows, those gathered
-    already are consumed (a plain DataLoader's loop received their batch, told by torch's
+    already are consumed (a plain DataLoader's loop received their batch, reported by torch's
     requests; a row a worker failed to gather is not)."""
 
     groups: Sequence[SegmentRows]
@@ -78,7 +78,7 @@ class EpochIterated:
 
 @dataclass(frozen=True)
 class Elsewhere:
-    """The master says tasks ``seqs`` of ``epoch`` will not come here (strays)."""
+    """The master says tasks ``seqs`` of ``epoch`` will not come here: they are elsewhere."""
 
     epoch: int
     seqs: tuple[int, ...]
@@ -107,7 +107,7 @@ Update = (
 
 
 @dataclass(frozen=True)
-class HeldTask:
+class AdmittedTask:
     """A task the sampler took, as a value: what effects carry and what the outbox and the
     lapsed leases read outside the plane's lock (never the book's live slot state, which the
     next update changes)."""
@@ -154,32 +154,32 @@ class Rename:
 
 @dataclass(frozen=True)
 class MarkTaken:
-    """Tell the master the sampler took ``held``'s task (other trainers stop waiting for it)."""
+    """Tell the master the sampler took ``admitted``'s task (other trainers stop waiting for it)."""
 
-    held: HeldTask
+    admitted: AdmittedTask
 
 
 @dataclass(frozen=True)
 class Undelivered:
     """``task``'s ready copy is not delivered here (its lease lapsed): the sampler waits for the
-    task as for one elsewhere (a stray), and its lease is nothing more to warn about."""
+    task as for one elsewhere, and its lease is nothing more to warn about."""
 
     task: ReadyTask
 
 
 @dataclass(frozen=True)
 class Complete:
-    """Complete ``lease_id`` at the master: its task was consumed (``held``: the task as it
-    settled), or its copy came twice (``held`` None)."""
+    """Complete ``lease_id`` at the master: its task was consumed (``admitted``: the task as
+    it completed), or its copy came twice (``admitted`` None)."""
 
     lease_id: int
-    held: HeldTask | None = None
+    admitted: AdmittedTask | None = None
 
 
 @dataclass(frozen=True)
 class ConsumedAgain:
-    """``rows`` rows of ``slot`` were reported consumed after the slot had settled (every row
-    consumed, the task completed): rows delivered twice. Nothing in the book changes; the
+    """``rows`` rows of ``slot`` were reported consumed after the slot was released and
+    completed (every row consumed): rows delivered twice. Nothing in the book changes; the
     plane counts them and says so, since exactly-once was broken somewhere upstream."""
 
     slot: int

@@ -1,7 +1,7 @@
 """What the trainer side asks of the master, of the segment store and of its accounting, as
 protocols.
 
-The data plane, the lease check, the strays and the outbox call the master and the store
+The data plane, the lease check, the tasks elsewhere and the outbox call the master and the store
 through these: the runtime passes the real ones (``runtime/master_ops.py``'s ``MasterOps``, a
 ``SegmentStore``), the unit tests a dispatcher behind a lock and a store of their own. A batch
 sampler reports to the trainer's accounting through one :class:`BatchReports`.
@@ -53,7 +53,7 @@ class SegmentOps(Protocol):
 
 
 class BatchReports(Protocol):
-    """What a batch sampler (``TaskBatchSampler``) tells the trainer's accounting of the rows
+    """What a batch sampler (``TaskBatchSampler``) reports to the trainer's accounting of the rows
     it hands out, and asks of it: the dataset's, which starts the job on the first report."""
 
     def dropped(self, rows: np.ndarray) -> None:
@@ -71,7 +71,7 @@ class BatchReports(Protocol):
 
     def pinned(self, held: int) -> bool:
         """Whether the ``held`` rows not consumed are all that keeps the task the sampler
-        waits for from being read (``Room.pinned``)."""
+        waits for from being read (``BudgetPressure.pinned``)."""
         ...
 
     def state(self, also: np.ndarray | None) -> dict[str, Any]:

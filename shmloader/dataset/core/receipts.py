@@ -29,7 +29,7 @@ class ConsumedWhen(enum.Enum):
 
 
 class Receipt(enum.Enum):
-    """Who tells the trainer that a gathered batch's rows reached the loop."""
+    """Who reports to the trainer that a gathered batch's rows reached the loop."""
 
     #: Nobody: the rows count as consumed once gathered.
     GATHER = "gather"

@@ -15,8 +15,8 @@ from typing import Protocol
 
 import numpy as np
 
-from ...shm.kept import KeptMappings
 from ...shm.region import Placed, Region
+from ...shm.spare_maps import SpareMappings
 from ...shm.store import StoreHandle, read_segment
 from ..core.indices import SegmentRows, group_rows, is_sorted, slot_name
 from ..core.ragged_form import LISTS, RaggedForm
@@ -53,12 +53,12 @@ REGION_EXTRA = 1 << 30
 # How often a worker looks for released segments to unmap: often enough that an unlinked
 # segment's memory comes back promptly, rarely enough to cost nothing per batch.
 SWEEP_SECONDS = 0.05
-# Mappings of released segments kept for the files' next segments (shm/kept.py): at most
-# this many, and this share of the budget. Only where the training process gathers itself:
-# a DataLoader worker unmaps them, so that its PSS stays that of the segments it reads
+# Spare mappings (of released segments, kept for the files' next segments: shm/spare_maps.py):
+# at most this many, and this share of the budget. Only where the training process gathers
+# itself: a DataLoader worker unmaps them, so that its PSS stays that of the segments it reads
 # (mapped pages count in the PSS of whoever maps them, though the files exist regardless).
-KEPT_MAX = 256
-KEPT_BUDGET_SHARE = 2  # half the budget
+SPARE_MAPS_MAX = 256
+SPARE_MAPS_BUDGET_SHARE = 2  # half the budget
 # Parsed segments whose views a new segment at the same place may use (view_cache.py): one per
 # place in the region that segments are mapped at, so a few hundred cover any steady state.
 PARSED_MAX = 256
@@ -85,7 +85,7 @@ class Gatherer:
         self._region: Region | None = None
         self._no_region = False
         self._placed: dict[int, Placed] = {}
-        self._kept: KeptMappings | None = None
+        self._spare_maps: SpareMappings | None = None
         self._parsed = ParsedViews(PARSED_MAX)
         # The last batch's slots and segments (the batches of a shuffle window share them),
         # and their SlotTable if they have one; forgotten whenever a view is dropped.
@@ -141,11 +141,11 @@ class Gatherer:
         return MappingProxyType(self._placed)
 
     @property
-    def kept_mappings(self) -> KeptMappings | None:
-        """Mappings of released segments kept for their files' next segments (``shm/kept.py``;
-        none in a DataLoader worker, which unmaps them); None before the region is made or
-        where there is none."""
-        return self._kept
+    def spare_mappings(self) -> SpareMappings | None:
+        """Spare mappings: released segments' mappings kept for their files' next segments
+        (``shm/spare_maps.py``; none in a DataLoader worker, which unmaps them); None before the
+        region is made or where there is none."""
+        return self._spare_maps
 
     @property
     def parses_spared(self) -> int:
@@ -162,18 +162,20 @@ class Gatherer:
             self._region = Region.create(REGION_PER_BUDGET * budget + REGION_EXTRA)
             self._no_region = self._region is None
             if self._region is not None:
-                self._kept = KeptMappings(self._region, KEPT_MAX, budget // KEPT_BUDGET_SHARE)
+                self._spare_maps = SpareMappings(
+                    self._region, SPARE_MAPS_MAX, budget // SPARE_MAPS_BUDGET_SHARE
+                )
         return self._region
 
     def _open_in_region(self, slot: int, region: Region) -> dict[str, ColumnView] | None:
         name = slot_name(slot)
         # None when the region is full (of released segments the next sweep unmaps; not
-        # swept here: segments of the batch being gathered must stay mapped). Kept mappings
+        # swept here: segments of the batch being gathered must stay mapped). Spare mappings
         # are used by nothing, so they go first.
-        kept = self._kept
-        placed = self.store.place_in(name, region, kept.take if kept else None)
-        if placed is None and kept:
-            kept.clear()
+        spare = self._spare_maps
+        placed = self.store.place_in(name, region, spare.take if spare else None)
+        if placed is None and spare:
+            spare.clear()
             placed = self.store.place_in(name, region)
         if placed is None:
             return None
@@ -203,8 +205,8 @@ class Gatherer:
         self._views.clear()
         self._placed.clear()
         self._parsed.clear()
-        if self._kept is not None:
-            self._kept.forget()  # unmapped with the whole region just below
+        if self._spare_maps is not None:
+            self._spare_maps.forget()  # unmapped with the whole region just below
         self.store.drop_all()
         if self._region is not None:
             self._region.close()
@@ -220,7 +222,7 @@ class Gatherer:
         """The batch of ``indices``: a dict of tensors, or with ``ring`` in a DataLoader worker
         of ``shmloader.DataLoader``, a :class:`RingBatch` the training process copies out.
 
-        ``receipt``: how the rows are told consumed (delivery.py): as gathered (reported so,
+        ``receipt``: how the rows are reported consumed (delivery.py): as gathered (reported so,
         here or through the ledger), once torch's requests say the loop received them (reported
         gathered), or by ``shmloader.DataLoader``'s loop as it hands the batch over (nothing
         to report: a worker writes no ledger)."""
@@ -300,14 +302,14 @@ class Gatherer:
                 del self._views[slot]
                 self._last = self._table = None
                 placed = self._placed.pop(slot, None)
-                if placed is not None and self._kept is not None and not in_worker():
-                    self._kept.keep(placed)  # its views are gone (just above)
+                if placed is not None and self._spare_maps is not None and not in_worker():
+                    self._spare_maps.keep(placed)  # its views are gone (just above)
                 elif placed is not None and self._region is not None:
                     self._region.unmap(placed)
                 else:
                     self.store.drop(name)
-        if self._kept:
-            self._kept.sweep(entry.inode() for entry in entries)
+        if self._spare_maps:
+            self._spare_maps.sweep(entry.inode() for entry in entries)
 
 
 class _RingAlloc:

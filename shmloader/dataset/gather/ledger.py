@@ -1,4 +1,4 @@
-"""The gather ledger: how DataLoader workers tell the trainer which rows they have copied out.
+"""The gather ledger: how DataLoader workers report to the trainer which rows they have copied out.
 
 A segment may be released only when no batch can still read it, but batches are gathered in
 worker processes the trainer does not control (a plain ``torch.utils.data.DataLoader`` under any
@@ -10,7 +10,7 @@ training runs.
 
 An index is written as is when the row counts as consumed once gathered (a plain DataLoader's
 gather), negated when it counts only once the loop receives it (``consumed=False``: a batch
-whose delivery the DataLoader's requests tell, delivery.py). Sample indices are at least
+whose delivery the DataLoader's requests report, delivery.py). Sample indices are at least
 ``2**32``, so the sign is free.
 """
 

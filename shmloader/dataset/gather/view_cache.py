@@ -4,7 +4,7 @@ Opening a segment means parsing its Arrow IPC file and making a view of every co
 footer, schema, extension types, numpy views): as much work as gathering thousands of tabular
 rows. But segments of one dataset are written
 alike (same schema, usually the same row count), and a gatherer maps each new one where an
-earlier one was (``shm/kept.py``, first-fit placement in ``shm/region.py``).
+earlier one was (``shm/spare_maps.py``, first-fit placement in ``shm/region.py``).
 
 Views are numbers about places: column ``c`` starts at byte ``x`` of the mapping. Where a
 file is mapped at the same place in the region as one parsed before, and all the bytes that

@@ -85,8 +85,8 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._counts: RequestCounts | None = None
         self._warned_held_back = False  # see _end_wrapped_pass
         self._warned_early = False  # see _count_in_flight
-        self._warned_untold = False  # see _warn_untold
-        self._held = 0  # rows kept back for the next batch
+        self._warned_no_receipt = False  # see _warn_no_receipt
+        self._carried = 0  # rows carried to the next batch
         self._warned = False
 
     @property
@@ -110,7 +110,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
     def stuck(self) -> bool:
         """Whether the rows this batcher holds (kept for the next batch, or in batches in
         flight) are all that keeps the task the sampler waits for from being read."""
-        held = self._held + self._in_flight()
+        held = self._carried + self._in_flight()
         return held > 0 and self.reports is not None and self.reports.pinned(held)
 
     def _in_flight(self) -> int:
@@ -142,13 +142,13 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
             if self._wrapper is not None:
                 # torch's iterator, which holds these requests, goes as the wrapper's pass
                 # ends or is left (break), while the wrapper still says whether the loop had
-                # its last batch: settle then, in the loop's thread (not a late collection's).
+                # its last batch: receive it then, in the loop's thread (not a late collection's).
                 self._counts = requests.counts
                 here = threading.get_ident()
-                weakref.finalize(requests, self._settle_in, here, requests.counts)
+                weakref.finalize(requests, self._receive_held_back_in, here, requests.counts)
             return requests
         if depth is None:
-            self._warn_untold(prefetch.why)
+            self._warn_no_receipt(prefetch.why)
         return _listed(self._start(Receipt.GATHER), Receipt.GATHER)
 
     def state_dict(self) -> dict[str, Any]:
@@ -170,7 +170,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
             raise ConfigError("this batch sampler has no dataset: take it from ds.batch_sampler()")
         self.reports.load_state(state)
 
-    def settle(self) -> None:
+    def receive_held_back(self) -> None:
         """Receive what a wrapper that holds batches back has handed to the loop by now
         without torch's requests saying so: its last batch, which it yields once torch's
         iterator has ended. Called as a pass begins, and before a state is taken or the
@@ -181,20 +181,20 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         while self.issued:
             self.reports.received(self.issued.popleft())
 
-    def _settle_in(self, thread: int, counts: RequestCounts) -> None:
+    def _receive_held_back_in(self, thread: int, counts: RequestCounts) -> None:
         if threading.get_ident() == thread:
-            self.settle()
+            self.receive_held_back()
             counts.asked_at_end = True
 
     def _end_wrapped_pass(self) -> None:
         """As a pass begins: receive what the last one's wrapper handed to the loop
-        (:meth:`settle`), and say (once) where that cannot be told. The wrapper says whether
+        (:meth:`receive_held_back`), say (once) where that cannot be known. The wrapper says whether
         its loop had the last batch only until its next pass begins, which is now; it was
         asked as torch's iterator went, unless something kept that iterator past the pass.
         Then a loop that left the pass (``break``) after torch had returned every batch may or
         may not have had the one the wrapper held back: its rows count as not delivered, and
         come again in this pass."""
-        self.settle()
+        self.receive_held_back()
         counts, self._counts = self._counts, None
         held = sum(len(batch) for batch in self.issued)
         in_doubt = counts is not None and counts.returned_all and not counts.asked_at_end
@@ -231,12 +231,12 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         self._receipt = receipt
         return self._batches()
 
-    def _warn_untold(self, why: str) -> None:
+    def _warn_no_receipt(self, why: str) -> None:
         """Say (once) that a plain DataLoader's deliveries cannot be told, what that risks and
         the fix: its rows count as gathered, which its workers do ahead of the loop."""
-        if self._warned_untold:
+        if self._warned_no_receipt:
             return
-        self._warned_untold = True
+        self._warned_no_receipt = True
         log.warning(
             "batches of ds.batch_sampler(%d) are drawn by a DataLoader whose deliveries the "
             "dataset cannot tell (%s), so rows count as consumed when they are gathered: "
@@ -252,7 +252,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
     def _batches(self) -> Iterator[np.ndarray]:
         size = self.batch_size
         carry = np.empty(0, dtype=np.int64)
-        self._held = 0
+        self._carried = 0
         # arrays: no work per sample
         delivered = self._receipt is not Receipt.GATHER
         walk = PassWalk(
@@ -268,10 +268,10 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
                 if len(carry):
                     yield from self._end_of_pass(carry)
                 carry = np.empty(0, dtype=np.int64)
-                self._held = 0
+                self._carried = 0
                 if self._receipt is Receipt.REQUESTS:
                     # The pass is to wait for tasks other trainers hold, which it may only with
-                    # nothing of its own in flight (TaskSampler._strays); the loop receives
+                    # nothing of its own in flight (_wait_for_elsewhere); the loop receives
                     # these batches only once it goes on, so they count now, as gathered.
                     self._count_in_flight(warn=False)
                 continue
@@ -283,16 +283,16 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
                 self._short_batch(len(carry))
                 yield self._issue(np.sort(carry))
                 carry = np.empty(0, dtype=np.int64)
-                self._held = 0
+                self._carried = 0
                 continue
             if len(carry):
                 chunk = np.concatenate((carry, chunk))
             full = len(chunk) - len(chunk) % size
             carry = chunk[full:]
-            self._held = len(carry)
+            self._carried = len(carry)
             for i in range(0, full, size):
                 yield self._issue(np.sort(chunk[i : i + size]))
-        self._held = 0
+        self._carried = 0
         yield from self._end_of_pass(carry)
 
     def _end_of_pass(self, carry: np.ndarray) -> Iterator[np.ndarray]:
@@ -361,7 +361,7 @@ class TaskBatchSampler(torch.utils.data.Sampler[list[int]]):
         return batch
 
     def __len__(self) -> int:
-        self.settle()  # a wrapper's last batch the loop has is not owed to the next pass
+        self.receive_held_back()  # a wrapper's last batch the loop has is not owed to the next pass
         n = self.sampler.pass_rows(rest_alone=True)  # as __iter__ will walk it
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 

@@ -123,7 +123,7 @@ class RequestCounts:
     handed_out: int = 0  # batches torch was given
     done: bool = False  # the pass's batches ran out
     # The wrapper around the loader was asked whether its loop had the last batch as torch's
-    # iterator went, when it still knew (batch_sampler.py, TaskBatchSampler._settle_in).
+    # iterator went, when it still knew (batch_sampler.py, TaskBatchSampler._receive_held_back_in).
     asked_at_end: bool = False
 
     @property

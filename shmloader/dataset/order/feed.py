@@ -7,19 +7,19 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from ..core.tasks import ReadyTask
+from ..waiting.budget_pressure import BudgetPressure
+from ..waiting.elsewhere import ElsewhereCount
 from ..waiting.ready import ReadyTasks
-from ..waiting.room import Room
-from ..waiting.strays import StrayCount
 
 
 class Feed(Protocol):
     """What the sampler needs from the dataset's data plane (kept narrow for testing)."""
 
     ready: ReadyTasks
-    room: Room  # where room in the budget stands, for the waits
+    pressure: BudgetPressure  # how the budget stands, for the waits
 
     @property
-    def strays(self) -> StrayFeed:
+    def elsewhere(self) -> ElsewhereFeed:
         """The tasks the sampler waits for that are not ready here."""
         ...
 
@@ -67,7 +67,7 @@ class Feed(Protocol):
 
     def finish_epoch(self, epoch: int) -> None: ...
 
-    def elsewhere(self, epoch: int, seqs: list[int]) -> set[int]:
+    def find_elsewhere(self, epoch: int, seqs: list[int]) -> set[int]:
         """Those of ``seqs`` that will not come here (another trainer took them, or done)."""
         ...
 
@@ -80,22 +80,22 @@ class FirstPass(NamedTuple):
     left: int
 
 
-class StrayFeed(Protocol):
-    """What the sampler asks of the tasks it waits for that are not ready here (strays.py)."""
+class ElsewhereFeed(Protocol):
+    """What the sampler asks of the tasks it waits for that are not ready here (elsewhere.py)."""
 
     def want(self, epoch: int, seqs: list[int]) -> None:
         """The sampler is about to wait for these tasks (empty: for none)."""
         ...
 
-    def take_strays(self) -> list[ReadyTask]:
+    def take_ready(self) -> list[ReadyTask]:
         """Tasks given up as elsewhere that came here after all, ready now."""
         ...
 
-    def look(self) -> StrayCount:
+    def look(self) -> ElsewhereCount:
         """Of the tasks given up as elsewhere, how many may still come here and how many
         another trainer took in hand."""
         ...
 
-    def want_strays(self) -> None:
+    def want_all(self) -> None:
         """The sampler is about to wait for the tasks given up as elsewhere."""
         ...

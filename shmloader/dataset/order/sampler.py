@@ -23,7 +23,7 @@ import torch.utils.data
 from ...errors import ConfigError, ShmSpaceError
 from ..core.receipts import ConsumedWhen
 from ..core.tasks import ReadyTask
-from ..waiting.room import Room
+from ..waiting.budget_pressure import BudgetPressure
 from .blocks import DEFAULT_SHUFFLE_WINDOW, block_grid, block_order
 from .delivery import depth_of, loader_of
 from .feed import Feed, FirstPass
@@ -93,7 +93,7 @@ PINNED_BY_TORCH = (
     "records_per_task or shuffle_window), or use shmloader.DataLoader or "
     "batch_sampler=ds.batch_sampler(batch_size), which hand such rows out as a short batch"
 )
-STRAY_POLL = 0.1  # seconds between asking the master where tasks given up as elsewhere are
+ELSEWHERE_POLL = 0.1  # seconds between asking the master where tasks given up as elsewhere are
 # After this long waiting at the end of the last epoch for tasks other trainers hold, say so.
 LAST_EPOCH_WARN = 10.0
 # How long a plain DataLoader's workers are given to gather the batches handed to them.
@@ -137,7 +137,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         self._warned_open = False  # see _warn_left_open
         self._warned_wait = False  # see _note_waiting
         # The master's last epoch, when a pass over it ended with tasks of it in other
-        # trainers' hands that it could not wait for (see _strays): the next pass finishes it.
+        # trainers' hands it could not wait for (_wait_for_elsewhere): the next pass finishes it.
         self.left_open: int | None = None
 
     @property
@@ -193,7 +193,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         depth = None if loader is None else depth_of(loader).depth
         size = None if loader is None else loader.batch_size
         drawn = self._drawing = _Drawn(batch_size=size, depth=depth)  # taken by chunks()
-        for chunk in self.chunks(PassWalk(stuck=_NoProgress(self._get_feed().room))):
+        for chunk in self.chunks(PassWalk(stuck=_NoProgress(self._get_feed().pressure))):
             if isinstance(chunk, Signal):  # SHORT_BATCH: torch cannot hand its rows out
                 raise ShmSpaceError(PINNED_BY_TORCH)
             for index in chunk.tolist():
@@ -208,7 +208,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         if epoch != feed.epoch_to_iterate():
             feed.finish_epoch(epoch - 1)  # delivered whole by the pass before (see _pass_epoch)
         self._passes += 1
-        # The rest of a last epoch left open (see _strays): every task of it not taken here
+        # The rest of a last epoch left open (_wait_for_elsewhere): every task not taken here
         # was found elsewhere, and is a stray; no need to ask about them again.
         reopened, self.left_open = self.left_open == epoch, None
         if walk.rest_alone:
@@ -226,7 +226,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             yield leftover
         pending = [] if reopened else feed.remaining_seqs(epoch)
         yield from self._blocks(feed, epoch, pending, walk.stuck)
-        over = yield from self._strays(feed, epoch, walk)
+        over = yield from self._wait_for_elsewhere(feed, epoch, walk)
         self._open_pass = None
         if over:
             feed.finish_epoch(epoch)
@@ -244,7 +244,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         dropped: set[int] = set()
 
         def gone(missing: list[int]) -> set[int]:
-            elsewhere = feed.elsewhere(epoch, missing)
+            elsewhere = feed.find_elsewhere(epoch, missing)
             dropped.update(elsewhere)
             return elsewhere
 
@@ -255,15 +255,15 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             size = full = min(full * 2, self.window)
             tasks: list[ReadyTask] | None = []
             if block:
-                feed.strays.want(epoch, block)
+                feed.elsewhere.want(epoch, block)
                 tasks = feed.ready.take(
                     epoch,
                     block,
-                    pressure=lambda: feed.room.pressure(stuck),
+                    pressure=lambda: feed.pressure.now(stuck),
                     later=pending,
                     gone=gone,
                 )
-                feed.strays.want(epoch, [])
+                feed.elsewhere.want(epoch, [])
             if tasks is None:  # nothing can come until the batcher lets its rows go
                 pending, (size, full) = block + pending, this  # the same block, once room is back
                 yield SHORT_BATCH
@@ -275,7 +275,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             if left or not got <= set(block):
                 pending = left + [s for s in pending if s not in got]
                 self._warn_out_of_order(epoch, left, sorted(got))
-            indices = self._block_indices(feed, epoch, tasks + feed.strays.take_strays())
+            indices = self._block_indices(feed, epoch, tasks + feed.elsewhere.take_ready())
             if len(indices):
                 yield indices
 
@@ -350,7 +350,9 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             got,
         )
 
-    def _strays(self, feed: Feed, epoch: int, walk: PassWalk) -> Generator[Chunk, None, bool]:
+    def _wait_for_elsewhere(
+        self, feed: Feed, epoch: int, walk: PassWalk
+    ) -> Generator[Chunk, None, bool]:
         """The end of a pass that gave tasks up as elsewhere (elastic mode: other trainers took
         them): wait until each is done or in some trainer's hands, delivering those that come
         here after all (their holder died and this trainer's readers leased them again).
@@ -377,28 +379,28 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         kept = flush  # the batcher may keep rows of the pass: FLUSH before waiting
         try:
             while True:
-                indices = self._block_indices(feed, epoch, feed.strays.take_strays())
+                indices = self._block_indices(feed, epoch, feed.elsewhere.take_ready())
                 if len(indices):
                     yield indices
                     kept = flush
-                strays = feed.strays.look()
-                if not strays.may_come:
-                    held = strays.taken_elsewhere
+                elsewhere = feed.elsewhere.look()
+                if not elsewhere.may_come:
+                    held = elsewhere.taken_elsewhere
                     if not last or not held:
                         return True
                     if kept:
                         kept = False
                         yield FLUSH
                     by_the_loop = walk.consumed_when is ConsumedWhen.DELIVERED
-                    if not _all_consumed(feed.room, 0.0 if by_the_loop else GATHER_GRACE):
+                    if not _all_consumed(feed.pressure, 0.0 if by_the_loop else GATHER_GRACE):
                         if not walk.passes_again:
                             self._warn_left_open(epoch, held)
                         return False
                     waited_since = self._note_waiting(epoch, held, waited_since)
-                feed.strays.want_strays()
-                feed.ready.wait(STRAY_POLL)
+                feed.elsewhere.want_all()
+                feed.ready.wait(ELSEWHERE_POLL)
         finally:
-            feed.strays.want(epoch, [])
+            feed.elsewhere.want(epoch, [])
 
     def _note_waiting(self, epoch: int, held: int, since: float | None) -> float:
         """Say that the end of the last epoch waits for tasks other trainers hold: at once in
@@ -429,7 +431,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
     def _warn_left_open(self, epoch: int, held: int) -> None:
         """The pass over the master's last epoch ends with tasks of it in other trainers'
         hands, and rows of this trainer's not consumed yet, so it cannot wait for them (see
-        ``_strays``). shmloader.DataLoader then makes another pass, which waits; a plain
+        ``_wait_for_elsewhere``). shmloader.DataLoader then makes another pass, which waits; a plain
         DataLoader is told (once) that one is needed."""
         if self._warned_open:
             return
@@ -482,30 +484,30 @@ class _NoProgress:
     sampler waits for is ready and a reader of one has no room. Nothing else could consume
     them: the loop does not run while torch asks the sampler for indices, and workers gather
     the batches they were given in milliseconds (the wait allows for workers that are still
-    starting). The wait acts on it only while starved with nothing ready (``Room.pressure``)."""
+    starting). The wait acts on it while starved with nothing ready (``BudgetPressure.now``)."""
 
-    def __init__(self, room: Room, stall: float = STALL_SECONDS) -> None:
-        self._room = room
+    def __init__(self, pressure: BudgetPressure, stall: float = STALL_SECONDS) -> None:
+        self._pressure = pressure
         self._stall = stall
         self._rows: int | None = None
         self._since = 0.0
 
     def __call__(self) -> bool:
-        rows, now = self._room.unconsumed_rows(), time.monotonic()
+        rows, now = self._pressure.unconsumed_rows(), time.monotonic()
         if rows != self._rows:
             self._rows, self._since = rows, now
             return False
-        return rows > 0 and self._room.blocked() and now - self._since >= self._stall
+        return rows > 0 and self._pressure.blocked() and now - self._since >= self._stall
 
 
-def _all_consumed(room: Room, grace: float) -> bool:
+def _all_consumed(pressure: BudgetPressure, grace: float) -> bool:
     """Whether every row handed out is consumed, allowing ``grace`` seconds (a plain
     DataLoader's workers gather the batches they were given without the loop)."""
     deadline = time.monotonic() + grace
-    while room.unconsumed_rows():
+    while pressure.unconsumed_rows():
         if time.monotonic() >= deadline:
             return False
-        time.sleep(STRAY_POLL / 4)
+        time.sleep(ELSEWHERE_POLL / 4)
     return True
 
 

@@ -252,49 +252,70 @@ def resume_point(facts: DatasetFacts, state: dict[str, Any]) -> ResumePoint:
             f"{state.get('master')} with other trainers (elastic mode): that master keeps "
             "the position. Connect to it (master=...) to go on where the job stands"
         )
-    mine, theirs = facts.identity, state.get("dataset", {})
-    diffs = [k for k in mine if k not in _WORLD and mine[k] != theirs.get(k)]
-    if diffs:
-        fix = ""
-        if "records_per_task" in diffs:  # tasks sized from the data, or given another size
-            fix = (
-                f"; records_per_task is {theirs.get('records_per_task')} in the state, "
-                f"{mine['records_per_task']} here: give records_per_task="
-                f"{theirs.get('records_per_task')} to load it"
-            )
-        raise ConfigError(f"the state was saved for another dataset; differing: {diffs}{fix}")
+    _check_same_dataset(facts.identity, state.get("dataset", {}))
     handover = Handover.from_state(state)
     if state.get("position") == "master":
         return ResumePoint(handover=handover)  # the master hands out what is left, less this
-    epoch = int(state["epoch"])
-    if not (state.get("merged") or state.get("resumed")) and all(
-        mine[k] == theirs.get(k) for k in _WORLD
-    ):
-        partial = {
-            int(t): _frozen(np.asarray(rows, dtype=np.int64))
-            for t, rows in state["partial_seqs"].items()
-        }
-        # Still in the master's schedule, left out as their tasks are admitted: len() must not
-        # count them (ConsumptionBook.rows_left). States of old versions: the partial rows.
-        loaded = _consumed(state) if "consumed" in state else None
-        point = ResumePoint(
-            epoch=epoch,
-            done=frozenset(int(t) for t in state["completed_seqs"]),
-            partial=partial,
-            consumed=loaded,
-            consumed_records=(
-                count(loaded) if loaded is not None else sum(len(r) for r in partial.values())
-            ),
-            handover=handover if facts.master_given else None,
+    same_ranks = all(facts.identity[k] == state.get("dataset", {}).get(k) for k in _WORLD)
+    if same_ranks and not (state.get("merged") or state.get("resumed")):
+        point = _at_positions(state, handover if facts.master_given else None)
+    else:
+        point = _at_consumed_records(facts, state, same_ranks)
+    return _past_the_end(facts, point)
+
+
+def _check_same_dataset(mine: dict[str, Any], theirs: dict[str, Any]) -> None:
+    """ConfigError unless the state (``theirs``) was saved for this dataset, ranks aside."""
+    diffs = [k for k in mine if k not in _WORLD and mine[k] != theirs.get(k)]
+    if not diffs:
+        return
+    fix = ""
+    if "records_per_task" in diffs:  # tasks sized from the data, or given another size
+        fix = (
+            f"; records_per_task is {theirs.get('records_per_task')} in the state, "
+            f"{mine['records_per_task']} here: give records_per_task="
+            f"{theirs.get('records_per_task')} to load it"
         )
-        return _past_the_end(facts, point)
+    raise ConfigError(f"the state was saved for another dataset; differing: {diffs}{fix}")
+
+
+def _at_positions(state: dict[str, Any], handover: Handover | None) -> ResumePoint:
+    """A state of the same ranks: its epoch's tasks consumed whole are skipped, and the rows
+    consumed of the others left out as their tasks are admitted."""
+    partial = {
+        int(t): _frozen(np.asarray(rows, dtype=np.int64))
+        for t, rows in state["partial_seqs"].items()
+    }
+    # Still in the master's schedule, left out as their tasks are admitted: len() must not
+    # count them (ConsumptionBook.rows_left). States of old versions: the partial rows.
+    loaded = _consumed(state) if "consumed" in state else None
+    return ResumePoint(
+        epoch=int(state["epoch"]),
+        done=frozenset(int(t) for t in state["completed_seqs"]),
+        partial=partial,
+        consumed=loaded,
+        consumed_records=(
+            count(loaded) if loaded is not None else sum(len(r) for r in partial.values())
+        ),
+        handover=handover,
+    )
+
+
+def _at_consumed_records(
+    facts: DatasetFacts, state: dict[str, Any], same_ranks: bool
+) -> ResumePoint:
+    """A merged state, or one of other ranks: the embedded master leaves the records it
+    consumed out of the epoch's schedule (a whole job's state only: one rank's cannot say
+    what the others consumed)."""
+    epoch = int(state["epoch"])
+    theirs = state.get("dataset", {})
     if "consumed" not in state:
         raise ConfigError(
             "the state has no consumed record ranges (saved by an old version): it can only "
             f"resume with world_size={theirs.get('world_size')}, rank={theirs.get('rank')}"
         )
     if (theirs.get("world_size") or 1) > 1 and not state.get("merged"):
-        if all(mine[k] == theirs.get(k) for k in _WORLD):  # a resumed job's rank (above)
+        if same_ranks:  # a resumed job's rank
             raise ConfigError(
                 f"this state is rank {theirs.get('rank')}'s of {theirs.get('world_size')} of a "
                 f"job that resumed epoch {epoch} from merged record ranges: its positions are "
@@ -309,10 +330,8 @@ def resume_point(facts: DatasetFacts, state: dict[str, Any]) -> ResumePoint:
     consumed = _consumed(state)
     total = sum(s.num_records for s in facts.source.plan())
     if count(consumed) >= total:  # the epoch was wholly consumed: the next one starts fresh
-        point = ResumePoint(epoch=epoch + 1)
-    else:
-        point = ResumePoint(epoch=epoch, consumed=consumed, reschedule=True)
-    return _past_the_end(facts, point)
+        return ResumePoint(epoch=epoch + 1)
+    return ResumePoint(epoch=epoch, consumed=consumed, reschedule=True)
 
 
 def _frozen(rows: np.ndarray) -> np.ndarray:

@@ -11,8 +11,8 @@ consumed. Without that, a trainer killed right after saving and restarted within
 ``consumer_timeout`` had its partly consumed tasks come again whole: duplicates, with no word.
 
 Should the master have dropped the saving trainer already (its ``consumer_timeout`` passed), the
-restart came too late to hand anything back; but the saving trainer told the master what its
-state counted as it saved it (``Checkpoint``, master/handback.py), and the master handed those
+restart came too late to hand anything back; but the saving trainer reported to the master what
+its state counted as it saved it (``Checkpoint``, master/handback.py), and the master handed those
 ranges back itself when the leases lapsed: whoever leased the tasks since skips them. The
 resumed trainer also leaves the ranges out of any copy of those tasks that comes to it
 (``consumed_of``), as a master older than ``Checkpoint`` could not keep them.
@@ -36,7 +36,7 @@ RecordRanges = tuple[tuple[int, int], ...]  # [start, stop) records, sorted
 
 
 @dataclass(frozen=True)
-class HeldLease:
+class HandoverLease:
     """A lease the saving trainer held, of task ``task_id`` (of the plan: a file's records) in
     ``epoch``, and the records of it its loop had consumed. The task, not its place in the
     epoch's order: a schedule rebuilt otherwise (a master started from a merged state) puts
@@ -53,7 +53,7 @@ class Handover:
     """What a checkpoint hands over: the saving trainer's consumer id and its leases."""
 
     consumer: str
-    held: tuple[HeldLease, ...]
+    leases: tuple[HandoverLease, ...]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,7 +65,7 @@ class Handover:
                     "task": h.task_id,
                     "consumed": [list(r) for r in h.consumed],
                 }
-                for h in self.held
+                for h in self.leases
             ],
         }
 
@@ -78,8 +78,8 @@ class Handover:
         if consumer is None:
             return None
         try:
-            held = tuple(
-                HeldLease(
+            leases = tuple(
+                HandoverLease(
                     int(h["lease"]),
                     int(h["epoch"]),
                     int(h["task"]),
@@ -91,19 +91,19 @@ class Handover:
             raise ConfigError(f"the state's held leases are malformed: {exc!r}") from exc
         if not isinstance(consumer, str) or not consumer:
             raise ConfigError(f"the state's consumer must be a consumer id, got {consumer!r}")
-        return cls(consumer, held)
+        return cls(consumer, leases)
 
     def consumed_of(self) -> dict[tuple[int, int], RecordRanges]:
         """(epoch, task id) -> records consumed: left out of any copy of the task that comes
         here."""
         out: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        for h in self.held:
+        for h in self.leases:
             out.setdefault((h.epoch, h.task_id), []).extend(h.consumed)
         return {key: tuple(merge_ranges(ranges)) for key, ranges in out.items()}
 
     def by_lease(self) -> dict[int, list[tuple[int, int]]]:
         """Lease id -> records consumed: what a Leave hands back, or a Checkpoint records."""
-        return {h.lease_id: list(h.consumed) for h in self.held}
+        return {h.lease_id: list(h.consumed) for h in self.leases}
 
     def take_over(self, client: MasterClient) -> None:
         """Leave the master for the saving trainer, handing its consumed ranges back (a no-op

@@ -25,7 +25,7 @@ class _Mark:
     sampler_wait: float
     consumed: int
     busy: dict[int, float]  # reader index -> busy_seconds
-    room: dict[int, float]  # reader index -> room_wait_seconds
+    budget_wait: dict[int, float]  # reader index -> budget_wait_seconds
     cpu: float  # CPU seconds of this job's processes (probe.job_cpu_seconds)
 
 
@@ -53,7 +53,9 @@ class Autoscaler:
             # A wait counts when it ends, so one that began in the window before may count here.
             sampler_wait=min(1.0, (self._mark.sampler_wait - mark.sampler_wait) / seconds),
             reader_busy=_share(whole, mark.busy, lambda r: r.busy_seconds, seconds),
-            reader_room_wait=_share(whole, mark.room, lambda r: r.room_wait_seconds, seconds),
+            reader_budget_wait=_share(
+                whole, mark.budget_wait, lambda r: r.budget_wait_seconds, seconds
+            ),
             spare_cores=max(0.0, self._cores - max(0.0, self._mark.cpu - mark.cpu) / seconds),
             rows_per_second=(self._mark.consumed - mark.consumed) / seconds,
         )
@@ -81,7 +83,7 @@ class Autoscaler:
             sampler_wait=self.plane.ready.waited_seconds,
             consumed=self.plane.figures().consumed_rows,
             busy={r.index: r.busy_seconds for r in readers},
-            room={r.index: r.room_wait_seconds for r in readers},
+            budget_wait={r.index: r.budget_wait_seconds for r in readers},
             cpu=job_cpu_seconds(),
         )
 

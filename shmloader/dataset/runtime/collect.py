@@ -64,31 +64,7 @@ class StatsCollector:
             # Count what workers gathered up to now, not up to the last tick.
             plane.read_ledger_and_send()
         epoch = plane.read(lambda book: book.epoch_to_iterate())
-        pool = runtime.pool
-        if pool is not None:
-            pool.pids()  # every running reader's pid known (a reader just forked may not be)
-        reader_infos = pool.readers if pool is not None else []
-        reader_pids = {r.pid for r in reader_infos}
-        me = os.getpid()
-        processes = [_process(me, "trainer", self.probe.usage(me, epoch))]
-        children = self.probe.children()
-        server = pool.server_pid if pool is not None else None
-        for pid in children:
-            if pid not in reader_pids:
-                # The readers' fork server holds the libraries' pages they share.
-                role = "reader server" if pid == server else "worker"
-                processes.append(_process(pid, role, self.probe.usage(pid, epoch)))
-        now = time.monotonic()
-        readers = []
-        for info in reader_infos:
-            if info.ended is None:
-                usage = self.probe.usage(info.pid, epoch)
-            else:  # it exited for good: what it last used
-                usage = self.probe.exited(info.pid)
-            readers.append(_reader(info, usage, now))
-            if usage is not None:
-                processes.append(_process(info.pid, "reader", usage))
-        self.probe.forget({me, *children, *reader_pids})
+        readers, processes = self._processes(runtime.pool, epoch)
         handle = runtime.store.handle()
         in_use, spare, cached = handle.occupancy()
         progress = None if for_heartbeat else self._master_progress(runtime)
@@ -125,6 +101,37 @@ class StatsCollector:
             cpu_job_cores=self.probe.job_busy_cores(sum(p.cpu_seconds for p in processes)),
         )
 
+    def _processes(
+        self, pool: ReaderPool | None, epoch: int
+    ) -> tuple[list[ReaderStats], list[ProcessStats]]:
+        """Each reader slot's figures, and every process of the job's (the trainer, its
+        readers, their fork server, DataLoader workers), measured for ``epoch``."""
+        if pool is not None:
+            pool.pids()  # every running reader's pid known (a reader just forked may not be)
+        reader_infos = pool.readers if pool is not None else []
+        reader_pids = {r.pid for r in reader_infos}
+        me = os.getpid()
+        processes = [_process(me, "trainer", self.probe.usage(me, epoch))]
+        children = self.probe.children()
+        server = pool.server_pid if pool is not None else None
+        for pid in children:
+            if pid not in reader_pids:
+                # The readers' fork server holds the libraries' pages they share.
+                role = "reader server" if pid == server else "worker"
+                processes.append(_process(pid, role, self.probe.usage(pid, epoch)))
+        now = time.monotonic()
+        readers = []
+        for info in reader_infos:
+            if info.ended is None:
+                usage = self.probe.usage(info.pid, epoch)
+            else:  # it exited for good: what it last used
+                usage = self.probe.exited(info.pid)
+            readers.append(_reader(info, usage, now))
+            if usage is not None:
+                processes.append(_process(info.pid, "reader", usage))
+        self.probe.forget({me, *children, *reader_pids})
+        return readers, processes
+
     def _master_progress(self, runtime: Observed) -> Progress:
         """The master's progress, asked for at most once per ``interval``."""
         at, progress = self._progress
@@ -160,9 +167,9 @@ def _reader(info: ReaderInfo, usage: Usage | None, now: float) -> ReaderStats:
         bytes=info.bytes,
         failures=info.failures,
         busy_seconds=info.busy_seconds,
-        room_wait_seconds=info.room_wait_seconds,
+        budget_wait_seconds=info.budget_wait_seconds,
         busy_share=min(1.0, info.busy_seconds / span) if span > 0 else 0.0,
-        room_wait_share=min(1.0, info.room_wait_seconds / span) if span > 0 else 0.0,
+        budget_wait_share=min(1.0, info.budget_wait_seconds / span) if span > 0 else 0.0,
         memory=None if usage is None else usage.memory,
         alive=info.ended is None and (usage is None or usage.alive),
         cpu_share=0.0 if usage is None else usage.cpu_share,

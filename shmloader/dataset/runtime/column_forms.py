@@ -33,7 +33,7 @@ class FormCheck:
     def __init__(self, columns: Sequence[str] | None, *, ragged_given: bool = True) -> None:
         self._columns = None if columns is None else frozenset(columns)  # columns= of batches
         # ragged= left to its default: the first task with a variable-length list says so.
-        self._tell_lists = not ragged_given
+        self._log_lists = not ragged_given
         self._first: Ready | None = None
         self._known: dict[str, tuple[Form, Ready]] = {}  # column -> form, task that set it
 
@@ -81,9 +81,9 @@ class FormCheck:
         """Say once what a batch holds for variable-length list columns, and the choices,
         when ``ragged=`` was not given: a list of tensors is not what a model takes."""
         lists = [name for name, (_, words) in forms.items() if words.startswith(NUMBER_LISTS)]
-        if not lists or not self._tell_lists:
+        if not lists or not self._log_lists:
             return
-        self._tell_lists = False
+        self._log_lists = False
         log.warning(
             "column(s) %s hold lists whose length varies from record to record: each batch "
             "gives such a column as a list of 1-D tensors. SharedTaskDataset(ragged='padded') "

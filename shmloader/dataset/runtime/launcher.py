@@ -144,6 +144,18 @@ class Rendezvous:
             store.set(keys[self.rank], state)
             if call >= 2:
                 store.delete_key(self._state_key(call - 2, self.rank))
+        return self._wait_for_states(store, keys, call, wait, alive)
+
+    def _wait_for_states(
+        self,
+        store: Store,
+        keys: list[str],
+        call: int,
+        wait: float,
+        alive: Callable[[], set[int]] | None,
+    ) -> list[str]:
+        """Every rank's state of ``call`` (``keys``), once each is in the store; MasterError
+        as soon as an awaited rank is seen dead, ConfigError after ``wait`` seconds."""
         deadline = time.monotonic() + wait
         next_look = time.monotonic() + 1.0
         pause = 0.001

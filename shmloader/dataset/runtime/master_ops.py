@@ -26,6 +26,13 @@ class MasterOps:
         self._info: OrderedDict[int, EpochInfo] = OrderedDict()
         self._lock = threading.Lock()  # the training loop and the maintenance thread ask
 
+    @property
+    def epochs_known(self) -> int:
+        """How many epochs' sizes are kept (at most ``EPOCHS_KEPT``): the cache is bounded,
+        whatever the number of epochs a trainer runs."""
+        with self._lock:
+            return len(self._info)
+
     def complete(self, lease_ids: list[int]) -> dict[int, str]:
         return dict(self._client.complete_many(lease_ids))
 

@@ -9,7 +9,7 @@ them and starts or retires readers (``autoscale.py``). It climbs:
   job left at least ``FREE_CORES`` of the cores it may run on unused. The job's own use, not
   the machine's idle time: where other jobs load the machine, the kernel shares its cores
   among the processes, and one reader more gets this job a larger share;
-- **keep it** only if it paid: ``SETTLE_WINDOWS`` after adding, the loop must consume at
+- **keep it** only if it paid: ``COOLDOWN_WINDOWS`` after adding, the loop must consume at
   least ``GAIN`` more rows per second than in the window before; otherwise the reader is
   **retired** again, and the count it had is the ceiling for ``CEILING_WINDOWS`` windows
   (the readers were short of something more readers do not bring: cores, memory bandwidth,
@@ -37,7 +37,7 @@ WAITED = 0.10
 BUSY = 0.60
 FREE_CORES = 0.25
 GAIN = 0.05
-SETTLE_WINDOWS = 1
+COOLDOWN_WINDOWS = 1
 CEILING_WINDOWS = 30
 HARDLY = 0.02
 TAKE_OVER = 0.80
@@ -57,7 +57,7 @@ class ScalingWindow:
 
     sampler_wait: float  # the sampler waited for tasks the readers had not made ready
     reader_busy: float
-    reader_room_wait: float
+    reader_budget_wait: float
     spare_cores: float  # of the cores this process may run on, those the job left unused
     rows_per_second: float  # what the loop consumed
 
@@ -66,7 +66,7 @@ class ScalingWindow:
         return (
             f"the sampler waited {self.sampler_wait:.0%} of the last window for the readers, "
             f"which were busy {self.reader_busy:.0%} and waited for room "
-            f"{self.reader_room_wait:.0%}; this job left {self.spare_cores:.1f} of {cores} "
+            f"{self.reader_budget_wait:.0%}; this job left {self.spare_cores:.1f} of {cores} "
             f"cores unused; the loop took {self.rows_per_second:,.0f} rows/s"
         )
 
@@ -83,7 +83,7 @@ class ReaderScaling:
 
     low: int
     high: int
-    _settle: int = 0
+    _cooldown: int = 0
     _idle: int = 0
     _before: float | None = None  # rows/s in the window before the last reader was added
     _ceiling: int | None = None  # what adding failed to pass, for _ceiling_left windows
@@ -97,8 +97,8 @@ class ReaderScaling:
             self._ceiling_left -= 1
             if self._ceiling_left == 0:
                 self._ceiling = None
-        if self._settle > 0:
-            self._settle -= 1
+        if self._cooldown > 0:
+            self._cooldown -= 1
             return Scale.HOLD
         if self._before is not None:  # the first window after adding one: did it pay?
             before, self._before = self._before, None
@@ -127,6 +127,6 @@ class ReaderScaling:
         return Scale.HOLD
 
     def _changed(self, scale: Scale) -> Scale:
-        self._settle = SETTLE_WINDOWS
+        self._cooldown = COOLDOWN_WINDOWS
         self._idle = 0
         return scale

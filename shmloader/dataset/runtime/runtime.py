@@ -260,10 +260,10 @@ class Runtime:
         )
         self._maintenance.start()
         if self.embedded is None:
-            ref = weakref.WeakMethod(self._on_sigterm)
+            ref = weakref.WeakMethod(self.on_sigterm)
             self._sigterm = lifecycle.on_sigterm(lambda: (ref() or _nothing)())
 
-    def _on_sigterm(self) -> None:
+    def on_sigterm(self) -> None:
         """SIGTERM (a preempted trainer) that will kill the process: leave the master as
         close() would, so that what the loop consumed is not delivered again, from a thread
         joined for at most ``SIGTERM_LEAVE_SECONDS`` (a second SIGTERM ends the wait): the
@@ -381,7 +381,7 @@ class Runtime:
         lapse and nobody resumes from the state in time, the tasks go back less those rows.
         A master that cannot be told (unreachable) is warned of, once a state: the save goes
         on, only a late restart may then see rows of it come again elsewhere."""
-        if loop.handover is None or not loop.handover.held:
+        if loop.handover is None or not loop.handover.leases:
             return
         try:
             self.master_client.checkpoint(loop.handover.consumer, loop.handover.by_lease())
@@ -391,7 +391,7 @@ class Runtime:
                 "trainer die and be resumed from the state after consumer_timeout, rows of "
                 "its %d partly consumed tasks may come again from another trainer",
                 exc,
-                len(loop.handover.held),
+                len(loop.handover.leases),
             )
 
     def live_ranks(self) -> set[int]:

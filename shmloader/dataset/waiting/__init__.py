@@ -1,1 +1,1 @@
-"""Waiting for ready tasks: the board readers pin tasks on, strays, the lease check."""
+"""Waiting for ready tasks: the board readers pin tasks on, tasks elsewhere, the lease check."""

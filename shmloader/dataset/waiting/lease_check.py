@@ -10,7 +10,7 @@ takes a ready task only while its lease is surely active: confirmed (granted or 
 reader or the maintenance thread) less than half a ``lease_timeout`` ago, which leaves the other
 half for the ``Taken`` call to reach the master. Otherwise it asks the master (``mark_taken``,
 which confirms and marks at once) and drops its copy when the lease lapsed; the task then comes
-back like a task another trainer's readers hold (a stray): delivered here if this trainer's
+back like a task another trainer's readers hold (one elsewhere): delivered here if this trainer's
 readers lease it again, else by the trainer that got it. Only after a stall (or a master
 unreachable for that long) is the answer not at hand already. (NOTE [exactly once on the trainer
 side], 5, in accounting/book.py.)

@@ -133,9 +133,7 @@ class ReadyTasks:
         patience: float,
         recheck: float,
     ) -> list[ReadyTask] | None:
-        starved_since: float | None = None
-        empty_since: float | None = None
-        warned = False
+        clock = _WaitClock(patience)
         next_check = time.monotonic() + recheck
         while True:
             with self._cond:
@@ -151,31 +149,10 @@ class ReadyTasks:
                     # at the store per poll): room estimated from the segments seen so far can
                     # look ample while it is not.
                     room = pressure()
-                    no_room = room.value >= Pressure.BLOCKED.value
-                    hungry = room is not Pressure.NONE
-                    if have and hungry:
-                        starved_since = starved_since or now
-                        # A reader of one of them says it has no room: no need to wait and see.
-                        waited = now - starved_since >= patience
-                        if waited or no_room:
-                            return [self._ready.pop((epoch, s)) for s in have]
-                    else:
-                        starved_since = None
-                    if not have and hungry:
-                        empty_since = empty_since or now
-                        # A reader of a task waited for says it has no room: what stuck() checks
-                        # can be true now, so look after a short grace (for segments consumed
-                        # but not yet released), not the whole patience.
-                        grace = BLOCKED_GRACE if no_room else patience
-                        if now - empty_since >= grace and room is Pressure.PINNED:
-                            return None
-                        if now - empty_since >= patience and room is Pressure.DEAD_END:
-                            raise ShmSpaceError(DEAD_END_MESSAGE.format(epoch=epoch, seqs=wanted))
-                        if now - empty_since >= STUCK_WARN and not warned:
-                            warned = True
-                            log.warning(STUCK_MESSAGE, now - empty_since, epoch, wanted)
-                    else:
-                        empty_since = None
+                    if clock.take_what_is_ready(bool(have), room, now):
+                        return [self._ready.pop((epoch, s)) for s in have]
+                    if clock.let_rows_go(not have, room, now, epoch, wanted):
+                        return None
                     if gone is not None and now >= next_check:
                         missing = [s for s in wanted if (epoch, s) not in self._ready]
                         break
@@ -210,3 +187,46 @@ class ReadyTasks:
             raise self._error
         if self._closed:
             raise ShmloaderError("the dataset was closed while the sampler waited for data")
+
+
+class _WaitClock:
+    """How long a wait for a block has been starved (some tasks ready, room short) or empty
+    (none ready, room short), and what that calls for (``ReadyTasks.take``)."""
+
+    def __init__(self, patience: float) -> None:
+        self.patience = patience
+        self.starved_since: float | None = None
+        self.empty_since: float | None = None
+        self.warned = False
+
+    def take_what_is_ready(self, some_ready: bool, room: Pressure, now: float) -> bool:
+        """Whether to return the tasks that are ready in place of the block: room has been
+        short for ``patience``, or a reader of one of them says it has none (no need to wait
+        and see)."""
+        if not some_ready or room is Pressure.NONE:
+            self.starved_since = None
+            return False
+        self.starved_since = self.starved_since or now
+        no_room = room.value >= Pressure.BLOCKED.value
+        return now - self.starved_since >= self.patience or no_room
+
+    def let_rows_go(
+        self, none_ready: bool, room: Pressure, now: float, epoch: int, wanted: list[int]
+    ) -> bool:
+        """Nothing ready and room short: whether the batcher must let its rows go (PINNED),
+        after ``patience`` (or ``BLOCKED_GRACE`` once a reader of a task waited for said it
+        has no room, for segments consumed but not yet released); ShmSpaceError at a dead
+        end; a warning (once) after ``STUCK_WARN`` seconds."""
+        if not none_ready or room is Pressure.NONE:
+            self.empty_since = None
+            return False
+        self.empty_since = since = self.empty_since or now
+        grace = BLOCKED_GRACE if room.value >= Pressure.BLOCKED.value else self.patience
+        if now - since >= grace and room is Pressure.PINNED:
+            return True
+        if now - since >= self.patience and room is Pressure.DEAD_END:
+            raise ShmSpaceError(DEAD_END_MESSAGE.format(epoch=epoch, seqs=wanted))
+        if now - since >= STUCK_WARN and not self.warned:
+            self.warned = True
+            log.warning(STUCK_MESSAGE, now - since, epoch, wanted)
+        return False

@@ -1,4 +1,4 @@
-"""Mappings of released segments, kept while their files wait to be written again.
+"""Spare mappings: released segments' mappings, kept while their files wait to be rewritten.
 
 A released segment's file becomes a spare, and a reader soon writes the next segment into it
 (``budget.py``). A process that gathered from the old segment can keep its mapping of the
@@ -7,11 +7,11 @@ and its page tables are still filled in. Mapping the file anew costs an ``mmap``
 fault per 64 KiB or so on first touch, and a ``munmap`` later: more than gathering the rows
 themselves.
 
-A kept mapping is found again by the file's inode. While the mapping exists the file does
+A spare mapping is found again by the file's inode. While the mapping exists the file does
 too, even unlinked, so no other file can carry that inode number: an inode match is the same
-file. But an unlinked file that is still mapped holds its memory, so a kept mapping whose
+file. But an unlinked file that is still mapped holds its memory, so a spare mapping whose
 file is gone from the store (a writer removed the spare to make room) must be unmapped
-promptly: :meth:`KeptMappings.sweep` does that, from the same directory listing the gatherer
+promptly: :meth:`SpareMappings.sweep` does that, from the same directory listing the gatherer
 makes anyway. How much may be kept is capped (count and bytes), so that memory held this way
 between sweeps stays small.
 """
@@ -22,7 +22,7 @@ from .inodes import ByInode
 from .region import Placed, Region
 
 
-class KeptMappings(ByInode[Placed]):
+class SpareMappings(ByInode[Placed]):
     """Released segments' mappings in ``region``, by inode, oldest first."""
 
     def __init__(self, region: Region, max_count: int, max_bytes: int) -> None:
@@ -40,7 +40,7 @@ class KeptMappings(ByInode[Placed]):
         self._keep(placed.inode, placed)
 
     def take(self, inode: int, size: int) -> Placed | None:
-        """The kept mapping of file ``inode`` if it can hold ``size`` bytes (it is no longer
+        """The spare mapping of file ``inode`` if it can hold ``size`` bytes (it is no longer
         kept: the caller owns it); one too small is unmapped."""
         placed = self._pop(inode)
         if placed is None:
@@ -52,5 +52,5 @@ class KeptMappings(ByInode[Placed]):
 
     def forget(self) -> None:
         """Forget everything kept without unmapping (the region itself is going away)."""
-        self._kept.clear()
+        self._maps.clear()
         self._bytes = 0

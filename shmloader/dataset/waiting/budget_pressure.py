@@ -1,4 +1,4 @@
-"""Where room in ``shm_budget`` stands, for the sampler's waits.
+"""Budget pressure: how ``shm_budget`` stands, for the sampler's waits.
 
 Readers write a task's segment only where the budget has room for it; the rows that hold the
 room go once the loop consumes them. While the sampler waits for a task, the wait asks here how
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from ..core.tasks import Pressure
 
 
-class Room:
+class BudgetPressure:
     """The pressure probes over the reader pool's hints and the rows not consumed yet."""
 
     def __init__(
@@ -46,8 +46,8 @@ class Room:
         """Blocked, and no row handed out is left to consume that could make room."""
         return self.pinned(0)
 
-    def pressure(self, stuck: Callable[[], bool] | None = None) -> Pressure:
-        """How room stands for the sampler's wait; ``stuck()``: whether the rows the batcher
+    def now(self, stuck: Callable[[], bool] | None = None) -> Pressure:
+        """How the budget stands for the sampler's wait; ``stuck()``: whether the rows the batcher
         holds pin the room (the batcher's own view of what it holds)."""
         if not self._blocked():
             return Pressure.STARVED if self._starved() else Pressure.NONE

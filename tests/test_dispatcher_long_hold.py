@@ -1,4 +1,4 @@
-"""A lease whose trainer took its task is kept past lease_timeout (elastic mode).
+"""A lease whose trainer took its task is held past lease_timeout (elastic mode).
 
 Its reading is done and its rows sit in that trainer's shared memory: a trainer that merely
 stalled past ``lease_timeout`` still delivers them, so handing the task to another trainer

@@ -2,11 +2,11 @@
 and which are elsewhere.
 
 The sampler takes an epoch's tasks in its fixed order and waits for the next one missing.
-Readers are told which tasks it awaits (``want``): those may use the room the others leave in
+Readers are sent the tasks it awaits (``want``): those may use the room the others leave in
 the shared-memory budget (shm budget.reserve), so they can always be written. In elastic mode
 trainers share one queue, so another trainer's readers may have taken a task it waits for, and
 a trainer restarted against a running master finds tasks done: the master's whereabouts say so
-(``elsewhere``), and the sampler stops waiting. Such a task is kept as a *stray*: if it comes
+(``find``), and the sampler stops waiting. Such a task is kept as one *elsewhere*: if it comes
 here after all (its holder died and the master handed it out again, or its ready copy here was
 dropped because its lease lapsed, lease_check.py), the sampler takes it as it can.
 """
@@ -32,13 +32,13 @@ MAY_COME = frozenset({"todo", "mine", "quarantined"})
 # Of a task given up as elsewhere: it cannot come here any more ("done"), or may ("todo",
 # "mine", or "other": another trainer's readers hold it and that trainer may die before it
 # takes it in hand). One another trainer took in hand ("taken") comes back only if that trainer
-# dies: kept as a stray (see take_strays), but not waited for.
+# dies: kept as one elsewhere (see take_ready), but not waited for.
 DONE_ELSEWHERE = frozenset({"done"})
 TAKEN_ELSEWHERE = "taken"
 MAY_BE_WAITED_FOR = frozenset({"todo", "mine", "other", "quarantined"})
 
 
-class StrayCount(NamedTuple):
+class ElsewhereCount(NamedTuple):
     """Tasks given up as elsewhere: how many may still come here, how many another trainer
     took in hand."""
 
@@ -46,8 +46,8 @@ class StrayCount(NamedTuple):
     taken_elsewhere: int
 
 
-class Strays:
-    """The strays, and what readers were told (thread-safe; its lock is taken inside the
+class ElsewhereTasks:
+    """The tasks elsewhere, and what readers were sent (thread-safe; its lock is taken inside the
     plane's, and no other lock inside its own)."""
 
     def __init__(self, master: LeaseOps, segments: SegmentOps, ready: ReadyTasks) -> None:
@@ -55,44 +55,44 @@ class Strays:
         self._segments = segments
         self._ready = ready
         self._lock = threading.Lock()
-        self.strays: set[tuple[int, int]] = set()  # (epoch, seq); read under the lock
-        self._wanting = False  # whether readers were last told of tasks the sampler awaits
+        self.tasks: set[tuple[int, int]] = set()  # (epoch, seq); read under the lock
+        self._wanting = False  # whether readers were last sent tasks the sampler awaits
 
     def want(self, epoch: int, seqs: list[int]) -> None:
-        """Tell readers which of ``seqs`` the sampler waits for (empty: none)."""
-        self._tell([task_key(epoch, s) for s in self._ready.missing(epoch, seqs)])
+        """Send readers those of ``seqs`` the sampler waits for (empty: none)."""
+        self._set_wanted([task_key(epoch, s) for s in self._ready.missing(epoch, seqs)])
 
-    def want_strays(self) -> None:
-        """Readers of strays may use the budget's spare room (see want): the sampler waits for
-        them, and other tasks' segments may fill the budget."""
+    def want_all(self) -> None:
+        """Readers of tasks elsewhere may use the budget's reserve (see want): the sampler waits
+        for them, and other tasks' segments may fill the budget."""
         with self._lock:
-            strays = sorted(self.strays)
-        self._tell([task_key(e, s) for e, s in strays if self._ready.missing(e, [s])])
+            tasks = sorted(self.tasks)
+        self._set_wanted([task_key(e, s) for e, s in tasks if self._ready.missing(e, [s])])
 
-    def _tell(self, keys: list[str]) -> None:
+    def _set_wanted(self, keys: list[str]) -> None:
         if keys or self._wanting:
             self._segments.want(keys)
             self._wanting = bool(keys)
 
-    def elsewhere(self, epoch: int, seqs: list[int]) -> set[int]:
-        """Those of ``seqs`` that the master says will not come here: kept as strays."""
+    def find(self, epoch: int, seqs: list[int]) -> set[int]:
+        """Those of ``seqs`` that the master says will not come here: kept as elsewhere."""
         if not seqs:
             return set()
         where = self._master.whereabouts(epoch, seqs)
         gone = {s for s, w in zip(seqs, where, strict=True) if w not in MAY_COME}
         with self._lock:
-            self.strays.update((epoch, s) for s in gone)
+            self.tasks.update((epoch, s) for s in gone)
         return gone
 
-    def look(self) -> StrayCount:
-        """Where the strays are, asking the master once per epoch with strays: how many may
+    def look(self) -> ElsewhereCount:
+        """Where the tasks elsewhere are, asking the master once per epoch with some: how many may
         still come here (waiting in the queue, held by this trainer's readers, or by another
         trainer's readers before that trainer took it: it may die first), and how many another
         trainer took in hand (not waited for but at the end of the master's last epoch:
-        TaskSampler._strays). Strays found done are forgotten."""
+        TaskSampler._wait_for_elsewhere). Those found done are forgotten."""
         with self._lock:
             by_epoch: dict[int, list[int]] = {}
-            for epoch, seq in sorted(self.strays):
+            for epoch, seq in sorted(self.tasks):
                 by_epoch.setdefault(epoch, []).append(seq)
         may_come = taken = 0
         for epoch, seqs in by_epoch.items():
@@ -101,21 +101,21 @@ class Strays:
             taken += sum(w == TAKEN_ELSEWHERE for w in where)
             finished = {(epoch, s) for s, w in zip(seqs, where, strict=True) if w in DONE_ELSEWHERE}
             with self._lock:
-                self.strays -= finished
-        return StrayCount(may_come, taken)
+                self.tasks -= finished
+        return ElsewhereCount(may_come, taken)
 
-    def take_strays(self) -> list[ReadyTask]:
-        """Strays that came to this trainer, ready now (not waited for)."""
+    def take_ready(self) -> list[ReadyTask]:
+        """Tasks elsewhere that came to this trainer, ready now (not waited for)."""
         with self._lock:
-            keys = sorted(self.strays)
+            keys = sorted(self.tasks)
         return self._ready.take_ready(keys) if keys else []
 
     def admitted(self, task: ReadyTask) -> None:
-        """The sampler admitted ``task``: no stray any more."""
+        """The sampler admitted ``task``: not elsewhere any more."""
         with self._lock:
-            self.strays.discard((task.epoch, task.seq))
+            self.tasks.discard((task.epoch, task.seq))
 
     def dropped(self, task: ReadyTask) -> None:
-        """The sampler dropped ``task``'s ready copy (its lease lapsed): a stray."""
+        """The sampler dropped ``task``'s ready copy (its lease lapsed): elsewhere."""
         with self._lock:
-            self.strays.add((task.epoch, task.seq))
+            self.tasks.add((task.epoch, task.seq))
