@@ -209,7 +209,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
             feed.finish_epoch(epoch - 1)  # delivered whole by the pass before (see _pass_epoch)
         self._passes += 1
         # The rest of a last epoch left open (_wait_for_elsewhere): every task not taken here
-        # was found elsewhere, and is a stray; no need to ask about them again.
+        # was found elsewhere, and comes here only as such; no need to ask about them again.
         reopened, self.left_open = self.left_open == epoch, None
         if walk.rest_alone:
             rest = feed.rest_of_last_pass(epoch)
@@ -240,7 +240,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         from the epoch's first task: the first batch needs one task read, not a whole window.
         A pass that continues an epoch (after a ``break``) goes on with the blocks the whole
         pass would have had. Each block is waited for on the ready board and admitted; tasks
-        found elsewhere meanwhile are given up (strays, the pass's end)."""
+        found elsewhere meanwhile are given up (waited for at the pass's end)."""
         dropped: set[int] = set()
 
         def gone(missing: list[int]) -> set[int]:
@@ -362,7 +362,7 @@ class TaskSampler(torch.utils.data.Sampler[int]):
         out are not consumed yet: those trainers may wait for ours just so, and rows this pass
         yielded last may sit in a batch that the loop gets only once the pass ends (a
         DataLoader's last, short batch, or one torch prefetched). Should such a trainer die,
-        its tasks come here as strays of the next pass.
+        its tasks come here, found elsewhere no more, in the next pass.
 
         The master's last epoch has no next pass, and a trainer that died with tasks of it in
         hand would have them lost, silently. So there, once every row handed out here is

@@ -387,7 +387,7 @@ class Runtime:
             self.master_client.checkpoint(loop.handover.consumer, loop.handover.by_lease())
         except MasterError as exc:
             log.warning(
-                "the master could not be told what this saved state counts (%s): should this "
+                "the master could not be sent what this saved state counts (%s): should this "
                 "trainer die and be resumed from the state after consumer_timeout, rows of "
                 "its %d partly consumed tasks may come again from another trainer",
                 exc,
