@@ -21,6 +21,7 @@ def test_ds_of_an_index_is_that_record_read_from_the_source(tmp_path: Path) -> N
         first, last = ds[0], ds[-1]
         assert int(first["id"]) == 0 and float(first["x"]) == 0.0
         assert int(last["id"]) == 49 and int(ds[35]["id"]) == 35  # the second file's 6th
+        assert int(ds.read_record(-1)["id"]) == 49  # what ds[i] calls, by its name
         assert first["id"].shape == ()  # one record: no batch axis
         with pytest.raises(IndexError, match="record 50 of a dataset of 50 records"):
             ds[50]

@@ -491,17 +491,22 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self._rows_known = (resume, rows)
         return rows
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        """Record ``index`` of the dataset, counted in plan order (file by file), as a dict of
-        its columns (a batch's, without the batch axis): ``ds[0]`` to look at the data. It is
-        read from the source in this process, not through the readers, and consumes nothing
-        of any epoch. An index the dataset's sampler handed out (all are at least 2**32:
-        torch's unbatched mode, ``batch_size=None``) gives that row of shared memory."""
-        if index >= 1 << ROW_BITS:
-            batch = self._gather([index], ring=False)
-            assert isinstance(batch, dict)
-            return _one_row(batch)
+    def read_record(self, index: int) -> dict[str, Any]:
+        """Record ``index`` of the dataset, counted in plan order (file by file; negative: from
+        the end), as a dict of its columns (a batch's, without the batch axis), to look at the
+        data. It is read from the source in this process, not through the readers, and
+        consumes nothing of any epoch. IndexError past the end."""
         return _one_row(read_record(self.options.source, index, self.options.columns))
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """``ds[i]``: :meth:`read_record`, so that ``ds[0]`` shows the data. An index the
+        dataset's sampler handed out (all are at least 2**32: torch's unbatched mode,
+        ``batch_size=None``) gives that row of shared memory instead."""
+        if index < 1 << ROW_BITS:
+            return self.read_record(index)
+        batch = self._gather([index], ring=False)
+        assert isinstance(batch, dict)
+        return _one_row(batch)
 
     def __getitems__(
         self, indices: Sequence[int] | np.ndarray | IndexBatch
