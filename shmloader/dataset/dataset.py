@@ -633,9 +633,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         started (None: not started, ``metrics_port`` not given, the master is standalone, or
         the dataset is closed)."""
         runtime = self._runtime
-        if self.options.metrics_port is None or runtime is None or runtime.embedded is None:
-            return None
-        return runtime.embedded.metrics_url
+        return None if runtime is None else runtime.metrics_url
 
     def stats(self) -> Stats:
         """A snapshot to tell whether readers keep up and what the job's memory costs;

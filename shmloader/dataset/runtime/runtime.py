@@ -42,9 +42,9 @@ from . import at_exit
 from .cache_use import CacheUse
 from .collect import StatsCollector
 from .column_forms import FormCheck
-from .launcher import WILDCARD_HOSTS
 from .maintenance import Maintenance, first_unfinished
 from .master_ops import MasterOps
+from .master_place import MasterPlace, find_master
 from .plan_check import check_same_plan
 from .rejoin import check_whole_share
 from .task_errors import TaskErrors
@@ -52,7 +52,6 @@ from .task_errors import TaskErrors
 if TYPE_CHECKING:
     from ...master.client import ConsumerInfo, MasterClient
     from ...master.figures import TrainerFigures
-    from ...master.server import Master
     from .autoscale import Autoscaler
     from .options import DatasetOptions
 
@@ -128,7 +127,7 @@ class Runtime:
         self.handle = store.handle()
         self._pid = os.getpid()
         at_exit.close_at_exit(self)
-        self.embedded: Master | None = None
+        self.master_place: MasterPlace | None = None  # where its master runs
         self.client: MasterClient | None = None
         self.pool: ReaderPool | None = None
         try:
@@ -160,10 +159,10 @@ class Runtime:
         from ...master.client import MasterClient
 
         options = self.options
-        self.address = address = self._master_address()
+        self.master_place = place = find_master(options, self.resume.job(options.job))
+        self.address = address = place.address
         self.consumer = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        # The embedded master's own calls skip gRPC (master/local.py); readers use it.
-        local = self.embedded.local_stub() if self.embedded is not None else None
+        local = place.local  # a master started here: the trainer's calls skip gRPC
         if options.rendezvous is not None and local is None:  # rank 0's, on another machine?
             options.credentials.check_transport(address, fix=TORCHRUN_TOKEN_FIX)
         self.client = MasterClient(
@@ -173,7 +172,7 @@ class Runtime:
             local=local,
         )
         info = self.client.register(self.consumer, options.rank)
-        if self.embedded is None:  # another process planned the tasks: the same plan?
+        if place.outlives_trainer:  # another process planned the tasks: the same plan?
             chosen = options.job.records_per_task if options.records_per_task_given else None
             check_same_plan(options.source.plan(), chosen, info, address)
         self.lease_timeout = float(info.lease_timeout)
@@ -197,7 +196,7 @@ class Runtime:
         another process started sees it (it may have been resumed from that state, be past
         it, or hold the leases a handover names). Returns the epoch to start at. Before the
         readers lease anything."""
-        if self.embedded is not None:  # started here, from the loaded state: as it is
+        if not self._master_elsewhere:  # started here, from the loaded state: as it is
             return self.resume.epoch
         if self.resume.by_position:
             self.resume = self._unless_resumed(info, ops)
@@ -221,7 +220,7 @@ class Runtime:
         """The data plane from ``start``, and the readers configured to feed it."""
         resume, handle = self.resume, self.handle
         taken_over = None
-        if resume.handover is not None and self._elastic and self.embedded is None:
+        if resume.handover is not None and self._elastic and self._master_elsewhere:
             taken_over = resume.handover.consumed_of()
         self.plane = DataPlane(
             master=ops,
@@ -259,7 +258,7 @@ class Runtime:
             elastic=self._elastic,
         )
         self._maintenance.start()
-        if self.embedded is None:
+        if self._master_elsewhere:
             ref = weakref.WeakMethod(self.on_sigterm)
             self._sigterm = lifecycle.on_sigterm(lambda: (ref() or _nothing)())
 
@@ -287,7 +286,7 @@ class Runtime:
         leaving.daemon = True
         leaving.start()
         leaving.join(SIGTERM_LOCKED_SECONDS)
-        if leaving.is_alive() and self.embedded is None:  # stuck on a lock the main thread holds
+        if leaving.is_alive() and self._master_elsewhere:  # stuck on a lock the main thread holds
             just = threading.Thread(target=self._just_leave, name="shmloader-sigterm-leave")
             just.daemon = True
             just.start()
@@ -312,7 +311,7 @@ class Runtime:
                 plane.read_ledger_and_send()
             except MasterError:
                 self.master_client.stop_retrying()  # gone: leave and the rest get one try each
-        if self.embedded is None:  # an embedded master stops next: nobody to tell
+        if self._master_elsewhere:  # a master started here stops next: nobody to tell
             elastic = getattr(self, "_elastic", False)
             self._just_leave(plane.hand_back() if plane is not None and elastic else None)
 
@@ -367,7 +366,7 @@ class Runtime:
         at the pass's end (the master names the tasks that went elsewhere), so a position of
         its own, saved before then, misses what the others delivered: a restart from it
         ended its passes with those tasks never delivered."""
-        shares_master = self.embedded is None and self._elastic
+        shares_master = self._master_elsewhere and self._elastic
         hands_over = shares_master and not closing
         return self.plane.loop_state(
             also,
@@ -411,7 +410,7 @@ class Runtime:
         options = self.options
         return ReaderConfig(
             index=index,
-            master_address=self._readers_address(),
+            master_address=self.master_place.readers_address if self.master_place else self.address,
             consumer=self.consumer,
             source=options.source,
             store=self.handle,
@@ -425,48 +424,19 @@ class Runtime:
             cache=options.cache,
         )
 
-    def _readers_address(self) -> str:
-        """Where the readers reach the master: an embedded master listening on every
-        interface over loopback (the address it gives other machines may be a name that
-        resolves beyond this one, where a token may not go in clear), else ``address``."""
-        embedded = self.embedded
-        if embedded is not None and embedded.host in WILDCARD_HOSTS:
-            return f"{'127.0.0.1' if embedded.host == '0.0.0.0' else '[::1]'}:{embedded.port}"
-        return self.address
-
     def _readers_failed(self, exc: BaseException) -> None:
         self.plane.ready.fail(exc)
 
-    def _master_address(self) -> str:
-        """``master=``; or the embedded master's, started here; or, under torchrun, rank 0's
-        (published by rank 0, looked up by the others: launcher.py)."""
-        rendezvous = self.options.rendezvous
-        if rendezvous is None:
-            standalone = self.options.standalone_master
-            return standalone or self._start_embedded(self.options.master_host)
-        if not rendezvous.hosts_master:
-            return rendezvous.lookup()
-        self._start_embedded(rendezvous.bind_host)
-        assert self.embedded is not None
-        return rendezvous.publish(self.embedded.port)
+    @property
+    def _master_elsewhere(self) -> bool:
+        """Whether the job's master is another process's (or not found yet): it outlives this
+        trainer, which must tell it when it leaves."""
+        return self.master_place is None or self.master_place.outlives_trainer
 
-    def _start_embedded(self, host: str | None) -> str:
-        from ...master.server import LOOPBACK_HOSTS, Master, ServerOptions
-
-        c = self.options
-        options = ServerOptions(
-            host=host or ServerOptions.host,
-            token=c.credentials.token,
-            metrics_port=c.metrics_port,
-        )
-        self.embedded = Master.for_job(c.source, self.resume.job(c.job), options).start()
-        if host is not None and host not in LOOPBACK_HOSTS and c.credentials.token is None:
-            log.warning(
-                "the embedded master listens on %s without a token: anyone who reaches it can "
-                "lease and complete this job's tasks",
-                self.embedded.address,
-            )
-        return str(self.embedded.address)
+    @property
+    def metrics_url(self) -> str | None:
+        """Where a master started here serves the job's metrics (None: not served here)."""
+        return None if self.master_place is None else self.master_place.metrics_url
 
     # -- reader messages (pool thread) ---------------------------------------------------
     def _on_message(self, info: ReaderInfo, message: Message) -> None:
@@ -670,13 +640,13 @@ class Runtime:
             # What the loop consumed since the last tick must reach the master before we
             # leave: a standalone master would hand those tasks out again (duplicates).
             self._leave_master()
-            if self.embedded is None and self.options.rendezvous is not None:
+            if self._master_elsewhere and self.options.rendezvous is not None:
                 try:
                     self.options.rendezvous.mark_closed()
                 except MasterError as exc:  # rank 0 then waits for us until its timeout
                     log.warning("could not tell rank 0 this dataset closed: %s", exc)
             self.client.close()
-        if self.embedded is not None:
+        if self.master_place is not None and not self.master_place.outlives_trainer:
             if wait_for_ranks:
                 self._wait_for_other_ranks()
-            self.embedded.stop()
+            self.master_place.stop()
