@@ -80,7 +80,7 @@ class ProcessFigures(Protocol):
     def memory(self) -> object | None: ...
 
     @property
-    def pss_by_epoch(self) -> Sequence[tuple[int, int]]: ...
+    def uss_by_epoch(self) -> Sequence[tuple[int, int]]: ...
 
     @property
     def alive(self) -> bool: ...
@@ -244,7 +244,9 @@ def _feeding(stats: Figures) -> list[str]:
 
 
 def _grows(p: ProcessFigures) -> bool:
-    epochs = p.pss_by_epoch[1:]  # the first epoch warms up (imports, caches, mappings)
+    # USS: PSS moves as other processes map the same libraries or leave, leak or not. The
+    # first epoch warms up (imports, caches, mappings).
+    epochs = p.uss_by_epoch[1:]
     if len(epochs) < MIN_EPOCHS - 1 or p.memory is None:
         return False
     first, last = epochs[0][1], epochs[-1][1]
@@ -253,9 +255,9 @@ def _grows(p: ProcessFigures) -> bool:
 
 
 def _growth(p: ProcessFigures) -> str:
-    (e0, first), (e1, last) = p.pss_by_epoch[1], p.pss_by_epoch[-1]
+    (e0, first), (e1, last) = p.uss_by_epoch[1], p.uss_by_epoch[-1]
     return (
-        f"The {p.role} pid {p.pid} grew from {_mib(first)} (PSS) in epoch {e0} to "
+        f"The {p.role} pid {p.pid} grew from {_mib(first)} (USS) in epoch {e0} to "
         f"{_mib(last)} in epoch {e1}: something in that process keeps data from "
         "batch to batch (a list of batches or losses that keep their tensors, a cache "
         "without bound)."

@@ -90,6 +90,8 @@ class Usage:
     alive: bool = True
     # The last PSS measured in each epoch of the loop, oldest first: (epoch, bytes).
     pss_by_epoch: tuple[tuple[int, int], ...] = field(default=())
+    # The same of USS (the pages only this process maps): what a leak grows.
+    uss_by_epoch: tuple[tuple[int, int], ...] = field(default=())
 
 
 @dataclass
@@ -108,7 +110,8 @@ class ProcessProbe:
         self.segments_dir = segments_dir
         self.interval = interval
         self._seen: dict[int, _Seen] = {}
-        self._epochs: dict[int, dict[int, int]] = {}  # pid -> epoch -> last PSS in it
+        # pid -> epoch -> the last (PSS, USS) measured in it
+        self._epochs: dict[int, dict[int, tuple[int, int]]] = {}
         self._children: tuple[float, list[int]] = (-float("inf"), [])
         self._cpu_start = psutil.cpu_times()
         self._cpu_last: tuple[float, float] = (0.0, 0.0)  # (busy share, at)
@@ -134,12 +137,14 @@ class ProcessProbe:
             return None if seen is None else self.exited(pid)
         memory, cpu_seconds, lifetime = measured
         by_epoch = self._epochs.setdefault(pid, {})
-        by_epoch[epoch] = memory.pss
+        by_epoch[epoch] = (memory.pss, memory.uss)
+        measured_epochs = sorted(by_epoch.items())
         usage = Usage(
             memory,
             cpu_seconds,
             cpu_seconds / lifetime if lifetime > 0 else 0.0,
-            pss_by_epoch=tuple(sorted(by_epoch.items())),
+            pss_by_epoch=tuple((e, pss) for e, (pss, _) in measured_epochs),
+            uss_by_epoch=tuple((e, uss) for e, (_, uss) in measured_epochs),
         )
         self._seen[pid] = _Seen(usage, now, time.monotonic() - now, epoch)
         return usage

@@ -37,6 +37,9 @@ class ProcessStats:
     # The last PSS measured in each epoch of the loop, oldest first: (epoch, bytes). Measured
     # when stats() is called, so it holds the epochs in which it was.
     pss_by_epoch: tuple[tuple[int, int], ...] = ()
+    # The same of USS, the pages only this process maps: what a leak grows, whatever other
+    # processes map the same libraries (which moves PSS, splitting shared pages among them).
+    uss_by_epoch: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -153,6 +153,7 @@ def _process(pid: int, role: str, usage: Usage | None) -> ProcessStats:
         cpu_share=usage.cpu_share,
         alive=usage.alive,
         pss_by_epoch=usage.pss_by_epoch,
+        uss_by_epoch=usage.uss_by_epoch,
     )
 
 
