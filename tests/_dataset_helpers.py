@@ -83,7 +83,7 @@ def dataset(directory: Path, shm_dir: Path, **kwargs: Any) -> Any:
         "seed": 7,
         "shm_budget": "16MiB",
         "epochs": 1,
-        "lease_timeout": 2.0,
+        "lease_timeout": 5.0,
         "shm_dir": str(shm_dir),
     }
     src = kwargs.pop("src", None) or source(
