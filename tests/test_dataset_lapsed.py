@@ -86,7 +86,7 @@ def trainer_b(
     with shmloader.SharedTaskDataset(
         source, num_readers=1, master=address, shm_budget="8MiB", shm_dir=str(shm)
     ) as b:
-        b_consumer.append(b.runtime.consumer)
+        b_consumer.append(b.start().runtime.consumer)
         for batch in shmloader.DataLoader(b, batch_size=8):
             by_b.extend(int.from_bytes(r, "little") for r in batch["record"])
         b_stats.append(b.stats())

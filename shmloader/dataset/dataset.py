@@ -314,17 +314,14 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         some ranks only is a ConfigError after ``$SHMLOADER_STATE_SECONDS`` (180 s), naming
         the ranks that did not call.
 
-        Before the dataset started, the state loaded (or ``{}``: nothing consumed), without
-        starting anything; but under torchrun, where every rank takes part in the call, the
-        dataset starts. After :meth:`close`, the rank's own state when it closed (a framework
+        It starts the dataset if it has not started: the epoch a state names may be the
+        master's (a standalone master's job can be past the state loaded). After
+        :meth:`close`, the rank's own state when it closed (a framework
         that checkpoints after its loop ended; rank 0's master may be gone). In a DataLoader
         worker's copy, ``{}``: the training process's dataset holds the state (torchdata's
         ``StatefulDataLoader`` asks every worker for its dataset's)."""
         if self._owner_pid != os.getpid():
             return {}  # a DataLoader worker's copy (torchdata asks each worker): see above
-        before = self._state_before_start()
-        if before is not None and not self._states_shared():
-            return before
         return self._whole_job(self._state_counting(None))
 
     def rank_state_dict(self) -> dict[str, Any]:
@@ -334,8 +331,7 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
         or each rank's own into the same rank of a job of the same size."""
         if self._owner_pid != os.getpid():
             return {}
-        before = self._state_before_start()
-        return before if before is not None else self._state_counting(None)
+        return self._state_counting(None)
 
     def _states_shared(self) -> bool:
         """Whether a state is the whole job's, every rank taking part (torchrun, 2 ranks+)."""
