@@ -333,16 +333,11 @@ class SharedTaskDataset(torch.utils.data.Dataset[dict[str, Any]]):
             return {}
         return self._state_counting(None)
 
-    def _states_shared(self) -> bool:
-        """Whether a state is the whole job's, every rank taking part (torchrun, 2 ranks+)."""
-        rendezvous = self.options.rendezvous
-        return rendezvous is not None and rendezvous.world_size >= 2
-
     def _whole_job(self, own: dict[str, Any]) -> dict[str, Any]:
         """``own`` merged with every other rank's of the same call, under torchrun (see
         :meth:`state_dict`); ``own`` otherwise, and once closed."""
         rendezvous = self.options.rendezvous
-        if rendezvous is None or not self._states_shared() or self._closed:
+        if rendezvous is None or rendezvous.world_size < 2 or self._closed:
             return own
         call, self._state_calls = self._state_calls, self._state_calls + 1
         runtime = self._ensure_started()
